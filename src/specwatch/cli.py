@@ -1,0 +1,237 @@
+"""The ``specwatch`` command line."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from specwatch.errors import SpecwatchInputError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Benchmark and regression tracking for SGLang speculative decoding.")
+model_app = typer.Typer(no_args_is_help=True, help="CPU tier: memory model and allocator simulation.")
+app.add_typer(model_app, name="model")
+console = Console(width=None if sys.stdout.isatty() else 200)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
+
+
+def _fail(e: Exception) -> None:
+    err_console.print(f"[red]error:[/red] {e}", highlight=False)
+    raise typer.Exit(2)
+
+
+def _load(path: Path):
+    from specwatch.suite import load_suite
+
+    try:
+        return load_suite(path)
+    except SpecwatchInputError as e:
+        _fail(e)
+
+
+@app.command()
+def plan(suite: Path = typer.Argument(..., help="Suite file (suites/*.toml)."),
+         as_json: bool = typer.Option(False, "--json", help="Print JSON lines instead of a table.")) -> None:
+    """List the cases a suite expands to, with skipped ones and why."""
+    s = _load(suite)
+    planned = s.plan()
+    if as_json:
+        for p in planned:
+            print(json.dumps({"case_id": p.case.case_id, "skip": p.skip, "duplicate": p.duplicate,
+                              **p.case.params()}))
+        return
+    t = Table(title=f"{s.name}: {len(planned)} cases ({sum(p.skip is None for p in planned)} runnable)")
+    for col in ("case id", "algo", "backend", "page", "topk", "steps", "draft", "tp", "dcp", "bs",
+                "in->out", "profile", "workload", "status"):
+        t.add_column(col)
+    for p in planned:
+        c = p.case
+        t.add_row(c.case_id, c.algorithm.value, c.attention_backend.value, str(c.page_size), str(c.topk),
+                  str(c.num_steps), str(c.num_draft_tokens), str(c.tp), str(c.dcp), str(c.batch_size),
+                  f"{c.input_len}->{c.output_len}", c.profile.value, c.workload.value,
+                  "run" if p.skip is None else f"[yellow]skip[/yellow]: {p.skip}")
+    console.print(t)
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+@app.command()
+def run(suite: Path = typer.Argument(..., help="Suite file."),
+        results: Path = typer.Option(Path("results"), help="Results root directory."),
+        resume: bool = typer.Option(False, help="Skip cases already recorded ok or skipped."),
+        shard: Optional[str] = typer.Option(None, help="Run engine groups I of N: 'I/N'."),
+        fault: Optional[str] = typer.Option(None, help="Name of a fault to inject (specwatch inject)."),
+        models_dir: Path = typer.Option(Path("/tmp/specwatch-models"), help="Where oracle checkpoints live."),
+        cpu_tier: bool = typer.Option(False, "--cpu-tier", help="Run the CPU tier even when a GPU is present."),
+        out: Path = typer.Option(Path("out/cpu-tier"), help="CPU tier: where tables are written."),
+        context_len: int = typer.Option(4096, help="CPU tier: model context length for the memory model."),
+        strict: bool = typer.Option(False, help="CPU tier: exit 1 when a simulation finds a leak or row violation.")) -> None:
+    """Run a suite: on a GPU host through sglang.Engine; without a GPU, the CPU tier."""
+    s = _load(suite)
+    if cpu_tier or not _cuda_available():
+        from specwatch.cpu_tier import run_cpu_tier
+
+        console.print(f"[bold]no GPU: CPU tier on {s.path}[/bold]" if not cpu_tier else "[bold]CPU tier[/bold]")
+        report = run_cpu_tier(s, context_len=context_len)
+        _print_frame("memory model (specwatch formulas; sglang_agrees compares with SGLang's functions)",
+                     report.memory.drop(columns=["label"]))
+        if report.simulation is not None:
+            _print_frame("allocator simulation (SGLang's pools on CPU)", report.simulation)
+        else:
+            console.print("[yellow]sglang not importable: allocator simulation skipped[/yellow]")
+        for p in report.write(out / s.name):
+            console.print(f"wrote {p}")
+        disagree = bool(report.memory["sglang_agrees"].eq(False).any())
+        unclean = 0 if report.simulation is None else int((~report.simulation["clean"]).sum())
+        if disagree:
+            console.print("[red]specwatch's memory model and SGLang's functions disagree (see table)[/red]")
+        if unclean:
+            console.print(f"[yellow]{unclean} of {len(report.simulation)} allocator simulations not clean "
+                          "(leak, double free or row violation): see the simulation table[/yellow]")
+        raise typer.Exit(1 if disagree or (strict and unclean) else 0)
+    from specwatch.runner import Shard, run_suite
+
+    try:
+        sh = Shard.parse(shard) if shard else None
+    except ValueError as e:
+        _fail(e)
+    with console.status("running") as status:
+        def progress(rec):
+            status.update(f"{rec.status.value}: {rec.case.label()}")
+            console.print(f"{rec.status.value:8s} {rec.case_id} {rec.case.label()}"
+                          + (f" — {rec.reason[:160]}" if rec.reason else ""), highlight=False)
+        path = run_suite(s, results, resume=resume, shard=sh, fault=fault, models_dir=models_dir, progress=progress)
+    console.print(f"results in {path}")
+
+
+@app.command("results")
+def results_cmd(root: Path = typer.Argument(Path("results"), help="Results root."),
+                csv: Optional[Path] = typer.Option(None, help="Also write the frame as CSV.")) -> None:
+    """Load every record under ROOT into one table (one row per case run)."""
+    from specwatch.store import load_records, records_frame, result_files
+
+    try:
+        df = records_frame(load_records(result_files(root)))
+    except SpecwatchInputError as e:
+        _fail(e)
+    if csv:
+        df.to_csv(csv, index=False)
+    if df.empty:
+        console.print("no records")
+        return
+    console.print(df.groupby(["machine", "sglang_version", "suite", "status"]).size().to_string())
+
+
+def _print_frame(title: str, df) -> None:
+    t = Table(title=title)
+    for c in df.columns:
+        t.add_column(str(c))
+    for row in df.itertuples(index=False):
+        t.add_row(*("" if v is None else str(v) for v in row))
+    console.print(t)
+
+
+@model_app.command("memory")
+def model_memory(page: int = typer.Option(1, "--page"), topk: int = typer.Option(1, "--topk"),
+                 steps: int = typer.Option(3, "--steps"), draft: int = typer.Option(4, "--draft"),
+                 context_len: int = typer.Option(4096, "--context-len"),
+                 max_running: int = typer.Option(48, "--max-running"), dcp: int = typer.Option(1, "--dcp"),
+                 algorithm: str = typer.Option("EAGLE", help="EAGLE, EAGLE3, STANDALONE, NGRAM or none."),
+                 csv: Optional[Path] = typer.Option(None), json_out: Optional[Path] = typer.Option(None, "--json")) -> None:
+    """Spec-decode KV sizing for one configuration: specwatch's formulas next to SGLang's."""
+    from specwatch.case import Algorithm
+    from specwatch.memory_model import COMPARED_FIELDS, SIZING_FIELDS, SizingInput, compare
+
+    try:
+        algo = None if algorithm.lower() == "none" else Algorithm(algorithm)
+    except ValueError:
+        _fail(SpecwatchInputError(None, f"unknown algorithm {algorithm!r}", field="--algorithm"))
+    x = SizingInput(algo, page, topk, steps, draft, context_len, max_running, dcp)
+    ref, sgl, diffs = compare(x)
+    t = Table(title=f"memory model: page {page}, topk {topk}, steps {steps}, draft {draft}, ctx {context_len}, "
+                    f"max running {max_running}, dcp {dcp}, {algorithm}")
+    t.add_column("field")
+    t.add_column("specwatch")
+    t.add_column("sglang " + ("(not importable)" if sgl is None else ""))
+    t.add_column("agree")
+    rows = []
+    for f in SIZING_FIELDS:
+        a = getattr(ref, f)
+        b = getattr(sgl, f) if (sgl is not None and f in COMPARED_FIELDS) else None
+        agree = "" if b is None else ("yes" if a == b else "[red]NO[/red]")
+        t.add_row(f, str(a), "" if b is None else str(b), agree)
+        rows.append({"field": f, "specwatch": a, "sglang": b})
+    console.print(t)
+    if csv:
+        import pandas as pd
+
+        pd.DataFrame(rows).to_csv(csv, index=False)
+    if json_out:
+        json_out.write_text(json.dumps(rows, indent=1))
+    if diffs:
+        raise typer.Exit(1)
+
+
+@model_app.command("simulate")
+def model_simulate(page: int = typer.Option(64, "--page"), topk: int = typer.Option(8, "--topk"),
+                   steps: int = typer.Option(3, "--steps"), draft: int = typer.Option(16, "--draft"),
+                   context_len: int = typer.Option(512, "--context-len"),
+                   requests: int = typer.Option(4, "--requests"), input_len: int = typer.Option(300, "--input-len"),
+                   accept: str = typer.Option("random", help="full, one or random."),
+                   dcp: int = typer.Option(1, "--dcp"), seed: int = typer.Option(0, "--seed"),
+                   fault: Optional[str] = typer.Option(None, help="Plant a fault: row-widen-revert, "
+                                                               "unaligned-watermark, draft-page-mismatch."),
+                   as_json: bool = typer.Option(False, "--json")) -> None:
+    """Drive SGLang's real ReqToTokenPool and paged allocator on CPU through spec-decode steps."""
+    from specwatch.allocator_sim import AcceptPattern, SimConfig, SimFault, simulate
+
+    try:
+        cfg = SimConfig(page, topk, steps, draft, context_len=context_len, num_requests=requests,
+                        input_len=input_len, accept=AcceptPattern(accept), dcp=dcp, seed=seed,
+                        fault=SimFault(fault) if fault else None)
+    except ValueError as e:
+        _fail(SpecwatchInputError(None, str(e), field="--accept/--fault"))
+    try:
+        res = simulate(cfg)
+    except ImportError as e:
+        _fail(SpecwatchInputError(None, f"sglang is not importable here ({e}); install requirements/sglang-cpu*.txt"))
+    d = res.as_dict()
+    if as_json:
+        print(json.dumps(d, default=str))
+    else:
+        t = Table(title="allocator simulation" + (f" with fault {fault}" if fault else ""))
+        t.add_column("quantity")
+        t.add_column("value")
+        for k, v in d.items():
+            if k != "config":
+                t.add_row(k, str(v))
+        console.print(t)
+        for v in res.row_violations[:3]:
+            console.print(f"[red]row violation[/red]: request {v.request} committed {v.committed_len} "
+                          f"watermark {v.watermark} > row width {v.row_width}")
+    raise typer.Exit(0 if res.clean else 1)
+
+
+def main() -> None:  # pragma: no cover
+    try:
+        app()
+    except SpecwatchInputError as e:
+        err_console.print(f"error: {e}")
+        sys.exit(2)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,75 @@
+"""The CPU tier over a suite: memory model (both implementations) and allocator simulation per case.
+
+This is what ``specwatch run`` does on a host without a GPU, and what CI exercises.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import pandas as pd
+
+from specwatch.allocator_sim import AcceptPattern, SimConfig, simulate
+from specwatch.case import Case
+from specwatch.memory_model import COMPARED_FIELDS, SizingInput, compare
+from specwatch.sglang_host import sglang_importable
+from specwatch.suite import Suite
+
+DEFAULT_MAX_RUNNING_REQUESTS = 48
+
+
+def sizing_input(case: Case, context_len: int, max_running_requests: int = DEFAULT_MAX_RUNNING_REQUESTS) -> SizingInput:
+    return SizingInput(case.algorithm, case.page_size, case.topk, case.num_steps, case.num_draft_tokens,
+                       context_len, max_running_requests, case.dcp)
+
+
+@dataclass
+class CpuTierReport:
+    """Per-case tables of the CPU tier."""
+
+    memory: pd.DataFrame
+    simulation: Optional[pd.DataFrame]
+
+    def write(self, out_dir: Path) -> list[Path]:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        written = []
+        for name, df in (("memory", self.memory), ("simulation", self.simulation)):
+            if df is None:
+                continue
+            csv, js = out_dir / f"{name}.csv", out_dir / f"{name}.json"
+            df.to_csv(csv, index=False)
+            js.write_text(json.dumps(df.to_dict(orient="records"), indent=1, default=str))
+            written += [csv, js]
+        return written
+
+
+def run_cpu_tier(suite: Suite, context_len: int = 4096, simulate_allocator: bool = True) -> CpuTierReport:
+    """Memory model for every runnable case; allocator simulation when SGLang is importable."""
+    have_sglang = sglang_importable()
+    mem_rows, sim_rows = [], []
+    seen: set[tuple] = set()
+    for planned in suite.plan():
+        if planned.skip or planned.duplicate:
+            continue
+        c = planned.case
+        x = sizing_input(c, context_len)
+        ref, sgl, diffs = compare(x)
+        row = {"case_id": c.case_id, "label": c.label(), **ref.as_dict(),
+               "sglang_agrees": None if sgl is None else not diffs,
+               "disagreements": "; ".join(f"{d.field}: specwatch={d.reference} sglang={d.sglang}" for d in diffs)}
+        mem_rows.append(row)
+        key = (c.algorithm, c.page_size, c.topk, c.num_steps, c.num_draft_tokens, c.dcp)
+        if simulate_allocator and have_sglang and key not in seen:
+            seen.add(key)
+            res = simulate(SimConfig(c.page_size, c.topk, c.num_steps, c.num_draft_tokens,
+                                     algorithm=c.algorithm, dcp=c.dcp, accept=AcceptPattern.random))
+            sim_rows.append({"algorithm": c.algorithm.value, "page_size": c.page_size, "topk": c.topk,
+                             "num_steps": c.num_steps, "num_draft_tokens": c.num_draft_tokens, "dcp": c.dcp,
+                             **{k: v for k, v in res.as_dict().items() if k != "config"}})
+    return CpuTierReport(pd.DataFrame(mem_rows), pd.DataFrame(sim_rows) if have_sglang and simulate_allocator else None)
+
+
+__all__ = ["run_cpu_tier", "CpuTierReport", "COMPARED_FIELDS"]

@@ -1,0 +1,182 @@
+"""Analytic memory model of SGLang's spec-decode KV sizing (CPU tier).
+
+Two implementations side by side:
+
+(a) ``reference_sizing``: specwatch's own formulas, written from the definitions below;
+(b) ``sglang_sizing``: the installed SGLang's own host-side functions
+    (``sglang/srt/mem_cache/allocation_sizing.py``) and its ``ReqToTokenPool`` built on the
+    ``meta`` device (shape and bytes without allocating).
+
+Definitions (P = server page size, D = dcp size, k = topk, s = num_steps, n = num_draft_tokens,
+C = model context length, R = max running requests):
+
+* alloc_len_per_decode: KV slots one decode step needs per request.
+  No speculation: 1. Chain (k = 1), page 1, or a draft without KV (NGRAM): max(s*k, n).
+  Tree on paged KV (P > 1, k > 1): every branch duplicates the prefix's partial tail page
+  (up to P-1 tokens) and appends s draft tokens, so it needs ceil((P-1+s)/P) pages;
+  max(ceil((P-1+s)/P) * P * k, n).
+* alloc_reserve_per_decode: 2 * alloc_len_per_decode (double buffer for the overlap lag).
+* req_to_token_extra_context_len: row headroom past C. 4 + n; with speculation and P > 1 at
+  least reserve + P - 1, because the decode watermark is rounded up to a whole page.
+* req_to_token_row_width = C + extra; req_to_token_bytes = (R + 1) * row_width * 4 (int32,
+  one padding row).
+* allocator_page_size = P * D (DCP pages in virtual slots).
+* aligned_alloc_len_at_context_limit: the largest row index the spec-decode watermark can
+  reach, ceil((C - 1 + reserve) / (P*D)) * (P*D), for a request whose committed length is the
+  longest SGLang admits (max_req_len = C - 1, ``tp_worker.py``); the watermark is rounded to
+  the *allocator's* page (``eagle_prepare_for_decode``). ``row_fits_watermark`` says whether
+  the row holds it (the seed PR's invariant). None without speculation.
+* holey_branch_footprint_tokens: worst-case KV a tree step holds, k * ceil((P-1+s)/P) * P.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from types import SimpleNamespace
+from typing import Optional
+
+from specwatch.case import Algorithm
+
+INT32_BYTES = 4
+
+
+@dataclass(frozen=True)
+class SizingInput:
+    """One configuration of the memory model."""
+
+    algorithm: Optional[Algorithm]
+    page_size: int
+    topk: int
+    num_steps: int
+    num_draft_tokens: int
+    context_len: int
+    max_running_requests: int
+    dcp: int = 1
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """The model's outputs (token counts unless the name says bytes)."""
+
+    alloc_len_per_decode: int
+    alloc_reserve_per_decode: int
+    req_to_token_extra_context_len: int
+    req_to_token_row_width: int
+    req_to_token_bytes: int
+    allocator_page_size: Optional[int] = None
+    aligned_alloc_len_at_context_limit: Optional[int] = None
+    row_fits_watermark: Optional[bool] = None
+    holey_branch_footprint_tokens: Optional[int] = None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+COMPARED_FIELDS = (
+    "alloc_len_per_decode",
+    "alloc_reserve_per_decode",
+    "req_to_token_extra_context_len",
+    "req_to_token_row_width",
+    "req_to_token_bytes",
+)
+"""Fields both implementations compute; the others are specwatch's only."""
+
+
+def _tree_on_paged_kv(x: SizingInput) -> bool:
+    return x.algorithm is not None and x.algorithm.has_draft_kv and x.page_size > 1 and x.topk > 1
+
+
+def pages_per_branch(page_size: int, num_steps: int) -> int:
+    return math.ceil((page_size - 1 + num_steps) / page_size)
+
+
+def reference_sizing(x: SizingInput) -> Sizing:
+    """specwatch's own formulas (module docstring)."""
+    if x.algorithm is None:
+        alloc = 1
+    elif _tree_on_paged_kv(x):
+        alloc = max(pages_per_branch(x.page_size, x.num_steps) * x.page_size * x.topk, x.num_draft_tokens)
+    else:
+        alloc = max(x.num_steps * x.topk, x.num_draft_tokens)
+    reserve = 2 * alloc
+    extra = 4 + (x.num_draft_tokens if x.algorithm is not None else 0)
+    if x.algorithm is not None and x.page_size > 1:
+        extra = max(extra, reserve + x.page_size - 1)
+    row = x.context_len + extra
+    alloc_page = x.page_size * x.dcp
+    watermark = (math.ceil((x.context_len - 1 + reserve) / alloc_page) * alloc_page
+                 if x.algorithm is not None else None)
+    holey = (x.topk * pages_per_branch(x.page_size, x.num_steps) * x.page_size
+             if _tree_on_paged_kv(x) else None)
+    return Sizing(
+        alloc_len_per_decode=alloc,
+        alloc_reserve_per_decode=reserve,
+        req_to_token_extra_context_len=extra,
+        req_to_token_row_width=row,
+        req_to_token_bytes=(x.max_running_requests + 1) * row * INT32_BYTES,
+        allocator_page_size=alloc_page,
+        aligned_alloc_len_at_context_limit=watermark,
+        row_fits_watermark=None if watermark is None else watermark <= row,
+        holey_branch_footprint_tokens=holey,
+    )
+
+
+def server_args_for(x: SizingInput) -> SimpleNamespace:
+    """The ServerArgs fields SGLang's sizing functions read, as a duck-typed namespace."""
+    return SimpleNamespace(
+        speculative_algorithm=x.algorithm.value if x.algorithm else None,
+        speculative_num_steps=x.num_steps if x.algorithm else None,
+        speculative_eagle_topk=x.topk if x.algorithm else None,
+        speculative_num_draft_tokens=x.num_draft_tokens if x.algorithm else None,
+        max_speculative_num_draft_tokens=x.num_draft_tokens if x.algorithm else None,
+        page_size=x.page_size,
+        dcp_size=x.dcp,
+    )
+
+
+def sglang_sizing(x: SizingInput) -> Sizing:
+    """The installed SGLang's own functions (raises ImportError when SGLang is absent)."""
+    from specwatch.sglang_host import sizing_module, req_to_token_pool_class
+
+    sizing = sizing_module()
+    args = server_args_for(x)
+    alloc = sizing.get_alloc_len_per_decode(args)
+    reserve = sizing.get_alloc_reserve_per_decode(args)
+    extra = sizing.get_req_to_token_extra_context_len(args)
+    pool = req_to_token_pool_class()(
+        size=x.max_running_requests, max_context_len=x.context_len + extra,
+        device="meta", enable_memory_saver=False,
+    )
+    t = pool.req_to_token
+    return Sizing(
+        alloc_len_per_decode=int(alloc),
+        alloc_reserve_per_decode=int(reserve),
+        req_to_token_extra_context_len=int(extra),
+        req_to_token_row_width=int(t.shape[1]),
+        req_to_token_bytes=int(t.numel() * t.element_size()),
+    )
+
+
+@dataclass(frozen=True)
+class Disagreement:
+    """One field where specwatch's formula and SGLang's function differ."""
+
+    field: str
+    reference: object
+    sglang: object
+
+
+def compare(x: SizingInput) -> tuple[Sizing, Optional[Sizing], list[Disagreement]]:
+    """Both implementations and the per-field disagreements (none when SGLang is absent)."""
+    ref = reference_sizing(x)
+    try:
+        sgl = sglang_sizing(x)
+    except ImportError:
+        return ref, None, []
+    diffs = [Disagreement(f, getattr(ref, f), getattr(sgl, f))
+             for f in COMPARED_FIELDS if getattr(ref, f) != getattr(sgl, f)]
+    return ref, sgl, diffs
+
+
+SIZING_FIELDS = tuple(f.name for f in fields(Sizing))

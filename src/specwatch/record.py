@@ -1,0 +1,125 @@
+"""Typed result records: one per case run, with status, metrics (each with a unit) and provenance."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from enum import Enum
+from typing import Optional
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from specwatch.case import Case
+from specwatch.errors import NewerSchemaError, SpecwatchInputError
+
+SCHEMA_VERSION = 1
+"""Version of the record layout. Bump on any incompatible change; readers refuse newer ones."""
+
+
+class Status(str, Enum):
+    """How a case ended."""
+
+    ok = "ok"
+    """Ran to the end; metrics are valid (checks may still have flagged problems)."""
+    skipped = "skipped"
+    """Not run: SGLang would refuse it, or the host cannot run it (reason says which)."""
+    failed = "failed"
+    """SGLang raised a Python exception for this case (e.g. at engine start)."""
+    crashed = "crashed"
+    """The case's process died (signal, scheduler abort, CUDA error)."""
+    timeout = "timeout"
+    """The case's process ran past its wall-clock limit and was killed."""
+
+
+class Metric(BaseModel):
+    """One measured (or computed) quantity."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    value: float = Field(description="The reported value: the median over ``samples`` when there are several.")
+    unit: str = Field(description="Unit of ``value`` (e.g. 'tokens/s', 'bytes', 'tokens', 'ms', '1').")
+    samples: list[float] = Field(default_factory=list, description="Per-repeat values, in run order.")
+    expected: Optional[float] = Field(default=None, description="Closed-form value the oracle predicts, when known.")
+    exact: bool = Field(default=False, description="True when any change is meaningful (no timing noise).")
+    higher_is_better: Optional[bool] = Field(default=None, description="Direction of improvement; None: no direction.")
+
+
+class Provenance(BaseModel):
+    """Where and with what a record was produced."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    specwatch_version: str = Field(description="specwatch package version.")
+    specwatch_commit: Optional[str] = Field(default=None, description="git commit of the specwatch checkout.")
+    sglang_version: Optional[str] = Field(default=None, description="Installed sglang version (None: not importable).")
+    sglang_commit: Optional[str] = Field(default=None, description="SGLang commit, when known (overlay or build info).")
+    torch_version: Optional[str] = Field(default=None, description="torch.__version__.")
+    cuda_version: Optional[str] = Field(default=None, description="CUDA version torch was built with.")
+    driver_version: Optional[str] = Field(default=None, description="NVIDIA driver version (nvidia-smi).")
+    gpu_name: Optional[str] = Field(default=None, description="GPU model name.")
+    gpu_count: int = Field(default=0, description="Number of visible GPUs.")
+    hostname: str = Field(description="Host name of the machine that ran the case.")
+    machine: str = Field(description="Machine label results are grouped by (e.g. 'nvidia-h200-x1').")
+    python_version: str = Field(description="Python version.")
+    suite_path: Optional[str] = Field(default=None, description="Suite file the case came from.")
+    suite_sha256: Optional[str] = Field(default=None, description="sha256 of the suite file's bytes.")
+    fault: Optional[str] = Field(default=None, description="Name of an injected fault, None for a clean run.")
+    started_at: datetime = Field(description="UTC start time of the case.")
+    finished_at: datetime = Field(description="UTC end time of the case.")
+
+
+class CaseRecord(BaseModel):
+    """One run of one case."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: int = Field(default=SCHEMA_VERSION, description="Record layout version (see SCHEMA_VERSION).")
+    suite: str = Field(description="Suite name.")
+    case_id: str = Field(description="Stable id of ``case`` (hash of its normalized parameters).")
+    case: Case = Field(description="The case's parameters.")
+    status: Status = Field(description="How the case ended.")
+    reason: Optional[str] = Field(default=None, description="Why it was skipped / failed / crashed; None when ok.")
+    log_tail: Optional[str] = Field(default=None, description="Last lines of the case's log (failures).")
+    metrics: dict[str, Metric] = Field(default_factory=dict, description="Metric name -> value with unit.")
+    checks: dict[str, bool] = Field(default_factory=dict,
+                                    description="Named pass/fail checks (lossless, no_leak, acceptance_matches_oracle, ...).")
+    details: dict = Field(default_factory=dict, description="Free-form facts read from SGLang (shapes, dtypes, versions).")
+    provenance: Provenance = Field(description="Where and with what it ran.")
+
+    @model_validator(mode="after")
+    def _status_consistent(self) -> "CaseRecord":
+        if self.case_id != self.case.case_id:
+            raise ValueError(f"case_id {self.case_id} does not match the case parameters ({self.case.case_id})")
+        if self.status is Status.ok and self.reason:
+            raise ValueError("an ok record has no reason")
+        if self.status is not Status.ok and not self.reason:
+            raise ValueError(f"a {self.status.value} record needs a reason")
+        if self.status is Status.skipped and self.metrics:
+            raise ValueError("a skipped record has no metrics")
+        return self
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def parse_record(data: dict, source: str = "<record>") -> CaseRecord:
+    """Validate one record dict; a newer schema gives a clear error naming the source."""
+    version = data.get("schema_version")
+    if not isinstance(version, int):
+        raise SpecwatchInputError(source, "record has no integer schema_version", field="schema_version")
+    if version > SCHEMA_VERSION:
+        raise NewerSchemaError(
+            source,
+            f"record has schema_version {version}, this specwatch reads up to {SCHEMA_VERSION}; "
+            "upgrade specwatch to read it",
+            field="schema_version",
+        )
+    try:
+        return CaseRecord.model_validate(data)
+    except Exception as e:  # pydantic.ValidationError
+        errs = getattr(e, "errors", None)
+        if errs:
+            err = errs()[0]
+            field = ".".join(str(x) for x in err["loc"])
+            raise SpecwatchInputError(source, err["msg"], field=field) from None
+        raise SpecwatchInputError(source, str(e)) from None

@@ -1,0 +1,194 @@
+"""GPU sweep runner: the case loop, one child process per engine group, durable records.
+
+Cases that share every engine-level parameter (``case.ENGINE_FIELDS``) form a group and are run
+by one child process (``python -m specwatch.engine_worker``) that starts ``sglang.Engine`` once
+and serves all of them. The child reports each case on its own line as it finishes; the parent
+turns lines into ``CaseRecord`` s with provenance and appends them durably. When the child dies
+(SGLang kills its parent process when a scheduler dies, so it must not be us) or runs past its
+timeout, the case it was on is recorded ``crashed`` / ``timeout`` with the log tail, and a fresh
+child takes the group's remaining cases.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Optional
+
+from specwatch.case import Case
+from specwatch.provenance import collect, host_facts, machine_label
+from specwatch.record import CaseRecord, Metric, Status, utcnow
+from specwatch.sglang_host import sglang_version
+from specwatch.store import append_record, finished_case_ids, results_path
+from specwatch.suite import PlannedCase, Suite
+
+LOG_TAIL_LINES = 60
+
+
+@dataclass(frozen=True)
+class Shard:
+    """``--shard I/N``: this process runs engine groups whose index % N == I (1-based I)."""
+
+    index: int
+    count: int
+
+    @classmethod
+    def parse(cls, text: str) -> "Shard":
+        try:
+            i, n = (int(x) for x in text.split("/"))
+        except ValueError:
+            raise ValueError(f"--shard takes I/N (e.g. 1/3), got {text!r}") from None
+        if not 1 <= i <= n:
+            raise ValueError(f"--shard {text}: need 1 <= I <= N")
+        return cls(i, n)
+
+
+def engine_groups(cases: Iterable[Case]) -> list[list[Case]]:
+    """Group cases by engine key, keeping first-seen order; within a group, file order."""
+    groups: "OrderedDict[tuple, list[Case]]" = OrderedDict()
+    for c in cases:
+        groups.setdefault(c.engine_key(), []).append(c)
+    return list(groups.values())
+
+
+def _tail(text: str, n: int = LOG_TAIL_LINES) -> str:
+    return "\n".join(text.splitlines()[-n:])
+
+
+def record_from_worker(suite: Suite, case: Case, line: dict, fault: Optional[str]) -> CaseRecord:
+    """A worker's per-case JSON line -> CaseRecord with provenance."""
+    metrics = {k: Metric(**v) for k, v in line.get("metrics", {}).items()}
+    status = Status(line["status"])
+    return CaseRecord(
+        suite=suite.name, case_id=case.case_id, case=case, status=status,
+        reason=line.get("reason") if status is not Status.ok else None,
+        log_tail=line.get("log_tail"), metrics=metrics, checks=line.get("checks", {}),
+        details=line.get("details", {}),
+        provenance=collect(line.get("started_at") or utcnow(), line.get("finished_at") or utcnow(),
+                           str(suite.path), suite.sha256, fault),
+    )
+
+
+def failure_record(suite: Suite, case: Case, status: Status, reason: str, log_tail: Optional[str],
+                   fault: Optional[str], started) -> CaseRecord:
+    return CaseRecord(suite=suite.name, case_id=case.case_id, case=case, status=status, reason=reason,
+                      log_tail=log_tail,
+                      provenance=collect(started, utcnow(), str(suite.path), suite.sha256, fault))
+
+
+def run_group(suite: Suite, cases: list[Case], timeout_s: int, fault: Optional[str],
+              on_record: Callable[[CaseRecord], None], models_dir: Path, extra_env: Optional[dict] = None,
+              worker_module: str = "specwatch.engine_worker") -> None:
+    """Run one engine group in child processes until every case has a record."""
+    remaining = list(cases)
+    while remaining:
+        started = utcnow()
+        with tempfile.TemporaryDirectory(prefix="specwatch-") as tmp:
+            spec = Path(tmp) / "spec.json"
+            results = Path(tmp) / "results.jsonl"
+            log = Path(tmp) / "log.txt"
+            spec.write_text(json.dumps({
+                "cases": [c.params() for c in remaining], "repeats": suite.spec.suite.repeats,
+                "warmup": suite.spec.suite.warmup, "models_dir": str(models_dir), "fault": fault,
+                "results": str(results),
+            }))
+            env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra_env or {}))
+            with open(log, "wb") as logf:
+                proc = subprocess.Popen([sys.executable, "-m", worker_module, str(spec)],
+                                        stdout=logf, stderr=subprocess.STDOUT, env=env,
+                                        start_new_session=True)
+                try:
+                    rc = proc.wait(timeout=timeout_s)
+                    timed_out = False
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, 9)
+                    proc.wait()
+                    rc, timed_out = proc.returncode, True
+            finally_kill(proc.pid)
+            done: set[str] = set()
+            by_id = {c.case_id: c for c in remaining}
+            if results.exists():
+                for raw in results.read_text().splitlines():
+                    try:
+                        line = json.loads(raw)
+                    except json.JSONDecodeError:
+                        continue
+                    case = by_id.get(line.get("case_id"))
+                    if case is None or case.case_id in done:
+                        continue
+                    on_record(record_from_worker(suite, case, line, fault))
+                    done.add(case.case_id)
+            remaining = [c for c in remaining if c.case_id not in done]
+            if not remaining:
+                break
+            log_text = log.read_text(errors="replace")
+            victim = remaining.pop(0)
+            if timed_out:
+                status, reason = Status.timeout, f"engine group ran past {timeout_s} s"
+            else:
+                status = Status.crashed
+                reason = f"worker exited with code {rc} before finishing this case: " + _last_error(log_text)
+            on_record(failure_record(suite, victim, status, reason, _tail(log_text), fault, started))
+
+
+def finally_kill(pgid: int) -> None:
+    """Kill whatever the worker left behind (SGLang schedulers, detokenizers)."""
+    try:
+        os.killpg(pgid, 9)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _last_error(log_text: str) -> str:
+    for line in reversed(log_text.splitlines()):
+        s = line.strip()
+        if s and ("Error" in s or "Exception" in s or "Killed" in s or "assert" in s.lower()):
+            return s[:500]
+    return "no error line in the log"
+
+
+def run_suite(suite: Suite, results_root: Path, resume: bool = False, shard: Optional[Shard] = None,
+              fault: Optional[str] = None, models_dir: Path = Path("/tmp/specwatch-models"),
+              progress: Optional[Callable[[CaseRecord], None]] = None, max_groups: Optional[int] = None,
+              gpus: Optional[int] = None, worker_module: str = "specwatch.engine_worker",
+              extra_env: Optional[dict] = None) -> Path:
+    """Run every planned case of ``suite``; returns the results file."""
+    facts = dict(host_facts())
+    if gpus is not None:
+        facts["gpu_count"] = gpus
+    suite_name = suite.name if fault is None else f"{suite.name}+fault-{fault}"
+    out = results_path(results_root, machine_label(facts), sglang_version(), suite_name)
+    done = finished_case_ids(out) if resume else set()
+
+    def emit(rec: CaseRecord) -> None:
+        append_record(out, rec)
+        if progress:
+            progress(rec)
+
+    planned: list[PlannedCase] = [p for p in suite.plan() if not p.duplicate]
+    runnable: list[Case] = []
+    for p in planned:
+        if p.case.case_id in done:
+            continue
+        if p.skip:
+            emit(failure_record(suite, p.case, Status.skipped, p.skip, None, fault, utcnow()))
+        elif p.case.tp > facts["gpu_count"]:
+            emit(failure_record(suite, p.case, Status.skipped,
+                                f"host: needs {p.case.tp} GPUs, this host has {facts['gpu_count']}",
+                                None, fault, utcnow()))
+        else:
+            runnable.append(p.case)
+    groups = engine_groups(runnable)
+    if shard:
+        groups = [g for i, g in enumerate(groups) if i % shard.count == shard.index - 1]
+    if max_groups is not None:
+        groups = groups[:max_groups]
+    for g in groups:
+        run_group(suite, g, suite.spec.suite.timeout_s, fault, emit, models_dir, extra_env, worker_module)
+    return out

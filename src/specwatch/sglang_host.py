@@ -1,0 +1,74 @@
+"""Access to the installed SGLang's host-side code (sizing functions, pools, allocators).
+
+Imported lazily: specwatch works without SGLang, and only the CPU-tier comparisons and the
+GPU runner need it.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import os
+import sys
+import warnings
+from pathlib import Path
+from typing import Optional
+
+
+STUBS_DIR = Path(__file__).resolve().parent / "_stubs"
+"""Import stubs for packages SGLang imports at module level but the CPU tier never uses
+(``torchvision``: its PyPI wheels need a CUDA torch). Used only where the real one is absent."""
+
+
+def _ensure_import_stubs() -> None:
+    if importlib.util.find_spec("torchvision") is None and str(STUBS_DIR) not in sys.path:
+        sys.path.append(str(STUBS_DIR))
+
+
+def _quiet_import(name: str):
+    os.environ.setdefault("SGLANG_DISABLE_REQUEST_LOGGING", "1")
+    _ensure_import_stubs()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return importlib.import_module(name)
+
+
+@functools.lru_cache(maxsize=None)
+def sizing_module():
+    """``sglang.srt.mem_cache.allocation_sizing``."""
+    return _quiet_import("sglang.srt.mem_cache.allocation_sizing")
+
+
+@functools.lru_cache(maxsize=None)
+def req_to_token_pool_class():
+    return _quiet_import("sglang.srt.mem_cache.memory_pool").ReqToTokenPool
+
+
+@functools.lru_cache(maxsize=None)
+def paged_allocator_module():
+    """``sglang.srt.mem_cache.allocator.paged`` (PagedTokenToKVPoolAllocator, alloc_extend_naive)."""
+    return _quiet_import("sglang.srt.mem_cache.allocator.paged")
+
+
+@functools.lru_cache(maxsize=None)
+def get_num_new_pages():
+    return _quiet_import("sglang.srt.utils.common").get_num_new_pages
+
+
+def sglang_version() -> Optional[str]:
+    """Installed sglang version without importing it (None when not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("sglang")
+    except PackageNotFoundError:
+        return None
+
+
+def sglang_importable() -> bool:
+    try:
+        sizing_module()
+        return True
+    except Exception:
+        return False

@@ -1,0 +1,96 @@
+"""Append-only, durable JSONL results store.
+
+Layout: ``results/<machine>/sglang-<version>/<suite>.jsonl``, one record per line. Each append is
+flushed and fsynced. A torn last line (a writer killed mid-record) is detected: on read it is
+ignored with a warning, and the next append starts on a fresh line so the torn bytes never merge
+with a good record. Nothing is ever rewritten or deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from pathlib import Path
+from typing import Iterable, Iterator, Optional
+
+import pandas as pd
+
+from specwatch.record import CaseRecord, Status, parse_record
+
+
+class TornLineWarning(UserWarning):
+    """A line that is not complete JSON (an interrupted write) was skipped."""
+
+
+def results_path(root: Path, machine: str, sglang_version: Optional[str], suite: str) -> Path:
+    """Where records of (machine, sglang version, suite) live."""
+    return Path(root) / machine / f"sglang-{sglang_version or 'none'}" / f"{suite}.jsonl"
+
+
+def append_record(path: Path, record: CaseRecord) -> None:
+    """Append one record durably (flush + fsync); starts a new line after a torn tail."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = record.model_dump_json() + "\n"
+    with open(path, "ab+") as f:
+        f.seek(0, os.SEEK_END)
+        if f.tell() > 0:
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                f.write(b"\n")  # seal a torn line so it stays a lone, skippable line
+        f.write(line.encode())
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_records(path: Path) -> Iterator[CaseRecord]:
+    """Records of one file, in order. Torn lines are skipped with a warning; a line with a
+    newer schema or invalid fields raises ``SpecwatchInputError`` naming file and line."""
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            try:
+                data = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                warnings.warn(f"{path}:{n}: incomplete record skipped (interrupted write)", TornLineWarning)
+                continue
+            yield parse_record(data, source=f"{path}:{n}")
+
+
+def result_files(root: Path) -> list[Path]:
+    return sorted(Path(root).rglob("*.jsonl"))
+
+
+def load_records(paths: Iterable[Path]) -> list[CaseRecord]:
+    out: list[CaseRecord] = []
+    for p in paths:
+        out.extend(read_records(Path(p)))
+    return out
+
+
+def finished_case_ids(path: Path) -> set[str]:
+    """Case ids already recorded ok or skipped in ``path``: ``--resume`` does not run them again."""
+    if not Path(path).exists():
+        return set()
+    return {r.case_id for r in read_records(path) if r.status in (Status.ok, Status.skipped)}
+
+
+def records_frame(records: Iterable[CaseRecord]) -> pd.DataFrame:
+    """One row per case run: case parameters, status, provenance and one column per metric value."""
+    rows = []
+    for r in records:
+        row = {"suite": r.suite, "case_id": r.case_id, "status": r.status.value, "reason": r.reason}
+        row.update(r.case.params())
+        prov = r.provenance
+        row.update({
+            "machine": prov.machine, "sglang_version": prov.sglang_version,
+            "sglang_commit": prov.sglang_commit, "gpu_name": prov.gpu_name, "fault": prov.fault,
+            "started_at": prov.started_at, "specwatch_commit": prov.specwatch_commit,
+        })
+        for name, m in r.metrics.items():
+            row[name] = m.value
+        for name, ok in r.checks.items():
+            row[f"check.{name}"] = ok
+        rows.append(row)
+    return pd.DataFrame(rows)

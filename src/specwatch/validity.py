@@ -1,0 +1,92 @@
+"""Which cases SGLang would refuse, and why: the reason is recorded, the case is never dropped.
+
+Each rule quotes (or closely paraphrases) the check in SGLang 0.5.17 that it mirrors, so a
+skipped case says what SGLang would have said. Rules are checked in order; the first that
+applies gives the reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from specwatch.case import Algorithm, Case
+
+PAGE_TREE_SPEC_BACKENDS = ("flashinfer", "fa3", "triton")
+"""Backends with the two-pass cascade draft decode that topk>1 on paged KV needs
+(``sglang/srt/arg_groups/speculative_hook.py``, ``_PAGE_TREE_SPEC_BACKENDS``)."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One validity rule: ``check(case)`` returns the skip reason, or None when the case is valid."""
+
+    name: str
+    source: str
+    check: Callable[[Case], Optional[str]]
+
+
+def _dcp_divides_tp(c: Case) -> Optional[str]:
+    if c.tp % c.dcp:
+        return f"dcp_size={c.dcp} must divide tp_size={c.tp}"
+    return None
+
+
+def _tree_on_paged_kv(c: Case) -> Optional[str]:
+    backend = c.attention_backend.value
+    if c.algorithm is not Algorithm.NGRAM and c.topk > 1 and c.page_size > 1 \
+            and backend not in PAGE_TREE_SPEC_BACKENDS:
+        return (
+            f"speculative_eagle_topk > 1 with page_size > 1 is only supported on "
+            f"{PAGE_TREE_SPEC_BACKENDS}; got attention_backend={backend!r}"
+        )
+    return None
+
+
+def _ngram_tree_on_paged_kv(c: Case) -> Optional[str]:
+    if c.algorithm is Algorithm.NGRAM and c.topk > 1 and c.page_size > 1 \
+            and c.attention_backend.value != "flashinfer":
+        return (
+            f"speculative_eagle_topk({c.topk}) > 1 with page_size({c.page_size}) > 1 is unstable "
+            "and produces incorrect results for paged attention backends. This combination is "
+            "only supported for the 'flashinfer' backend."
+        )
+    return None
+
+
+def _tree_holds_draft_tokens(c: Case) -> Optional[str]:
+    if c.algorithm is Algorithm.NGRAM:
+        return None
+    limit = c.num_steps * c.topk + 1
+    if c.num_draft_tokens > limit:
+        return (
+            f"num_draft_tokens={c.num_draft_tokens} exceeds the draft tree's size "
+            f"num_steps*topk+1={limit}"
+        )
+    return None
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("dcp-divides-tp", "sglang/srt/server_args.py (DCP groups split TP ranks)", _dcp_divides_tp),
+    Rule("tree-on-paged-kv", "sglang/srt/arg_groups/speculative_hook.py:_handle_eagle", _tree_on_paged_kv),
+    Rule("ngram-tree-on-paged-kv", "sglang/srt/arg_groups/speculative_hook.py:_handle_ngram",
+         _ngram_tree_on_paged_kv),
+    Rule("tree-holds-draft-tokens", "EAGLE tree: topk-wide, num_steps deep, plus the root",
+         _tree_holds_draft_tokens),
+)
+
+
+def normalize_draft_tokens(algorithm: Algorithm, topk: int, num_steps: int, num_draft_tokens: int) -> int:
+    """SGLang rewrites num_draft_tokens to num_steps+1 when topk == 1 (EAGLE family)."""
+    if algorithm is not Algorithm.NGRAM and topk == 1:
+        return num_steps + 1
+    return num_draft_tokens
+
+
+def skip_reason(case: Case) -> Optional[str]:
+    """Reason SGLang would refuse this case, or None."""
+    for rule in RULES:
+        reason = rule.check(case)
+        if reason:
+            return f"{rule.name}: {reason}"
+    return None

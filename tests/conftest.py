@@ -1,0 +1,36 @@
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SUITES = ROOT / "suites"
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+def _sglang_ok() -> bool:
+    from specwatch.sglang_host import sglang_importable
+
+    return sglang_importable()
+
+
+def _cuda_ok() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    need_sglang = any("sglang" in it.keywords for it in items)
+    sglang_ok = _sglang_ok() if need_sglang else True
+    if need_sglang and not sglang_ok and os.environ.get("SPECWATCH_REQUIRE_SGLANG") == "1":
+        raise pytest.UsageError("SPECWATCH_REQUIRE_SGLANG=1 but sglang is not importable")
+    cuda_ok = _cuda_ok()
+    for it in items:
+        if "sglang" in it.keywords and not sglang_ok:
+            it.add_marker(pytest.mark.skip(reason="sglang not importable (install requirements/sglang-cpu*.txt)"))
+        if "gpu" in it.keywords and not cuda_ok:
+            it.add_marker(pytest.mark.skip(reason="no CUDA GPU"))

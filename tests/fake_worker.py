@@ -1,0 +1,29 @@
+"""A stand-in for specwatch.engine_worker in harness tests: no GPU, no SGLang.
+
+Reports each case ok with a throughput of 100 * page_size, except that a case whose topk is 4
+kills the process the way a dying SGLang scheduler does (SIGKILL of the worker), and a case with
+topk 8 hangs (for timeout tests). FAKE_WORKER_STARTS counts process starts in a file.
+"""
+import json
+import os
+import signal
+import sys
+import time
+
+spec = json.load(open(sys.argv[1]))
+if os.environ.get("FAKE_WORKER_STARTS"):
+    with open(os.environ["FAKE_WORKER_STARTS"], "a") as f:
+        f.write("start\n")
+with open(spec["results"], "a") as out:
+    for c in spec["cases"]:
+        from specwatch.case import Case
+        case = Case(**c)
+        if case.topk == 4:
+            print("RuntimeError: scheduler died (fake)", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        if case.topk == 8:
+            time.sleep(60)
+        out.write(json.dumps({"case_id": case.case_id, "status": "ok",
+                              "metrics": {"output_throughput": {"value": 100.0 * case.page_size,
+                                                                "unit": "tokens/s"}}}) + "\n")
+        out.flush()

@@ -1,0 +1,38 @@
+import pytest
+
+from specwatch.allocator_sim import AcceptPattern, SimConfig, SimFault, simulate
+
+pytestmark = pytest.mark.sglang
+
+
+@pytest.mark.parametrize("page,topk,draft", [(16, 1, 4), (16, 4, 8), (64, 8, 16), (256, 8, 16), (1, 1, 4)])
+@pytest.mark.parametrize("accept", list(AcceptPattern))
+def test_no_leak_on_installed_sizing(page, topk, draft, accept):
+    res = simulate(SimConfig(page, topk, 3, draft, accept=accept))
+    assert res.clean, res.as_dict()
+    assert res.free_pages_after == res.pool_pages and res.decode_steps > 0
+
+
+def test_planted_seed_bug_is_reported():
+    # PR #26972 reverted: row headroom back to 4 + num_draft_tokens at page 64, topk 8
+    res = simulate(SimConfig(64, 8, 3, 16, fault=SimFault.row_widen_revert, accept=AcceptPattern.random))
+    assert res.row_width == 512 + 4 + 16
+    assert res.row_violations and res.row_violations[0].watermark > res.row_width
+    assert res.leaked_pages > 0 and res.leaked_tokens == res.leaked_pages * 64
+    assert not res.clean
+
+
+def test_dcp_pages_allocator_in_virtual_slots():
+    far = simulate(SimConfig(64, 1, 3, 4, dcp=8, context_len=4096, input_len=300, output_len=300))
+    assert far.allocator_page_size == 512 and far.clean
+    # Finding (0.5.17): the watermark is rounded to the allocator's page (64 * 8 = 512 slots) but
+    # the row headroom only to the server page (64): near the context limit the row overflows.
+    near = simulate(SimConfig(64, 1, 3, 4, dcp=8))
+    assert near.row_violations and near.row_violations[0].watermark == 1024 > near.row_width == 512 + 71
+
+
+def test_page1_tree_overshoots_row_near_context_limit():
+    # Finding (0.5.17): page 1, topk 8: row headroom 4+16=20 < reserve 48, so the watermark of a
+    # request near the context limit runs past its row. The simulation reports it, not crashes.
+    res = simulate(SimConfig(1, 8, 3, 16, accept=AcceptPattern.full))
+    assert res.row_violations and not res.clean

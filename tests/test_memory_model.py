@@ -1,0 +1,65 @@
+import itertools
+
+import pytest
+
+from specwatch.case import Algorithm
+from specwatch.memory_model import COMPARED_FIELDS, SizingInput, compare, reference_sizing
+
+
+def test_seed_example_tree_on_paged_kv():
+    s = reference_sizing(SizingInput(Algorithm.EAGLE, 64, 8, 3, 16, 4096, 48))
+    # ceil((63 + 3) / 64) = 2 pages per branch, 8 branches
+    assert s.alloc_len_per_decode == 2 * 64 * 8 == 1024
+    assert s.alloc_reserve_per_decode == 2048
+    assert s.req_to_token_extra_context_len == 2048 + 63
+    assert s.req_to_token_row_width == 4096 + 2111
+    assert s.req_to_token_bytes == 49 * 6207 * 4
+    assert s.holey_branch_footprint_tokens == 1024
+    assert s.row_fits_watermark
+
+
+def test_chain_and_no_spec():
+    chain = reference_sizing(SizingInput(Algorithm.EAGLE, 1, 1, 3, 4, 1024, 8))
+    assert (chain.alloc_len_per_decode, chain.req_to_token_extra_context_len) == (4, 8)
+    none = reference_sizing(SizingInput(None, 16, 1, 3, 4, 1024, 8))
+    assert none.alloc_len_per_decode == 1 and none.req_to_token_extra_context_len == 4
+    assert none.row_fits_watermark is None
+
+
+def test_page1_tree_watermark_overshoots_row():
+    # Finding on 0.5.17's sizing: at page 1 the row headroom stays 4 + num_draft_tokens, while the
+    # tree's reserve is 2 * max(steps*topk, draft); near the context limit the watermark passes the row.
+    s = reference_sizing(SizingInput(Algorithm.EAGLE, 1, 8, 3, 16, 4096, 48))
+    assert s.alloc_reserve_per_decode == 48 and s.req_to_token_extra_context_len == 20
+    assert s.aligned_alloc_len_at_context_limit == 4095 + 48 > s.req_to_token_row_width
+    assert not s.row_fits_watermark
+
+
+def test_dcp_pages_in_virtual_slots():
+    s = reference_sizing(SizingInput(Algorithm.EAGLE, 64, 1, 3, 4, 4096, 48, dcp=8))
+    assert s.allocator_page_size == 512
+
+
+GRID = list(itertools.product(
+    [None, Algorithm.EAGLE, Algorithm.EAGLE3, Algorithm.STANDALONE, Algorithm.NGRAM],
+    [1, 16, 64, 256],          # page
+    [1, 2, 4, 8],              # topk
+    [1, 3, 5],                 # steps
+    [4, 16],                   # draft tokens
+    [2048, 131072],            # context
+    [1, 2],                    # dcp
+))
+
+
+@pytest.mark.sglang
+def test_reference_agrees_with_installed_sglang_on_1000_plus_configs():
+    assert len(GRID) >= 1000
+    disagreements = []
+    for algo, page, topk, steps, draft, ctx, dcp in GRID:
+        x = SizingInput(algo, page, topk, steps, draft, ctx, 48, dcp)
+        ref, sgl, diffs = compare(x)
+        assert sgl is not None
+        disagreements += [(x, d) for d in diffs]
+    assert not disagreements, "\n".join(f"{x}: {d.field} specwatch={d.reference} sglang={d.sglang}"
+                                        for x, d in disagreements[:20])
+    assert set(COMPARED_FIELDS) >= {"alloc_len_per_decode", "req_to_token_row_width", "req_to_token_bytes"}

@@ -1,0 +1,68 @@
+import json
+import warnings
+
+import pytest
+
+from specwatch.errors import NewerSchemaError, SpecwatchInputError
+from specwatch.record import SCHEMA_VERSION, CaseRecord, Status, parse_record
+from specwatch.store import (TornLineWarning, append_record, finished_case_ids, load_records, read_records,
+                             records_frame, result_files, results_path)
+from records import case, record
+
+
+def test_round_trip():
+    r = record()
+    again = parse_record(json.loads(r.model_dump_json()))
+    assert again == r
+
+
+def test_newer_schema_is_a_clear_error():
+    data = json.loads(record().model_dump_json())
+    data["schema_version"] = SCHEMA_VERSION + 1
+    with pytest.raises(NewerSchemaError) as e:
+        parse_record(data, source="results/x.jsonl:3")
+    assert str(e.value).startswith("results/x.jsonl:3: schema_version: record has schema_version")
+
+
+def test_status_validation():
+    with pytest.raises(ValueError, match="needs a reason"):
+        record(status=Status.crashed)
+    with pytest.raises(ValueError, match="does not match"):
+        c = case()
+        CaseRecord(**{**json.loads(record(c).model_dump_json()), "case_id": "000000000000"})
+    data = json.loads(record().model_dump_json())
+    data["status"] = "exploded"
+    with pytest.raises(SpecwatchInputError, match="status"):
+        parse_record(data)
+
+
+def test_durable_append_and_torn_line(tmp_path):
+    path = results_path(tmp_path, "m", "0.5.17", "smoke")
+    a, b = record(case(topk=1, num_draft_tokens=4)), record(case(topk=8, num_draft_tokens=16), tps=50.0)
+    append_record(path, a)
+    with open(path, "ab") as f:           # a writer killed mid-record
+        f.write(b.model_dump_json().encode()[:40])
+    with pytest.warns(TornLineWarning, match=r"smoke.jsonl:2"):
+        assert [r.case_id for r in read_records(path)] == [a.case_id]
+    append_record(path, b)                # the next append must not merge with the torn bytes
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TornLineWarning)
+        assert [r.case_id for r in read_records(path)] == [a.case_id, b.case_id]
+    assert path.read_bytes().count(b"\n") == 3
+
+
+def test_resume_ids_count_ok_and_skipped_only(tmp_path):
+    path = tmp_path / "r.jsonl"
+    ok, crashed, skipped = case(page_size=1), case(page_size=16), case(page_size=256)
+    append_record(path, record(ok))
+    append_record(path, record(crashed, status=Status.crashed, reason="SIGKILL"))
+    append_record(path, record(skipped, status=Status.skipped, reason="x"))
+    assert finished_case_ids(path) == {ok.case_id, skipped.case_id}
+
+
+def test_frame_has_one_row_per_run(tmp_path):
+    for v in ("0.5.16", "0.5.17"):
+        append_record(results_path(tmp_path, "m", v, "smoke"), record(sglang_version=v))
+    df = records_frame(load_records(result_files(tmp_path)))
+    assert len(df) == 2 and set(df.sglang_version) == {"0.5.16", "0.5.17"}
+    assert df.output_throughput.tolist() == [100.0, 100.0] and (df.page_size == 64).all()

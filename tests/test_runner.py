@@ -1,0 +1,93 @@
+import os
+import warnings
+
+from specwatch.record import Status
+from specwatch.runner import Shard, engine_groups, run_suite
+from specwatch.store import read_records
+from specwatch.suite import load_suite
+from conftest import SUITES
+
+HERE = os.path.dirname(__file__)
+
+
+def _suite(tmp_path, topks="[1, 2]", extra=""):
+    p = tmp_path / "s.toml"
+    p.write_text(f"""
+[suite]
+name = "harness"
+repeats = 1
+timeout_s = 10
+[[matrix]]
+attention_backend = ["triton"]
+page_size = [1, 64]
+topk = {topks}
+num_draft_tokens = [7]
+batch_size = [1, 8]
+{extra}
+""")
+    return load_suite(p)
+
+
+def _run(tmp_path, suite, **kw):
+    starts = tmp_path / "starts"
+    env = {"PYTHONPATH": HERE + os.pathsep + os.environ.get("PYTHONPATH", ""), "FAKE_WORKER_STARTS": str(starts)}
+    out = run_suite(suite, tmp_path / "results", gpus=1, worker_module="fake_worker", extra_env=env, **kw)
+    return out, (starts.read_text().count("start") if starts.exists() else 0)
+
+
+def test_engine_groups_share_an_engine_across_batch_sizes():
+    plan = load_suite(SUITES / "tree-page.toml").plan()
+    groups = engine_groups(p.case for p in plan)
+    assert len(groups) == len(plan) // 2           # batch sizes 1 and 8 share one engine
+    assert all({c.batch_size for c in g} == {1, 8} for g in groups)
+
+
+def test_crash_is_recorded_and_sweep_continues(tmp_path):
+    suite = _suite(tmp_path, topks="[1, 4]")
+    out, starts = _run(tmp_path, suite)
+    recs = list(read_records(out))
+    by = {(r.case.page_size, r.case.topk, r.case.batch_size): r for r in recs}
+    assert len(recs) == 8
+    crashed = [r for r in recs if r.status is Status.crashed]
+    assert len(crashed) == 4 and all(r.case.topk == 4 for r in crashed)
+    assert "exited with code -9" in crashed[0].reason and "scheduler died" in crashed[0].log_tail
+    assert by[(64, 1, 8)].status is Status.ok and by[(64, 1, 8)].metrics["output_throughput"].value == 6400
+    assert by[(1, 1, 1)].provenance.suite_sha256 == suite.sha256
+    # two chain groups, two tree groups; each crash costs a fresh worker for the rest of its group
+    assert starts == 2 + 2 * 2
+
+
+def test_resume_reruns_only_unfinished(tmp_path):
+    suite = _suite(tmp_path, topks="[1, 4]")
+    out, _ = _run(tmp_path, suite)
+    (tmp_path / "starts").unlink()
+    out2, starts = _run(tmp_path, suite, resume=True)
+    assert out2 == out
+    recs = list(read_records(out))
+    assert len(recs) == 12                        # the 4 crashed cases ran (and crashed) again
+    assert starts == 2 * 2                        # chain groups were not restarted
+
+
+def test_timeout_is_recorded(tmp_path):
+    suite = _suite(tmp_path, topks="[8]")
+    out, _ = _run(tmp_path, suite, max_groups=1)
+    recs = list(read_records(out))
+    assert recs[0].status is Status.timeout and "past 10 s" in recs[0].reason
+
+
+def test_skips_are_recorded_with_reasons(tmp_path):
+    suite = _suite(tmp_path, topks="[2]", extra="tp = [2]\ndcp = [3]\n")
+    out, starts = _run(tmp_path, suite)
+    recs = list(read_records(out))
+    assert starts == 0 and all(r.status is Status.skipped for r in recs)
+    assert "must divide" in recs[0].reason
+
+
+def test_shard_parse():
+    assert Shard.parse("2/3") == Shard(2, 3)
+    for bad in ("0/3", "4/3", "x"):
+        try:
+            Shard.parse(bad)
+        except ValueError:
+            continue
+        raise AssertionError(bad)

@@ -1,0 +1,90 @@
+import pytest
+
+from specwatch.case import Algorithm, Backend, Case, ModelSize
+from specwatch.errors import SpecwatchInputError
+from specwatch.suite import load_suite
+from conftest import SUITES
+
+
+def write(tmp_path, text, name="s.toml"):
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+BASE = """
+[suite]
+name = "t"
+[[matrix]]
+attention_backend = ["triton"]
+page_size = [1, 64]
+topk = [1, 4]
+"""
+
+
+def test_shipped_suites_expand():
+    counts = {}
+    for name in ("smoke", "tree-page", "dcp"):
+        plan = load_suite(SUITES / f"{name}.toml").plan()
+        counts[name] = (len(plan), sum(p.skip is None for p in plan))
+    assert counts["smoke"] == (8, 8)
+    # 4 pages x 4 topk x 3 backends x 2 batch sizes x 2 profiles
+    assert counts["tree-page"] == (192, 192)
+    # 3 algos x 3 backends x 2 pages x 2 topk x 2 dcp x 2 workloads; NGRAM topk>1 page>1 off flashinfer
+    assert counts["dcp"][0] == 144
+    assert counts["dcp"][0] - counts["dcp"][1] == 8
+
+
+def test_ngram_skip_reason_is_sglangs():
+    plan = load_suite(SUITES / "dcp.toml").plan()
+    skipped = [p for p in plan if p.skip]
+    assert all(p.case.algorithm is Algorithm.NGRAM and p.case.page_size > 1 and p.case.topk > 1
+               and p.case.attention_backend is not Backend.flashinfer for p in skipped)
+    assert "only supported for the 'flashinfer' backend" in skipped[0].skip
+
+
+def test_dcp_must_divide_tp(tmp_path):
+    plan = load_suite(write(tmp_path, BASE + "tp = [2]\ndcp = [3]\n")).plan()
+    assert all("dcp_size=3 must divide tp_size=2" in p.skip for p in plan)
+
+
+def test_draft_tokens_bound_by_tree(tmp_path):
+    plan = load_suite(write(tmp_path, BASE.replace("topk = [1, 4]", "topk = [2]") + "num_draft_tokens = [8]\n")).plan()
+    assert all("num_steps*topk+1=7" in p.skip for p in plan)
+
+
+def test_topk1_normalizes_draft_tokens_and_lists_duplicate(tmp_path):
+    plan = load_suite(write(tmp_path, BASE.replace("topk = [1, 4]", "topk = [1]").replace(
+        "page_size = [1, 64]", "page_size = [1]") + "num_draft_tokens = [4, 8]\n")).plan()
+    assert len(plan) == 2
+    assert plan[0].case.num_draft_tokens == 4 and plan[0].skip is None
+    assert plan[1].duplicate and plan[1].case.case_id == plan[0].case.case_id
+    assert "adjusts speculative_num_draft_tokens=8" in plan[1].skip
+
+
+def test_case_id_is_stable():
+    # Pinned: a change here orphans every stored result. Append new pins, never edit old ones.
+    c = Case(model=ModelSize.tiny, algorithm=Algorithm.EAGLE, attention_backend=Backend.triton, page_size=64,
+             topk=4, num_steps=3, num_draft_tokens=8, batch_size=1, input_len=128, output_len=256)
+    assert c.case_id == "b014b982811c"
+    assert c.case_id == Case(**c.params()).case_id
+
+
+@pytest.mark.parametrize("text,field,msg", [
+    (BASE.replace('"triton"', '"cutlass"'), "matrix[0].attention_backend[0]", "'triton', 'flashinfer' or 'fa3'"),
+    (BASE + "bogus = [1]\n", "matrix[0].bogus", "Extra inputs are not permitted"),
+    (BASE.replace("page_size = [1, 64]", "page_size = [0]"), "matrix[0].page_size", ">= 1"),
+    ("[suite]\nname = \"t\"\n", "matrix", "Field required"),
+])
+def test_bad_suite_names_file_and_field(tmp_path, text, field, msg):
+    p = write(tmp_path, text)
+    with pytest.raises(SpecwatchInputError) as e:
+        load_suite(p)
+    line = str(e.value)
+    assert line.startswith(f"{p}: {field}: ") and msg in line and "\n" not in line
+
+
+def test_malformed_toml(tmp_path):
+    p = write(tmp_path, "[suite\nname=")
+    with pytest.raises(SpecwatchInputError, match="not valid TOML"):
+        load_suite(p)
