@@ -57,6 +57,15 @@ def test_crash_is_recorded_and_sweep_continues(tmp_path):
     assert starts == 2 + 2 * 2
 
 
+def test_crash_at_engine_start_fails_the_group_once(tmp_path):
+    suite = _suite(tmp_path, topks="[1]", extra="num_steps = [5]")
+    out, starts = _run(tmp_path, suite)
+    recs = list(read_records(out))
+    assert len(recs) == 4 and all(r.status is Status.crashed for r in recs)
+    assert recs[0].reason.startswith("engine start: worker exited with code -3")
+    assert starts == 2                            # one start per group, not one per case
+
+
 def test_resume_reruns_only_unfinished(tmp_path):
     suite = _suite(tmp_path, topks="[1, 4]")
     out, _ = _run(tmp_path, suite)

@@ -29,6 +29,8 @@ from specwatch.store import append_record, finished_case_ids, results_path
 from specwatch.suite import PlannedCase, Suite
 
 LOG_TAIL_LINES = 60
+PROBE_DIR = Path(__file__).resolve().parent / "probe"
+"""Holds the probe's sitecustomize.py; put first on every worker's PYTHONPATH."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,7 @@ def run_group(suite: Suite, cases: list[Case], timeout_s: int, fault: Optional[s
                 "results": str(results),
             }))
             env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra_env or {}))
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROBE_DIR), env.get("PYTHONPATH")) if p)
             with open(log, "wb") as logf:
                 proc = subprocess.Popen([sys.executable, "-m", worker_module, str(spec)],
                                         stdout=logf, stderr=subprocess.STDOUT, env=env,
@@ -111,14 +114,20 @@ def run_group(suite: Suite, cases: list[Case], timeout_s: int, fault: Optional[s
                     proc.wait()
                     rc, timed_out = proc.returncode, True
             finally_kill(proc.pid)
+            if os.environ.get("SPECWATCH_LOG_DIR"):
+                keep = Path(os.environ["SPECWATCH_LOG_DIR"])
+                keep.mkdir(parents=True, exist_ok=True)
+                (keep / f"{suite.name}-{remaining[0].case_id}.log").write_bytes(log.read_bytes())
             done: set[str] = set()
             by_id = {c.case_id: c for c in remaining}
+            engine_started = False
             if results.exists():
                 for raw in results.read_text().splitlines():
                     try:
                         line = json.loads(raw)
                     except json.JSONDecodeError:
                         continue
+                    engine_started |= line.get("event") == "engine_started"
                     case = by_id.get(line.get("case_id"))
                     if case is None or case.case_id in done:
                         continue
@@ -128,13 +137,18 @@ def run_group(suite: Suite, cases: list[Case], timeout_s: int, fault: Optional[s
             if not remaining:
                 break
             log_text = log.read_text(errors="replace")
-            victim = remaining.pop(0)
             if timed_out:
                 status, reason = Status.timeout, f"engine group ran past {timeout_s} s"
             else:
                 status = Status.crashed
                 reason = f"worker exited with code {rc} before finishing this case: " + _last_error(log_text)
-            on_record(failure_record(suite, victim, status, reason, _tail(log_text), fault, started))
+            # A death before the engine came up hits every case of the group alike.
+            victims = remaining if (not engine_started and not done) else remaining[:1]
+            if victims is remaining and len(remaining) > 1:
+                reason = "engine start: " + reason
+            for victim in victims:
+                on_record(failure_record(suite, victim, status, reason, _tail(log_text), fault, started))
+            remaining = [c for c in remaining if c not in victims]
 
 
 def finally_kill(pgid: int) -> None:

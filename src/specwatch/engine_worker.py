@@ -1,0 +1,257 @@
+"""Child process of the runner: one ``sglang.Engine`` serving every case of one engine group.
+
+``python -m specwatch.engine_worker SPEC.json``. Writes one JSON line per case to the spec's
+``results`` file as soon as the case ends (the parent turns lines into records), plus an
+``{"event": "engine_started"}`` line once the engine is up, so the parent can tell a crash at
+start (the whole group fails alike) from a crash inside one case.
+
+Per case: a warm-up batch (untimed), a prefill-only batch (``max_new_tokens=1``) to split
+prefill from decode time, then ``repeats`` timed batches, each on fresh prompts (oracle chains
+from seeded start tokens, so the radix cache never serves a timed prompt). After the case the
+cache is flushed and the probe's facts are read from the scheduler: allocator and req slots must
+be back to full (leak check).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+from datetime import datetime, timezone
+from pathlib import Path
+
+from specwatch.case import Algorithm, Case, Profile, Workload
+from specwatch.memory_model import SizingInput, reference_sizing
+from specwatch.oracle import SHAPES, Oracle, ensure_models
+
+KV_TOKENS = 1 << 18
+"""KV pool size for standard workloads (keeps start fast and memory numbers comparable)."""
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat()
+
+
+def engine_kwargs(case: Case, target: Path, draft, max_bs: int) -> dict:
+    kw = dict(
+        model_path=str(target), skip_tokenizer_init=True, dtype="bfloat16",
+        attention_backend=case.attention_backend.value, page_size=case.page_size,
+        tp_size=case.tp, max_running_requests=max(max_bs, 8), max_total_tokens=KV_TOKENS,
+        cuda_graph_max_bs_decode=max(max_bs, 8), disable_cuda_graph=not case.cuda_graph,
+        random_seed=0, log_level="error", mem_fraction_static=0.7,
+        speculative_algorithm=case.algorithm.value, speculative_num_steps=case.num_steps,
+        speculative_eagle_topk=case.topk, speculative_num_draft_tokens=case.num_draft_tokens,
+    )
+    if case.dcp > 1:
+        kw["dcp_size"] = case.dcp
+    if draft is not None:
+        kw["speculative_draft_model_path"] = str(draft)
+        if case.profile is Profile.random:
+            kw["speculative_draft_load_format"] = "dummy"
+    if case.algorithm is Algorithm.NGRAM:
+        kw["speculative_ngram_max_bfs_breadth"] = case.topk
+    return kw
+
+
+def prompt_starts(case: Case, tag: str, n: int) -> list[int]:
+    """Seeded start indices of the oracle chain: distinct per case, purpose and request."""
+    a = SHAPES[case.model].active
+    out = []
+    for i in range(n):
+        h = hashlib.sha256(f"{case.case_id}/{tag}/{i}".encode()).digest()
+        out.append(int.from_bytes(h[:4], "little") % a)
+    return out
+
+
+def server_facts(engine) -> dict:
+    info = engine.get_server_info()
+    states = info.get("internal_states") or [{}]
+    return {"specwatch": states[0].get("specwatch", {}), "avg_spec_accept_length": states[0].get("avg_spec_accept_length"),
+            "memory_usage": states[0].get("memory_usage"), "version": info.get("version")}
+
+
+def metric(value, unit, samples=None, expected=None, exact=False, higher_is_better=None) -> dict:
+    return {"value": float(value), "unit": unit, "samples": [float(s) for s in (samples or [])],
+            "expected": None if expected is None else float(expected), "exact": exact,
+            "higher_is_better": higher_is_better}
+
+
+def run_case(engine, case: Case, repeats: int, warmup: bool) -> dict:
+    oracle = Oracle(SHAPES[case.model], 0, case.profile)
+    sp = {"temperature": 0.0, "max_new_tokens": case.output_len, "ignore_eos": True}
+
+    def batch(tag):
+        starts = prompt_starts(case, tag, case.batch_size)
+        chains = [oracle.chain(s, case.input_len + case.output_len) for s in starts]
+        return [c[: case.input_len] for c in chains], [c[case.input_len:] for c in chains]
+
+    if warmup:
+        engine.generate(input_ids=batch("warmup")[0], sampling_params=sp)
+    prompts, _ = batch("prefill")
+    t = time.perf_counter()
+    engine.generate(input_ids=prompts, sampling_params={**sp, "max_new_tokens": 1})
+    prefill_s = time.perf_counter() - t
+
+    tps, decode_tps, als, step_ms, itl_ms, walls, mismatches, verify = [], [], [], [], [], [], 0, []
+    expected_al = None
+    hist = None
+    for r in range(repeats):
+        prompts, expected = batch(f"timed{r}")
+        t = time.perf_counter()
+        outs = engine.generate(input_ids=prompts, sampling_params=sp)
+        wall = time.perf_counter() - t
+        walls.append(wall)
+        n_out = sum(len(o["output_ids"]) for o in outs)
+        tps.append(n_out / wall)
+        decode_s = max(wall - prefill_s, 1e-9)
+        decode_tps.append(sum(len(o["output_ids"]) - 1 for o in outs) / decode_s)
+        for o, exp in zip(outs, expected):
+            mismatches += sum(1 for a, b in zip(o["output_ids"], exp) if a != b) + abs(len(o["output_ids"]) - len(exp))
+        metas = [o["meta_info"] for o in outs]
+        als.append(statistics.mean(m.get("spec_accept_length", 0.0) for m in metas))
+        vct = max(m.get("spec_verify_ct", 0) for m in metas)
+        verify.append(vct)
+        step_ms.append(1e3 * decode_s / max(vct, 1))
+        itl_ms.append(1e3 * decode_s / max(case.output_len - 1, 1))
+        hist = metas[0].get("spec_accept_histogram", hist)
+        if case.profile is not Profile.random and case.algorithm is not Algorithm.NGRAM and \
+                (case.topk == 1 or case.profile is Profile.perfect):
+            exp_al = []
+            for exp in expected:
+                v = oracle.expected_chain_verifies(exp[0], case.output_len, case.num_steps) \
+                    if case.topk == 1 else _perfect_tree_verifies(case)
+                exp_al.append(case.output_len / v)
+            expected_al = statistics.mean(exp_al)
+    med = statistics.median
+    metrics = {
+        "output_throughput": metric(med(tps), "tokens/s", tps, higher_is_better=True),
+        "decode_throughput": metric(med(decode_tps), "tokens/s", decode_tps, higher_is_better=True),
+        "request_throughput": metric(med([case.batch_size / w for w in walls]), "requests/s",
+                                     [case.batch_size / w for w in walls], higher_is_better=True),
+        "wall_time": metric(med(walls), "s", walls, higher_is_better=False),
+        "prefill_time": metric(prefill_s, "s", [prefill_s], higher_is_better=False),
+        "step_time": metric(med(step_ms), "ms", step_ms, higher_is_better=False),
+        "itl": metric(med(itl_ms), "ms", itl_ms, higher_is_better=False),
+        "accept_length": metric(med(als), "tokens/verify", als, expected=expected_al, exact=True,
+                                higher_is_better=True),
+        "accept_rate": metric((med(als) - 1) / max(case.num_draft_tokens - 1, 1), "1", exact=True,
+                              higher_is_better=True),
+        "verify_steps": metric(med(verify), "steps", verify, exact=True, higher_is_better=False),
+        "lossless_mismatches": metric(mismatches, "tokens", exact=True, higher_is_better=False),
+    }
+    checks = {"lossless": mismatches == 0}
+    if expected_al is not None:
+        checks["accept_length_matches_oracle"] = abs(med(als) - expected_al) <= 1e-6 * expected_al
+    return {"metrics": metrics, "checks": checks, "details": {"accept_histogram": hist,
+                                                              "prefill_s": prefill_s}}
+
+
+def _perfect_tree_verifies(case: Case) -> int:
+    """Perfect draft: every verify commits num_steps + 1 tokens, whatever the tree's width."""
+    return -(-(case.output_len - 1) // (case.num_steps + 1))
+
+
+def memory_and_leaks(engine, case: Case) -> tuple[dict, dict, dict]:
+    ok_flush = engine.flush_cache()
+    facts = server_facts(engine)
+    sw = facts["specwatch"]
+    metrics, checks = {}, {}
+    if "allocator" in sw:
+        a, r = sw["allocator"], sw["req_to_token"]
+        capacity_pages = a["num_pages"]
+        leaked_pages = capacity_pages - (a["unique_free_pages"] if a["unique_free_pages"] is not None else a["free_pages"])
+        metrics["leaked_tokens"] = metric(leaked_pages * a["page_size"], "tokens", exact=True, higher_is_better=False)
+        metrics["leaked_req_slots"] = metric(r["size"] - r["free_slots"], "slots", exact=True, higher_is_better=False)
+        checks["no_kv_leak"] = leaked_pages == 0
+        checks["no_req_slot_leak"] = r["size"] == r["free_slots"]
+        checks["no_double_free"] = a["unique_free_pages"] in (None, a["free_pages"])
+        metrics["req_to_token_row_width"] = metric(r["row_width"], "tokens", exact=True)
+        metrics["req_to_token_bytes"] = metric(r["bytes"], "bytes", exact=True, higher_is_better=False)
+        metrics["allocator_page_size"] = metric(a["page_size"], "tokens", exact=True)
+        if sw.get("target_kv_pool"):
+            tp = sw["target_kv_pool"]
+            metrics["kv_pool_tokens"] = metric(tp["size"], "tokens", exact=True)
+            if tp.get("bytes"):
+                metrics["kv_pool_bytes"] = metric(tp["bytes"], "bytes", exact=True, higher_is_better=False)
+        dp = sw.get("draft_kv_pool")
+        if dp:
+            if dp.get("bytes"):
+                metrics["draft_kv_pool_bytes"] = metric(dp["bytes"], "bytes", exact=True, higher_is_better=False)
+            if dp.get("page_size") is not None:
+                checks["draft_pool_page_matches_allocator"] = dp["page_size"] == a["page_size"]
+        if sw.get("cuda"):
+            metrics["peak_gpu_memory"] = metric(sw["cuda"]["max_allocated"], "bytes", higher_is_better=False)
+        # The CPU-tier memory model next to the real objects
+        model = reference_sizing(SizingInput(case.algorithm, case.page_size, case.topk, case.num_steps,
+                                             case.num_draft_tokens, SHAPES[case.model].max_position,
+                                             r["size"], case.dcp))
+        metrics["model_req_to_token_bytes"] = metric(model.req_to_token_bytes, "bytes", exact=True)
+        checks["req_to_token_matches_model"] = (model.req_to_token_row_width == r["row_width"]
+                                                and model.req_to_token_bytes == r["bytes"])
+    checks["flush_cache"] = bool(ok_flush)
+    return metrics, checks, {"probe": sw, "engine_memory_usage": facts.get("memory_usage")}
+
+
+def main(spec_path: str) -> int:
+    spec = json.loads(Path(spec_path).read_text())
+    cases = [Case(**c) for c in spec["cases"]]
+    out = open(spec["results"], "a")
+
+    def emit(obj):
+        out.write(json.dumps(obj, default=str) + "\n")
+        out.flush()
+        os.fsync(out.fileno())
+
+    first = cases[0]
+    unsupported = [c for c in cases if c.workload is not Workload.standard]
+    for c in unsupported:
+        emit({"case_id": c.case_id, "status": "skipped", "started_at": now(), "finished_at": now(),
+              "reason": f"specwatch: workload {c.workload.value!r} is not implemented yet"})
+    cases = [c for c in cases if c.workload is Workload.standard]
+    if not cases:
+        return 0
+    t0 = time.perf_counter()
+    target, draft = ensure_models(Path(spec["models_dir"]), first.model, first.profile, first.algorithm, device="cuda")
+    gen_s = time.perf_counter() - t0
+    import sglang
+
+    t0 = time.perf_counter()
+    try:
+        engine = sglang.Engine(**engine_kwargs(first, target, draft, max(c.batch_size for c in cases)))
+    except Exception as e:
+        tail = traceback.format_exc()[-4000:]
+        for c in cases:
+            emit({"case_id": c.case_id, "status": "failed", "started_at": now(), "finished_at": now(),
+                  "reason": f"engine start: {type(e).__name__}: {e}"[:2000], "log_tail": tail})
+        return 0
+    start_s = time.perf_counter() - t0
+    emit({"event": "engine_started", "engine_start_s": start_s})
+    facts_start = server_facts(engine)
+    for c in cases:
+        started = now()
+        try:
+            res = run_case(engine, c, spec["repeats"], spec["warmup"])
+            mem_metrics, mem_checks, details = memory_and_leaks(engine, c)
+            res["metrics"].update(mem_metrics)
+            res["metrics"]["engine_start_time"] = metric(start_s, "s", higher_is_better=False)
+            res["metrics"]["model_generation_time"] = metric(gen_s, "s")
+            res["checks"].update(mem_checks)
+            res["details"].update(details)
+            res["details"]["sglang_version"] = facts_start.get("version")
+            emit({"case_id": c.case_id, "status": "ok", "started_at": started, "finished_at": now(), **res})
+        except Exception as e:
+            emit({"case_id": c.case_id, "status": "failed", "started_at": started, "finished_at": now(),
+                  "reason": f"{type(e).__name__}: {e}"[:2000], "log_tail": traceback.format_exc()[-4000:]})
+    try:
+        engine.shutdown()
+    except Exception:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,267 @@
+"""Oracle checkpoints: HF-format Llama target + drafts whose greedy behaviour is known in closed form.
+
+Target (``LlamaForCausalLM``): the A = hidden "active" tokens (ids ``FIRST_ACTIVE ..
+FIRST_ACTIVE + A - 1``) embed to ``sqrt(H) * e_j`` (orthonormal rows of RMS 1). Every layer's
+``o_proj`` and ``down_proj`` are zero, so attention and MLP run at full cost but the residual stream
+stays the token embedding; the final RMSNorm leaves it unchanged. ``lm_head`` row ``sigma(t_j)`` is
+``e_j``: the logits of active token t_j are ``sqrt(H)`` at ``sigma(t_j)`` and 0 elsewhere, so greedy
+decoding emits the chain ``t, sigma(t), sigma^2(t), ...``. ``sigma`` is a seeded permutation of the
+active tokens with one cycle of length A.
+
+EAGLE draft (``LlamaForCausalLMEagle``, one layer, no final norm; SGLang shares the target's
+embedding and lm_head with it): ``fc = [M, 0]`` with zero bias, zero ``o_proj``/``down_proj``; its
+output is ``M @ embed(x)``, its logits ``lm_head(M @ embed(x))``.
+* ``perfect``: M = I, the draft predicts sigma(x): greedy acceptance length is exactly steps + 1.
+* ``q=0.1``, ``q=0.3``: a seeded set S of round(q*A) active tokens gets ``M e_i = e_k + 0.75 e_i``
+  with k = sigma(t_i)'s index: the draft's first choice for x in S is sigma(sigma(x)) (wrong), its
+  second sigma(x) (right). For a chain (topk = 1) a verify accepts the longest run of chain tokens
+  outside S starting at the last committed token, capped at num_steps (``expected_chain_verifies``).
+* ``second-choice``: S = every active token: topk = 1 accepts nothing; topk >= 2 can recover.
+* ``random``: no weights written (load with ``load_format="dummy"``): acceptance ~ 1.
+
+STANDALONE draft: an oracle ``LlamaForCausalLM`` with the same sigma and fewer layers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from specwatch.case import Algorithm, ModelSize, Profile
+
+FIRST_ACTIVE = 1000
+"""First active token id (clear of special tokens)."""
+EOS_TOKEN_ID = 2
+"""Never an active token, so the chain never stops on EOS."""
+WRONG_WEIGHT, RIGHT_WEIGHT = 1.0, 0.75
+"""Draft logits scale for the wrong first choice and the right second choice (imperfect profiles)."""
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Llama shapes of one model size."""
+
+    hidden: int
+    layers: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    vocab: int
+    max_position: int = 8192
+
+    @property
+    def active(self) -> int:
+        return self.hidden
+
+
+SHAPES = {
+    ModelSize.tiny: Shape(hidden=1024, layers=4, intermediate=2816, heads=16, kv_heads=4, vocab=32000),
+    ModelSize.llama_1b: Shape(hidden=2048, layers=16, intermediate=8192, heads=32, kv_heads=8, vocab=128256),
+    ModelSize.llama_8b: Shape(hidden=4096, layers=32, intermediate=14336, heads=32, kv_heads=8, vocab=128256),
+}
+
+
+@dataclass(frozen=True)
+class Oracle:
+    """The closed-form successor function and the draft's wrong-token set."""
+
+    shape: Shape
+    seed: int
+    profile: Profile
+
+    @property
+    def order(self) -> np.ndarray:
+        """Active-token indices in cycle order: sigma(order[i]) = order[i+1]."""
+        return np.random.default_rng(self.seed).permutation(self.shape.active)
+
+    def successor_index(self) -> np.ndarray:
+        """succ[j] = index of sigma(t_j)."""
+        order = self.order
+        succ = np.empty_like(order)
+        succ[order] = np.roll(order, -1)
+        return succ
+
+    def wrong_set(self) -> np.ndarray:
+        """Boolean mask over active indices where the draft's first choice is wrong."""
+        a = self.shape.active
+        if self.profile is Profile.second_choice:
+            return np.ones(a, dtype=bool)
+        q = {Profile.q01: 0.1, Profile.q03: 0.3}.get(self.profile, 0.0)
+        mask = np.zeros(a, dtype=bool)
+        mask[np.random.default_rng(self.seed + 1).permutation(a)[: round(q * a)]] = True
+        return mask
+
+    def chain(self, start_index: int, length: int) -> list[int]:
+        """Token ids t, sigma(t), ... of ``length`` tokens from active index ``start_index``."""
+        succ = self.successor_index()
+        out, j = [], start_index
+        for _ in range(length):
+            out.append(FIRST_ACTIVE + int(j))
+            j = succ[j]
+        return out
+
+    def expected_chain_verifies(self, first_output_token: int, output_len: int, num_steps: int) -> int:
+        """Verify steps a chain (topk = 1) needs for ``output_len`` tokens, the first from prefill."""
+        if self.profile is Profile.random:
+            raise ValueError("random profile has no closed form")
+        wrong = self.wrong_set()
+        succ = self.successor_index()
+        j = first_output_token - FIRST_ACTIVE
+        produced, verifies = 1, 0
+        while produced < output_len:
+            accepted, k = 0, j
+            while accepted < num_steps and not wrong[k]:
+                accepted += 1
+                k = succ[k]
+            commit = accepted + 1
+            for _ in range(commit):
+                j = succ[j]
+            produced += commit
+            verifies += 1
+        return verifies
+
+
+def _config(shape: Shape, layers: int, architecture: str) -> dict:
+    return {
+        "architectures": [architecture],
+        "model_type": "llama",
+        "hidden_size": shape.hidden,
+        "intermediate_size": shape.intermediate,
+        "num_hidden_layers": layers,
+        "num_attention_heads": shape.heads,
+        "num_key_value_heads": shape.kv_heads,
+        "head_dim": shape.hidden // shape.heads,
+        "vocab_size": shape.vocab,
+        "max_position_embeddings": shape.max_position,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "bos_token_id": 1,
+        "eos_token_id": EOS_TOKEN_ID,
+        "attention_bias": False,
+        "mlp_bias": False,
+    }
+
+
+def _layer_weights(torch, shape: Shape, prefix: str, gen, device, skip_input_norm: bool = False) -> dict:
+    h, hd = shape.hidden, shape.hidden // shape.heads
+    bf = torch.bfloat16
+
+    def rnd(*s):
+        return (torch.randn(*s, generator=gen, device=device) * 0.02).to(bf)
+
+    w = {
+        f"{prefix}self_attn.q_proj.weight": rnd(shape.heads * hd, h),
+        f"{prefix}self_attn.k_proj.weight": rnd(shape.kv_heads * hd, h),
+        f"{prefix}self_attn.v_proj.weight": rnd(shape.kv_heads * hd, h),
+        f"{prefix}self_attn.o_proj.weight": torch.zeros(h, shape.heads * hd, dtype=bf, device=device),
+        f"{prefix}mlp.gate_proj.weight": rnd(shape.intermediate, h),
+        f"{prefix}mlp.up_proj.weight": rnd(shape.intermediate, h),
+        f"{prefix}mlp.down_proj.weight": torch.zeros(h, shape.intermediate, dtype=bf, device=device),
+        f"{prefix}post_attention_layernorm.weight": torch.ones(h, dtype=bf, device=device),
+    }
+    if not skip_input_norm:
+        w[f"{prefix}input_layernorm.weight"] = torch.ones(h, dtype=bf, device=device)
+    return w
+
+
+def _save(torch, folder: Path, config: dict, weights: dict) -> None:
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": EOS_TOKEN_ID}))
+    shard, shards, size, index = {}, [], 0, {}
+    limit = 4 << 30
+    for name, t in weights.items():
+        nbytes = t.numel() * t.element_size()
+        if shard and size + nbytes > limit:
+            shards.append(shard)
+            shard, size = {}, 0
+        shard[name] = t.contiguous().cpu()
+        size += nbytes
+    shards.append(shard)
+    for i, s in enumerate(shards):
+        fname = "model.safetensors" if len(shards) == 1 else f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(s, str(folder / fname), metadata={"format": "pt"})
+        index.update({k: fname for k in s})
+    if len(shards) > 1:
+        (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": index}))
+
+
+def write_target(folder: Path, oracle: Oracle, layers: Optional[int] = None, device: str = "cpu") -> None:
+    """The oracle target (or, with fewer ``layers``, a STANDALONE draft with the same sigma)."""
+    import torch
+
+    s = oracle.shape
+    layers = layers or s.layers
+    gen = torch.Generator(device=device).manual_seed(oracle.seed)
+    bf = torch.bfloat16
+    scale = math.sqrt(s.hidden)
+    ids = torch.arange(s.active, device=device)
+    embed = torch.zeros(s.vocab, s.hidden, dtype=bf, device=device)
+    embed[FIRST_ACTIVE + ids, ids] = scale
+    head = torch.zeros(s.vocab, s.hidden, dtype=bf, device=device)
+    succ = torch.as_tensor(oracle.successor_index(), device=device)
+    head[FIRST_ACTIVE + succ, ids] = 1.0
+    w = {"model.embed_tokens.weight": embed, "lm_head.weight": head,
+         "model.norm.weight": torch.ones(s.hidden, dtype=bf, device=device)}
+    for i in range(layers):
+        w.update(_layer_weights(torch, s, f"model.layers.{i}.", gen, device))
+    _save(torch, folder, _config(s, layers, "LlamaForCausalLM"), w)
+
+
+def write_eagle_draft(folder: Path, oracle: Oracle, device: str = "cpu") -> None:
+    """The EAGLE draft of module docstring (one layer, fc = [M, 0])."""
+    import torch
+
+    s = oracle.shape
+    bf = torch.bfloat16
+    config = _config(s, 1, "LlamaForCausalLMEagle")
+    if oracle.profile is Profile.random:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.json").write_text(json.dumps(config, indent=1))
+        return
+    gen = torch.Generator(device=device).manual_seed(oracle.seed + 2)
+    m = torch.eye(s.hidden, dtype=torch.float32, device=device)
+    wrong = torch.as_tensor(oracle.wrong_set(), device=device)
+    succ = torch.as_tensor(oracle.successor_index(), device=device)
+    idx = torch.nonzero(wrong).flatten()
+    m[idx, idx] = RIGHT_WEIGHT
+    m[succ[idx], idx] = WRONG_WEIGHT
+    fc = torch.cat([m, torch.zeros_like(m)], dim=1).to(bf)
+    w = {"fc.weight": fc, "fc.bias": torch.zeros(s.hidden, dtype=bf, device=device)}
+    w.update(_layer_weights(torch, s, "layers.0.", gen, device, skip_input_norm=True))
+    _save(torch, folder, config, w)
+
+
+def model_dirs(root: Path, size: ModelSize, profile: Profile, algorithm: Algorithm, seed: int = 0) -> tuple[Path, Optional[Path]]:
+    """(target, draft) folders for a case; the draft is None for NGRAM."""
+    target = root / f"{size.value}-seed{seed}" / "target"
+    if algorithm is Algorithm.NGRAM:
+        return target, None
+    if algorithm is Algorithm.STANDALONE:
+        return target, root / f"{size.value}-seed{seed}" / "standalone-draft"
+    return target, root / f"{size.value}-seed{seed}" / f"eagle-draft-{profile.value}"
+
+
+def ensure_models(root: Path, size: ModelSize, profile: Profile, algorithm: Algorithm, seed: int = 0,
+                  device: str = "cpu") -> tuple[Path, Optional[Path]]:
+    """Write the checkpoints a case needs unless already there; returns (target, draft)."""
+    oracle = Oracle(SHAPES[size], seed, profile)
+    target, draft = model_dirs(root, size, profile, algorithm, seed)
+    if not (target / "config.json").exists():
+        write_target(target, Oracle(SHAPES[size], seed, Profile.perfect), device=device)
+    if draft is not None and not (draft / "config.json").exists():
+        if algorithm is Algorithm.STANDALONE:
+            write_target(draft, Oracle(SHAPES[size], seed, Profile.perfect), layers=1, device=device)
+        else:
+            write_eagle_draft(draft, oracle, device=device)
+    return target, draft

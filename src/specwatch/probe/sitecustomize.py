@@ -1,0 +1,153 @@
+"""specwatch probe: loaded by every Python process SGLang starts (this folder is on PYTHONPATH).
+
+It patches nothing on disk. After ``sglang.srt.managers.scheduler`` is imported it wraps
+``Scheduler.get_internal_state`` so that ``Engine.get_server_info()["internal_states"][i]
+["specwatch"]`` carries facts read from the real objects in the scheduler process: the
+req_to_token tensor, the token-to-KV allocator, the target and draft KV pools, the tree cache,
+and CUDA memory. ``on_import`` is the one hook mechanism; set SPECWATCH_PROBE=0 to disable.
+"""
+
+import importlib.abc
+import os
+import sys
+
+_HOOKS = {}
+
+
+def on_import(module_name):
+    def register(fn):
+        _HOOKS.setdefault(module_name, []).append(fn)
+        return fn
+    return register
+
+
+class _PostImportFinder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name not in _HOOKS:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        original = loader.exec_module
+
+        def exec_module(module):
+            original(module)
+            for hook in _HOOKS.get(name, []):
+                try:
+                    hook(module)
+                except Exception as e:  # a probe must never break SGLang
+                    sys.stderr.write(f"[specwatch probe] hook on {name} failed: {e!r}\n")
+
+        loader.exec_module = exec_module
+        return spec
+
+
+def _nbytes(t):
+    try:
+        return int(t.numel() * t.element_size())
+    except Exception:
+        return None
+
+
+def _pool_facts(pool):
+    if pool is None:
+        return None
+    out = {"class": type(pool).__name__, "size": getattr(pool, "size", None),
+           "page_size": getattr(pool, "page_size", None), "dtype": str(getattr(pool, "dtype", ""))}
+    try:
+        k, v = pool.get_kv_size_bytes()
+        out["bytes"] = int(k + v)
+    except Exception:
+        total = 0
+        for name in ("k_buffer", "v_buffer", "kv_buffer"):
+            for t in getattr(pool, name, None) or []:
+                total += _nbytes(t) or 0
+        out["bytes"] = total or None
+    return out
+
+
+def _find(obj, attr, depth=3, seen=None):
+    """First value of ``attr`` found on obj or its attributes (breadth-first, a few levels)."""
+    seen = seen if seen is not None else set()
+    frontier = [obj]
+    for _ in range(depth):
+        nxt = []
+        for o in frontier:
+            if o is None or id(o) in seen:
+                continue
+            seen.add(id(o))
+            val = getattr(o, attr, None)
+            if val is not None:
+                return val
+            for name in ("draft_worker", "draft_runner", "draft_model_runner", "model_runner", "worker"):
+                child = getattr(o, name, None)
+                if child is not None:
+                    nxt.append(child)
+        frontier = nxt
+    return None
+
+
+def scheduler_facts(sched):
+    import torch
+
+    facts = {}
+    r = sched.req_to_token_pool
+    t = r.req_to_token
+    facts["req_to_token"] = {"shape": list(t.shape), "dtype": str(t.dtype), "bytes": _nbytes(t),
+                             "row_width": int(t.shape[1]), "size": r.size, "free_slots": len(r.free_slots)}
+    a = sched.token_to_kv_pool_allocator
+    release = getattr(a, "release_pages", None)
+    free_pages = len(a.free_pages) + (len(release) if release is not None else 0)
+    unique_free = None
+    try:
+        pages = a.free_pages if release is None or len(release) == 0 else torch.cat((a.free_pages, release))
+        unique_free = int(torch.unique(pages).numel())
+    except Exception:
+        pass
+    facts["allocator"] = {"class": type(a).__name__, "size": a.size, "page_size": a.page_size,
+                          "available": int(a.available_size()), "free_pages": free_pages,
+                          "unique_free_pages": unique_free,
+                          "num_pages": getattr(a, "num_pages", a.size // max(a.page_size, 1))}
+    facts["target_kv_pool"] = _pool_facts(a.get_kvcache())
+    draft = getattr(sched, "draft_worker", None)
+    facts["draft_kv_pool"] = _pool_facts(_find(draft, "token_to_kv_pool")) if draft is not None else None
+    tc = getattr(sched, "tree_cache", None)
+    if tc is not None:
+        for name in ("evictable_size", "protected_size"):
+            try:
+                facts[f"tree_cache_{name}"] = int(getattr(tc, name)())
+            except Exception:
+                pass
+    facts["leak_warnings"] = {k: getattr(sched, k, None) for k in
+                              ("count_memory_leak_warnings", "count_req_pool_leak_warnings")}
+    if torch.cuda.is_available():
+        facts["cuda"] = {"max_allocated": torch.cuda.max_memory_allocated(),
+                         "allocated": torch.cuda.memory_allocated(),
+                         "max_reserved": torch.cuda.max_memory_reserved()}
+    return facts
+
+
+@on_import("sglang.srt.managers.scheduler")
+def _patch_scheduler(module):
+    cls = module.Scheduler
+    original = cls.get_internal_state
+
+    def get_internal_state(self, recv_req):
+        ret = original(self, recv_req)
+        try:
+            ret["specwatch"] = scheduler_facts(self)
+        except Exception as e:
+            ret["specwatch"] = {"error": repr(e)}
+        return ret
+
+    cls.get_internal_state = get_internal_state
+
+
+if os.environ.get("SPECWATCH_PROBE", "1") == "1":
+    sys.meta_path.insert(0, _PostImportFinder())
