@@ -42,6 +42,8 @@ def engine_kwargs(case: Case, target: Path, draft, max_bs: int) -> dict:
         attention_backend=case.attention_backend.value, page_size=case.page_size,
         tp_size=case.tp, max_running_requests=max(max_bs, 8), max_total_tokens=KV_TOKENS,
         cuda_graph_max_bs_decode=max(max_bs, 8), disable_cuda_graph=not case.cuda_graph,
+        # Prefill graphs cost ~1 min of capture per engine and do not touch the decode path timed here.
+        disable_prefill_cuda_graph=True,
         random_seed=0, log_level="error", mem_fraction_static=0.7,
         speculative_algorithm=case.algorithm.value, speculative_num_steps=case.num_steps,
         speculative_eagle_topk=case.topk, speculative_num_draft_tokens=case.num_draft_tokens,

@@ -141,9 +141,14 @@ def _patch_scheduler(module):
     def get_internal_state(self, recv_req):
         ret = original(self, recv_req)
         try:
-            ret["specwatch"] = scheduler_facts(self)
+            # 0.5.17 wraps the dict in GetInternalStateReqOutput(internal_state=...); older return it bare
+            state = getattr(ret, "internal_state", ret)
+            try:
+                state["specwatch"] = scheduler_facts(self)
+            except Exception as e:
+                state["specwatch"] = {"error": repr(e)}
         except Exception as e:
-            ret["specwatch"] = {"error": repr(e)}
+            sys.stderr.write(f"[specwatch probe] cannot attach facts: {e!r}\n")
         return ret
 
     cls.get_internal_state = get_internal_state
