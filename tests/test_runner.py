@@ -100,3 +100,10 @@ def test_shard_parse():
         except ValueError:
             continue
         raise AssertionError(bad)
+
+
+def test_where_selects_cases(tmp_path):
+    suite = _suite(tmp_path)
+    out, starts = _run(tmp_path, suite, where={"page_size": {"64"}, "topk": {"1"}})
+    recs = list(read_records(out))
+    assert [(r.case.page_size, r.case.topk) for r in recs] == [(64, 1), (64, 1)] and starts == 1

@@ -73,6 +73,7 @@ def run(suite: Path = typer.Argument(..., help="Suite file."),
         results: Path = typer.Option(Path("results"), help="Results root directory."),
         resume: bool = typer.Option(False, help="Skip cases already recorded ok or skipped."),
         shard: Optional[str] = typer.Option(None, help="Run engine groups I of N: 'I/N'."),
+        where: list[str] = typer.Option([], help="Only cases with FIELD=V1[,V2] (repeatable), e.g. page_size=64,256."),
         fault: Optional[str] = typer.Option(None, help="Name of a fault to inject (specwatch inject)."),
         models_dir: Path = typer.Option(Path("/tmp/specwatch-models"), help="Where oracle checkpoints live."),
         cpu_tier: bool = typer.Option(False, "--cpu-tier", help="Run the CPU tier even when a GPU is present."),
@@ -103,17 +104,20 @@ def run(suite: Path = typer.Argument(..., help="Suite file."),
                           "(leak, double free or row violation): see the simulation table[/yellow]")
         raise typer.Exit(1 if disagree or (strict and unclean) else 0)
     from specwatch.runner import Shard, run_suite
+    from specwatch.suite import parse_where
 
     try:
         sh = Shard.parse(shard) if shard else None
-    except ValueError as e:
+        flt = parse_where(where)
+    except (ValueError, SpecwatchInputError) as e:
         _fail(e)
     with console.status("running") as status:
         def progress(rec):
             status.update(f"{rec.status.value}: {rec.case.label()}")
             console.print(f"{rec.status.value:8s} {rec.case_id} {rec.case.label()}"
                           + (f" — {rec.reason[:160]}" if rec.reason else ""), highlight=False)
-        path = run_suite(s, results, resume=resume, shard=sh, fault=fault, models_dir=models_dir, progress=progress)
+        path = run_suite(s, results, resume=resume, shard=sh, fault=fault, models_dir=models_dir, progress=progress,
+                         where=flt)
     console.print(f"results in {path}")
 
 

@@ -26,7 +26,7 @@ from specwatch.provenance import collect, host_facts, machine_label
 from specwatch.record import CaseRecord, Metric, Status, utcnow
 from specwatch.sglang_host import sglang_version
 from specwatch.store import append_record, finished_case_ids, results_path
-from specwatch.suite import PlannedCase, Suite
+from specwatch.suite import PlannedCase, Suite, matches
 
 LOG_TAIL_LINES = 60
 PROBE_DIR = Path(__file__).resolve().parent / "probe"
@@ -171,7 +171,7 @@ def run_suite(suite: Suite, results_root: Path, resume: bool = False, shard: Opt
               fault: Optional[str] = None, models_dir: Path = Path("/tmp/specwatch-models"),
               progress: Optional[Callable[[CaseRecord], None]] = None, max_groups: Optional[int] = None,
               gpus: Optional[int] = None, worker_module: str = "specwatch.engine_worker",
-              extra_env: Optional[dict] = None) -> Path:
+              extra_env: Optional[dict] = None, where: Optional[dict] = None) -> Path:
     """Run every planned case of ``suite``; returns the results file."""
     facts = dict(host_facts())
     if gpus is not None:
@@ -185,7 +185,8 @@ def run_suite(suite: Suite, results_root: Path, resume: bool = False, shard: Opt
         if progress:
             progress(rec)
 
-    planned: list[PlannedCase] = [p for p in suite.plan() if not p.duplicate]
+    planned: list[PlannedCase] = [p for p in suite.plan()
+                                  if not p.duplicate and (not where or matches(p.case, where))]
     runnable: list[Case] = []
     for p in planned:
         if p.case.case_id in done:

@@ -108,6 +108,25 @@ class Suite:
         return expand(self.spec)
 
 
+def parse_where(terms: list[str]) -> dict[str, set[str]]:
+    """``["page_size=64,256", "attention_backend=triton"]`` -> {field: allowed string values}."""
+    from specwatch.case import CASE_FIELDS
+
+    out: dict[str, set[str]] = {}
+    for term in terms:
+        key, sep, values = term.partition("=")
+        if not sep or key not in CASE_FIELDS:
+            raise SpecwatchInputError(None, f"--where takes FIELD=V1[,V2] with FIELD one of {', '.join(CASE_FIELDS)}",
+                                      field=term)
+        out.setdefault(key, set()).update(v.strip() for v in values.split(","))
+    return out
+
+
+def matches(case: Case, where: dict[str, set[str]]) -> bool:
+    p = case.params()
+    return all(str(p[k]).lower() in {v.lower() for v in vs} for k, vs in where.items())
+
+
 def _format_loc(loc: tuple) -> str:
     out = ""
     for part in loc:
