@@ -5,7 +5,7 @@ import pytest
 
 from specwatch.errors import NewerSchemaError, SpecwatchInputError
 from specwatch.record import SCHEMA_VERSION, CaseRecord, Status, parse_record
-from specwatch.store import (TornLineWarning, append_record, finished_case_ids, load_records, read_records,
+from specwatch.store import (TornLineWarning, append_record, import_records, finished_case_ids, load_records, read_records,
                              records_frame, result_files, results_path)
 from records import case, record
 
@@ -66,3 +66,14 @@ def test_frame_has_one_row_per_run(tmp_path):
     df = records_frame(load_records(result_files(tmp_path)))
     assert len(df) == 2 and set(df.sglang_version) == {"0.5.16", "0.5.17"}
     assert df.output_throughput.tolist() == [100.0, 100.0] and (df.page_size == 64).all()
+
+
+def test_import_places_records_and_skips_repeats(tmp_path):
+    src = tmp_path / "fetched.jsonl"
+    a, b = record(case(page_size=1), sglang_version="0.5.16"), record(case(page_size=16))
+    append_record(src, a)
+    append_record(src, b)
+    added = import_records([src, src], tmp_path / "results")
+    assert sorted(n for n in added.values()) == [1, 1]
+    assert [r.case_id for r in read_records(results_path(tmp_path / "results", "m", "0.5.16", "smoke"))] == [a.case_id]
+    assert import_records([src], tmp_path / "results") == {}

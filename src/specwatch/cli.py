@@ -121,6 +121,22 @@ def run(suite: Path = typer.Argument(..., help="Suite file."),
     console.print(f"results in {path}")
 
 
+@app.command("import")
+def import_cmd(files: list[Path] = typer.Argument(..., help="JSONL record files (e.g. fetched from a GPU host)."),
+               results: Path = typer.Option(Path("results"), help="Results root.")) -> None:
+    """Validate records and append them to the results store (each to its machine/version/suite file)."""
+    from specwatch.store import import_records
+
+    try:
+        added = import_records(files, results)
+    except SpecwatchInputError as e:
+        _fail(e)
+    for dest, n in added.items():
+        console.print(f"{dest}: +{n} records")
+    if not added:
+        console.print("nothing new")
+
+
 @app.command("results")
 def results_cmd(root: Path = typer.Argument(Path("results"), help="Results root."),
                 csv: Optional[Path] = typer.Option(None, help="Also write the frame as CSV.")) -> None:

@@ -94,3 +94,26 @@ def records_frame(records: Iterable[CaseRecord]) -> pd.DataFrame:
             row[f"check.{name}"] = ok
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def import_records(paths: Iterable[Path], root: Path) -> dict[Path, int]:
+    """Validate records from files (e.g. fetched from a GPU host) and append each to its place in
+    the store (machine, sglang version and suite from the record). Records already stored (same
+    case, start time and host) are not appended twice. Returns appended counts per file."""
+    added: dict[Path, int] = {}
+    have: dict[Path, set] = {}
+    for p in paths:
+        for rec in read_records(Path(p)):
+            dest = results_path(root, rec.provenance.machine, rec.provenance.sglang_version, rec.suite)
+            if dest not in have:
+                have[dest] = {_identity(r) for r in read_records(dest)} if dest.exists() else set()
+            if _identity(rec) in have[dest]:
+                continue
+            append_record(dest, rec)
+            have[dest].add(_identity(rec))
+            added[dest] = added.get(dest, 0) + 1
+    return added
+
+
+def _identity(r: CaseRecord) -> tuple:
+    return (r.case_id, r.provenance.hostname, r.provenance.started_at.isoformat(), r.provenance.fault)
