@@ -56,3 +56,12 @@ def test_run_without_gpu_is_the_cpu_tier(tmp_path):
     assert "1 of 4 allocator simulations not clean" in res.stdout
     strict = runner.invoke(app, ["run", str(SUITES / "smoke.toml"), "--cpu-tier", "--strict", "--out", str(tmp_path)])
     assert strict.exit_code == 1
+
+
+def test_where_is_validated_and_applied(tmp_path):
+    bad = runner.invoke(app, ["run", str(SUITES / "smoke.toml"), "--cpu-tier", "--where", "bogus=1"])
+    assert bad.exit_code == 2
+    ok = runner.invoke(app, ["run", str(SUITES / "smoke.toml"), "--cpu-tier", "--where", "page_size=64",
+                             "--out", str(tmp_path)])
+    assert ok.exit_code == 0
+    assert len(json.loads((tmp_path / "smoke" / "memory.json").read_text())) == 4

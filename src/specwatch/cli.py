@@ -81,12 +81,18 @@ def run(suite: Path = typer.Argument(..., help="Suite file."),
         context_len: int = typer.Option(4096, help="CPU tier: model context length for the memory model."),
         strict: bool = typer.Option(False, help="CPU tier: exit 1 when a simulation finds a leak or row violation.")) -> None:
     """Run a suite: on a GPU host through sglang.Engine; without a GPU, the CPU tier."""
+    from specwatch.suite import parse_where
+
     s = _load(suite)
+    try:
+        flt = parse_where(where)
+    except SpecwatchInputError as e:
+        _fail(e)
     if cpu_tier or not _cuda_available():
         from specwatch.cpu_tier import run_cpu_tier
 
         console.print(f"[bold]no GPU: CPU tier on {s.path}[/bold]" if not cpu_tier else "[bold]CPU tier[/bold]")
-        report = run_cpu_tier(s, context_len=context_len)
+        report = run_cpu_tier(s, context_len=context_len, where=flt)
         _print_frame("memory model (specwatch formulas; sglang_agrees compares with SGLang's functions)",
                      report.memory.drop(columns=["label"]))
         if report.simulation is not None:
@@ -104,12 +110,10 @@ def run(suite: Path = typer.Argument(..., help="Suite file."),
                           "(leak, double free or row violation): see the simulation table[/yellow]")
         raise typer.Exit(1 if disagree or (strict and unclean) else 0)
     from specwatch.runner import Shard, run_suite
-    from specwatch.suite import parse_where
 
     try:
         sh = Shard.parse(shard) if shard else None
-        flt = parse_where(where)
-    except (ValueError, SpecwatchInputError) as e:
+    except ValueError as e:
         _fail(e)
     with console.status("running") as status:
         def progress(rec):

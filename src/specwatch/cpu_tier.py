@@ -16,7 +16,7 @@ from specwatch.allocator_sim import AcceptPattern, SimConfig, simulate
 from specwatch.case import Case
 from specwatch.memory_model import COMPARED_FIELDS, SizingInput, compare
 from specwatch.sglang_host import sglang_importable
-from specwatch.suite import Suite
+from specwatch.suite import Suite, matches
 
 DEFAULT_MAX_RUNNING_REQUESTS = 48
 
@@ -46,13 +46,14 @@ class CpuTierReport:
         return written
 
 
-def run_cpu_tier(suite: Suite, context_len: int = 4096, simulate_allocator: bool = True) -> CpuTierReport:
+def run_cpu_tier(suite: Suite, context_len: int = 4096, simulate_allocator: bool = True,
+                 where: Optional[dict] = None) -> CpuTierReport:
     """Memory model for every runnable case; allocator simulation when SGLang is importable."""
     have_sglang = sglang_importable()
     mem_rows, sim_rows = [], []
     seen: set[tuple] = set()
     for planned in suite.plan():
-        if planned.skip or planned.duplicate:
+        if planned.skip or planned.duplicate or (where and not matches(planned.case, where)):
             continue
         c = planned.case
         x = sizing_input(c, context_len)
