@@ -141,6 +141,31 @@ def import_cmd(files: list[Path] = typer.Argument(..., help="JSONL record files 
         console.print("nothing new")
 
 
+@app.command()
+def compare(base: str = typer.Argument(..., help="Base selection: results file/folder or FIELD=VALUE[,...]."),
+            head: str = typer.Argument(..., help="Head selection, same forms."),
+            results: Path = typer.Option(Path("results"), help="Results root for FIELD=VALUE selections."),
+            threshold: float = typer.Option(0.05, help="Relative change a timed metric must exceed."),
+            alpha: float = typer.Option(0.1, help="Mann-Whitney U p-value a timed change must reach."),
+            output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the markdown report here."),
+            all_rows: bool = typer.Option(False, "--all", help="Also list unchanged metrics.")) -> None:
+    """Markdown report of HEAD vs BASE; exit code 1 when anything regressed or now fails."""
+    from specwatch.compare import compare_records, has_regression, markdown, select
+
+    try:
+        b, h = select(base, results), select(head, results)
+    except SpecwatchInputError as e:
+        _fail(e)
+    if not b or not h:
+        _fail(SpecwatchInputError(None, f"empty selection: base has {len(b)} records, head {len(h)}"))
+    rows = compare_records(b, h, threshold=threshold, alpha=alpha)
+    text = markdown(rows, base, head, show_unchanged=all_rows)
+    if output:
+        output.write_text(text)
+    print(text)
+    raise typer.Exit(1 if has_regression(rows) else 0)
+
+
 @app.command("results")
 def results_cmd(root: Path = typer.Argument(Path("results"), help="Results root."),
                 csv: Optional[Path] = typer.Option(None, help="Also write the frame as CSV.")) -> None:

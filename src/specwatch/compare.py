@@ -1,0 +1,178 @@
+"""Per-PR comparison: two result selections -> one verdict per (case, metric), as markdown.
+
+Verdicts: regressed, improved, unchanged, changed (exact metric with no better direction), new,
+gone, now failing, now fixed.
+
+* Exact metrics (``Metric.exact``: oracle acceptance, lossless mismatches, memory bytes, leaked
+  tokens) and checks: any change in the bad direction is a regression.
+* Timed metrics: a change counts only when both hold: the medians differ by more than
+  ``threshold`` (relative, default 5%), and a two-sided Mann-Whitney U test on the per-repeat
+  samples gives p <= ``alpha``. With 3 repeats per side the smallest p that test can give is 0.1
+  (all of one side above all of the other), hence the default ``alpha = 0.1``; use more repeats
+  for a stricter alpha.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Iterable, Optional
+
+from scipy.stats import mannwhitneyu
+
+from specwatch.errors import SpecwatchInputError
+from specwatch.record import CaseRecord, Metric, Status
+from specwatch.store import load_records, result_files
+
+
+class Verdict(str, Enum):
+    regressed = "regressed"
+    now_failing = "now failing"
+    gone = "gone"
+    changed = "changed"
+    improved = "improved"
+    now_fixed = "now fixed"
+    new = "new"
+    unchanged = "unchanged"
+
+
+BAD = (Verdict.regressed, Verdict.now_failing)
+ORDER = {v: i for i, v in enumerate(Verdict)}
+
+
+@dataclass
+class Row:
+    """One line of the report."""
+
+    case_id: str
+    label: str
+    metric: str
+    base: Optional[float]
+    head: Optional[float]
+    unit: str
+    verdict: Verdict
+    note: str = ""
+
+    @property
+    def ratio(self) -> Optional[float]:
+        if self.base in (None, 0) or self.head is None:
+            return None
+        return self.head / self.base
+
+
+def select(spec: str, root: Path) -> list[CaseRecord]:
+    """A selection: a JSONL file or folder, or FIELD=VALUE[,FIELD=VALUE] over the store's records
+    (fields: sglang_version, sglang_commit, specwatch_commit, machine, suite, fault)."""
+    p = Path(spec)
+    if p.exists():
+        return load_records([p] if p.is_file() else result_files(p))
+    recs = load_records(result_files(root))
+    for term in spec.split(","):
+        key, sep, value = term.partition("=")
+        getters = {
+            "sglang_version": lambda r: r.provenance.sglang_version,
+            "sglang_commit": lambda r: r.provenance.sglang_commit,
+            "specwatch_commit": lambda r: r.provenance.specwatch_commit,
+            "machine": lambda r: r.provenance.machine,
+            "suite": lambda r: r.suite,
+            "fault": lambda r: r.provenance.fault or "none",
+        }
+        if not sep or key not in getters:
+            raise SpecwatchInputError(None, f"not a results file or FIELD=VALUE with FIELD in {sorted(getters)}",
+                                      field=spec)
+        recs = [r for r in recs if str(getters[key](r)) == value]
+    return recs
+
+
+def latest_by_case(records: Iterable[CaseRecord]) -> dict[str, CaseRecord]:
+    """The newest record of each case (a resumed sweep may hold several)."""
+    out: dict[str, CaseRecord] = {}
+    for r in sorted(records, key=lambda r: r.provenance.started_at):
+        out[r.case_id] = r
+    return out
+
+
+def _timed_verdict(b: Metric, h: Metric, threshold: float, alpha: float) -> tuple[Verdict, str]:
+    rel = (h.value - b.value) / b.value if b.value else 0.0
+    if abs(rel) <= threshold:
+        return Verdict.unchanged, f"{rel:+.1%} within {threshold:.0%}"
+    if len(b.samples) < 2 or len(h.samples) < 2:
+        return Verdict.unchanged, f"{rel:+.1%}, too few samples to tell from noise"
+    p = mannwhitneyu(b.samples, h.samples, alternative="two-sided").pvalue
+    if p > alpha:
+        return Verdict.unchanged, f"{rel:+.1%}, p={p:.2f} > {alpha}"
+    better = (rel > 0) == bool(h.higher_is_better)
+    return (Verdict.improved if better else Verdict.regressed), f"{rel:+.1%}, p={p:.3f}"
+
+
+def _exact_verdict(b: Metric, h: Metric) -> tuple[Verdict, str]:
+    if h.value == b.value:
+        return Verdict.unchanged, ""
+    if h.higher_is_better is None:
+        return Verdict.changed, "exact metric"
+    better = (h.value > b.value) == h.higher_is_better
+    return (Verdict.improved if better else Verdict.regressed), "exact metric"
+
+
+def compare_records(base: Iterable[CaseRecord], head: Iterable[CaseRecord], threshold: float = 0.05,
+                    alpha: float = 0.1) -> list[Row]:
+    b_by, h_by = latest_by_case(base), latest_by_case(head)
+    rows: list[Row] = []
+    for cid in sorted(set(b_by) | set(h_by)):
+        b, h = b_by.get(cid), h_by.get(cid)
+        label = (h or b).case.label()
+        if b is None or h is None:
+            rows.append(Row(cid, label, "status", None, None, "", Verdict.new if b is None else Verdict.gone,
+                            (h or b).status.value))
+            continue
+        if b.status is Status.ok and h.status is not Status.ok:
+            rows.append(Row(cid, label, "status", None, None, "", Verdict.now_failing,
+                            f"{h.status.value}: {(h.reason or '')[:200]}"))
+            continue
+        if b.status is not Status.ok and h.status is Status.ok:
+            rows.append(Row(cid, label, "status", None, None, "", Verdict.now_fixed, f"was {b.status.value}"))
+        if h.status is not Status.ok:
+            continue
+        for name, hm in h.metrics.items():
+            bm = b.metrics.get(name)
+            if bm is None:
+                rows.append(Row(cid, label, name, None, hm.value, hm.unit, Verdict.new))
+                continue
+            verdict, note = _exact_verdict(bm, hm) if hm.exact else _timed_verdict(bm, hm, threshold, alpha)
+            rows.append(Row(cid, label, name, bm.value, hm.value, hm.unit, verdict, note))
+        for name, ok in h.checks.items():
+            was = b.checks.get(name)
+            if was is True and not ok:
+                rows.append(Row(cid, label, f"check:{name}", 1, 0, "pass", Verdict.regressed, "check now fails"))
+            elif was is False and ok:
+                rows.append(Row(cid, label, f"check:{name}", 0, 1, "pass", Verdict.improved, "check now passes"))
+    rows.sort(key=lambda r: (ORDER[r.verdict], r.case_id, r.metric))
+    return rows
+
+
+def _fmt(v: Optional[float]) -> str:
+    if v is None:
+        return "–"
+    return f"{v:.4g}" if abs(v) < 1e6 else f"{v:.4e}"
+
+
+def markdown(rows: list[Row], base_name: str, head_name: str, show_unchanged: bool = False) -> str:
+    counts: dict[Verdict, int] = {}
+    for r in rows:
+        counts[r.verdict] = counts.get(r.verdict, 0) + 1
+    summary = ", ".join(f"{n} {v.value}" for v, n in sorted(counts.items(), key=lambda kv: ORDER[kv[0]]))
+    lines = [f"## specwatch: `{head_name}` vs `{base_name}`", "", summary or "no cases", ""]
+    shown = [r for r in rows if show_unchanged or r.verdict is not Verdict.unchanged]
+    if shown:
+        lines += ["| verdict | case | metric | base | head | ratio | note |", "|---|---|---|---|---|---|---|"]
+        for r in shown:
+            ratio = "" if r.ratio is None else f"{r.ratio:.3f}"
+            lines.append(f"| {r.verdict.value} | `{r.case_id}` {r.label} | {r.metric} | {_fmt(r.base)} | "
+                         f"{_fmt(r.head)} {r.unit} | {ratio} | {r.note} |")
+    return "\n".join(lines) + "\n"
+
+
+def has_regression(rows: list[Row]) -> bool:
+    return any(r.verdict in BAD for r in rows)

@@ -1,0 +1,59 @@
+from specwatch.compare import Verdict, compare_records, has_regression, markdown
+from specwatch.record import Metric, Status
+from records import case, record
+
+
+def rec(c, tps_samples, al=4.0, leaked=0.0, status=Status.ok, reason=None, lossless=True):
+    r = record(c, status=status, reason=reason)
+    if status is Status.ok:
+        med = sorted(tps_samples)[len(tps_samples) // 2]
+        r.metrics["output_throughput"] = Metric(value=med, unit="tokens/s", samples=tps_samples, higher_is_better=True)
+        r.metrics["accept_length"] = Metric(value=al, unit="tokens/verify", exact=True, higher_is_better=True)
+        r.metrics["leaked_tokens"] = Metric(value=leaked, unit="tokens", exact=True, higher_is_better=False)
+        r.checks["lossless"] = lossless
+    return r
+
+
+A, B, C, D = case(page_size=1), case(page_size=16), case(page_size=64), case(page_size=256)
+
+
+def verdicts(rows):
+    return {(r.case_id, r.metric): r.verdict for r in rows}
+
+
+def test_noise_is_not_a_regression():
+    base = [rec(A, [100, 104, 97])]
+    head = [rec(A, [96, 101, 99])]              # -1%: inside threshold
+    v = verdicts(compare_records(base, head))
+    assert v[(A.case_id, "output_throughput")] is Verdict.unchanged
+    spread = [rec(A, [80, 120, 100])]            # -10% median but samples overlap
+    v = verdicts(compare_records([rec(A, [110, 90, 111])], spread))
+    assert v[(A.case_id, "output_throughput")] is Verdict.unchanged
+
+
+def test_clear_slowdown_and_exact_changes():
+    base = [rec(A, [100, 101, 102]), rec(B, [50, 51, 52]), rec(C, [10, 10, 10])]
+    head = [rec(A, [80, 81, 82]), rec(B, [50, 51, 52], al=3.9, leaked=64), rec(C, [10, 10, 10], lossless=False)]
+    rows = compare_records(base, head)
+    v = verdicts(rows)
+    assert v[(A.case_id, "output_throughput")] is Verdict.regressed
+    assert v[(B.case_id, "accept_length")] is Verdict.regressed
+    assert v[(B.case_id, "leaked_tokens")] is Verdict.regressed
+    assert v[(C.case_id, "check:lossless")] is Verdict.regressed
+    assert has_regression(rows) and rows[0].verdict is Verdict.regressed
+    text = markdown(rows, "0.5.16", "0.5.17")
+    assert text.splitlines()[0] == "## specwatch: `0.5.17` vs `0.5.16`" and "| regressed |" in text
+
+
+def test_improvement_status_and_membership():
+    base = [rec(A, [100, 101, 102]), rec(B, [1, 1, 1]), rec(C, [1, 1, 1], status=Status.crashed, reason="x")]
+    head = [rec(A, [130, 131, 133]), rec(C, [1, 1, 1]), rec(D, [1, 1, 1], status=Status.crashed, reason="SIGSEGV")]
+    rows = compare_records(base, head)
+    v = verdicts(rows)
+    assert v[(A.case_id, "output_throughput")] is Verdict.improved
+    assert v[(B.case_id, "status")] is Verdict.gone
+    assert v[(C.case_id, "status")] is Verdict.now_fixed
+    assert v[(D.case_id, "status")] is Verdict.new
+    assert not has_regression(rows)
+    failing = compare_records([rec(A, [1, 1, 1])], [rec(A, [1, 1, 1], status=Status.crashed, reason="boom")])
+    assert failing[0].verdict is Verdict.now_failing and has_regression(failing)
