@@ -166,6 +166,20 @@ def compare(base: str = typer.Argument(..., help="Base selection: results file/f
     raise typer.Exit(1 if has_regression(rows) else 0)
 
 
+@app.command()
+def dashboard(results: Path = typer.Option(Path("results"), help="Results root."),
+              out: Path = typer.Option(Path("dashboards"), help="Dashboard folder.")) -> None:
+    """Write the plots (PNG + SVG) and dashboards/index.html from the stored results."""
+    from specwatch.dashboard import build
+    from specwatch.store import load_records, records_frame, result_files
+
+    try:
+        df = records_frame(load_records(result_files(results)))
+    except SpecwatchInputError as e:
+        _fail(e)
+    console.print(f"wrote {build(df, out)}")
+
+
 @app.command("results")
 def results_cmd(root: Path = typer.Argument(Path("results"), help="Results root."),
                 csv: Optional[Path] = typer.Option(None, help="Also write the frame as CSV.")) -> None:

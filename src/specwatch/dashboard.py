@@ -1,0 +1,46 @@
+"""Static dashboard: ``dashboards/index.html`` linking the plots, the support matrix of recorded
+statuses, and the latest comparison reports (``dashboards/reports/*.md``)."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+import pandas as pd
+
+from specwatch.plots import make_all
+
+PLOT_TITLES = {
+    "memory_vs_topk": "req_to_token and KV reserve vs topk (analytic model lines, measured points)",
+    "throughput_vs_topk": "Decode throughput vs topk per backend",
+    "acceptance_vs_topk": "Acceptance length vs topk per oracle profile",
+    "across_versions": "Metrics across SGLang versions",
+}
+
+
+def build(df: pd.DataFrame, out: Path) -> Path:
+    plots = make_all(df, out / "plots")
+    names = [p.stem for p in plots if p.suffix == ".png"]
+    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>specwatch dashboard</title>",
+             "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}img{max-width:100%}"
+             "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px}</style>",
+             "</head><body><h1>specwatch: SGLang speculative decoding</h1>"]
+    if not df.empty:
+        counts = df.groupby(["machine", "sglang_version", "suite", "status"]).size().unstack(fill_value=0)
+        parts += ["<h2>Recorded cases</h2>", counts.to_html(classes="summary")]
+        cols = [c for c in ("attention_backend", "page_size", "topk", "batch_size", "profile", "status",
+                            "decode_throughput", "accept_length", "leaked_tokens", "lossless_mismatches",
+                            "req_to_token_bytes") if c in df]
+        parts += ["<h2>Cases</h2>", df.sort_values(["suite", "attention_backend", "page_size", "topk"])[cols]
+                  .to_html(index=False, float_format=lambda v: f"{v:.4g}", classes="cases")]
+    parts.append("<h2>Plots</h2>")
+    for n in names:
+        parts.append(f"<h3>{html.escape(PLOT_TITLES.get(n, n))}</h3><img src='plots/{n}.png' alt='{n}'>")
+    reports = sorted((out / "reports").glob("*.md")) if (out / "reports").exists() else []
+    parts.append("<h2>Comparison reports</h2>")
+    parts.append("<ul>" + "".join(f"<li><a href='reports/{r.name}'>{html.escape(r.stem)}</a></li>" for r in reports)
+                 + "</ul>" if reports else "<p>none yet</p>")
+    parts.append("</body></html>")
+    index = out / "index.html"
+    index.write_text("\n".join(parts))
+    return index

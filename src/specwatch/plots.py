@@ -1,0 +1,100 @@
+"""Dashboard plots (matplotlib, PNG + SVG): memory vs topk, throughput vs topk, acceptance vs topk,
+and each metric across SGLang versions. Measured points come from the results store; the memory
+plot draws the analytic model as lines and the measured req_to_token bytes as points on the same axes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.ticker import NullFormatter  # noqa: E402
+
+from specwatch.case import Algorithm  # noqa: E402
+from specwatch.memory_model import SizingInput, reference_sizing  # noqa: E402
+
+PAGES = (1, 16, 64, 256)
+TOPKS = (1, 2, 4, 8)
+
+
+def _save(fig, out: Path, name: str) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / f"{name}.png", out / f"{name}.svg"]
+    for p in paths:
+        fig.savefig(p, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return paths
+
+
+def memory_vs_topk(df: pd.DataFrame, out: Path, steps: int = 3, context_len: int = 8192,
+                   max_running: int = 8, draft_tokens: int = 8) -> list[Path]:
+    """req_to_token bytes and per-decode KV reserve vs topk, one line per page size.
+
+    Model lines use the suites' settings (num_draft_tokens 8, capped at the tree size steps*topk+1;
+    steps+1 for a chain) and the runner's engine (context 8192, 8 request slots), so measured
+    points of the same settings sit on the lines."""
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for page in PAGES:
+        model = [reference_sizing(SizingInput(Algorithm.EAGLE, page, k, steps,
+                                              min(draft_tokens, k * steps + 1) if k > 1 else steps + 1,
+                                              context_len, max_running)) for k in TOPKS]
+        line = ax1.plot(TOPKS, [m.req_to_token_bytes / 1024 for m in model], marker="", label=f"page {page} (model)")
+        ax2.plot(TOPKS, [m.alloc_reserve_per_decode for m in model], color=line[0].get_color(), label=f"page {page}")
+        if not df.empty and "req_to_token_bytes" in df:
+            pts = df[(df.page_size == page) & (df.num_steps == steps) & df.req_to_token_bytes.notna()]
+            if not pts.empty:
+                ax1.scatter(pts.topk, pts.req_to_token_bytes / 1024, color=line[0].get_color(), marker="o",
+                            s=40, zorder=3, label=f"page {page} (measured)")
+    ax1.set(xlabel="topk", ylabel="req_to_token size (KiB)", xscale="log", xticks=TOPKS, xticklabels=TOPKS,
+            title=f"req_to_token, ctx {context_len}, {max_running} req slots, steps {steps}")
+    ax2.set(xlabel="topk", ylabel="KV reserved per request per decode (tokens)", xscale="log", yscale="log",
+            xticks=TOPKS, xticklabels=TOPKS, title="per-decode KV reserve (2 x holey tree footprint)")
+    for ax in (ax1, ax2):
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.legend(fontsize=7)
+    return _save(fig, out, "memory_vs_topk")
+
+
+def _by_topk(df: pd.DataFrame, metric: str, group: str, out: Path, name: str, ylabel: str, title: str) -> list[Path]:
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    sub = df[df.status == "ok"].dropna(subset=[metric]) if metric in df else df.iloc[0:0]
+    for key, g in sub.groupby(group):
+        agg = g.groupby("topk")[metric].median()
+        ax.plot(agg.index, agg.values, marker="o", label=f"{group}={key}")
+    ax.set(xlabel="topk", ylabel=ylabel, title=title)
+    if not sub.empty:
+        ax.legend(fontsize=7)
+    else:
+        ax.text(0.5, 0.5, "no measured results yet", ha="center", va="center", transform=ax.transAxes)
+    return _save(fig, out, name)
+
+
+def across_versions(df: pd.DataFrame, out: Path, metrics=("decode_throughput", "accept_length", "req_to_token_bytes")) -> list[Path]:
+    fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 4))
+    ok = df[df.status == "ok"] if not df.empty else df
+    for ax, m in zip(axes, metrics):
+        if not ok.empty and m in ok:
+            agg = ok.groupby("sglang_version")[m].median().sort_index()
+            ax.plot(agg.index.astype(str), agg.values, marker="o")
+        ax.set(xlabel="SGLang version", ylabel=m, title=f"median {m} over cases")
+    return _save(fig, out, "across_versions")
+
+
+def make_all(df: pd.DataFrame, out: Path) -> list[Path]:
+    """Every dashboard plot from a records frame (``store.records_frame``)."""
+    paths = memory_vs_topk(df, out)
+    if not df.empty:
+        chain_or_tree = df[(df.batch_size == 1)] if "batch_size" in df else df
+        paths += _by_topk(chain_or_tree, "decode_throughput", "attention_backend", out, "throughput_vs_topk",
+                          "decode throughput (tokens/s), batch 1", "throughput vs topk per backend")
+        paths += _by_topk(df, "accept_length", "profile", out, "acceptance_vs_topk",
+                          "acceptance length (tokens/verify)", "acceptance vs topk per oracle profile")
+        paths += across_versions(df, out)
+    return paths
+
+
+__all__ = ["make_all", "memory_vs_topk"]
