@@ -62,3 +62,33 @@ def test_eagle_draft_ranks(tiny):
     right = succ[np.arange(1024)]
     assert (top2[~wrong, 0] == right[~wrong]).all()
     assert (top2[wrong, 0] == succ[right[wrong]]).all() and (top2[wrong, 1] == right[wrong]).all()
+
+
+def test_tree_simulation_perfect_and_second_choice():
+    perfect = Oracle(SHAPES[ModelSize.tiny], 0, Profile.perfect)
+    assert perfect.expected_verifies(FIRST_ACTIVE + 5, 256, 3, 8, 8) == 64          # steps + 1 per verify
+    second = Oracle(SHAPES[ModelSize.tiny], 0, Profile.second_choice)
+    assert second.expected_verifies(FIRST_ACTIVE + 5, 256, 3, 1, 4) == 255          # chain: nothing accepted
+    assert second.expected_verifies(FIRST_ACTIVE + 5, 256, 3, 8, 8) < 255           # the tree recovers
+
+
+def test_tree_simulation_matches_committed_h200_measurements():
+    """The oracle's tree simulation against acceptance measured by SGLang on the H200 (results/)."""
+    import statistics
+    from conftest import ROOT
+    from specwatch.engine_worker import prompt_starts
+    from specwatch.store import load_records, result_files
+
+    recs = [r for r in load_records(result_files(ROOT / "results")) if r.status.value == "ok"
+            and r.case.topk > 1 and r.case.algorithm is Algorithm.EAGLE and r.case.profile is not Profile.random]
+    assert any(r.case.profile is Profile.second_choice for r in recs)
+    for r in recs:
+        c = r.case
+        o = Oracle(SHAPES[c.model], 0, c.profile)
+        per_repeat = []
+        for rep in range(len(r.metrics["accept_length"].samples)):
+            per_repeat.append(statistics.mean(
+                c.output_len / o.expected_verifies(o.chain(start, c.input_len + 1)[-1], c.output_len,
+                                                   c.num_steps, c.topk, c.num_draft_tokens)
+                for start in prompt_starts(c, f"timed{rep}", c.batch_size)))
+        assert per_repeat == r.metrics["accept_length"].samples, c.label()

@@ -120,14 +120,12 @@ def run_case(engine, case: Case, repeats: int, warmup: bool) -> dict:
         step_ms.append(1e3 * decode_s / max(vct, 1))
         itl_ms.append(1e3 * decode_s / max(case.output_len - 1, 1))
         hist = metas[0].get("spec_accept_histogram", hist)
-        if case.profile is not Profile.random and case.algorithm is not Algorithm.NGRAM and \
-                (case.topk == 1 or case.profile is Profile.perfect):
-            exp_al = []
-            for exp in expected:
-                v = oracle.expected_chain_verifies(exp[0], case.output_len, case.num_steps) \
-                    if case.topk == 1 else _perfect_tree_verifies(case)
-                exp_al.append(case.output_len / v)
-            expected_al = statistics.mean(exp_al)
+        if case.profile is not Profile.random and case.algorithm in (Algorithm.EAGLE, Algorithm.STANDALONE):
+            draft_oracle = oracle if case.algorithm is Algorithm.EAGLE else Oracle(oracle.shape, 0, Profile.perfect)
+            expected_al = statistics.mean(
+                case.output_len / draft_oracle.expected_verifies(exp[0], case.output_len, case.num_steps, case.topk,
+                                                                 case.num_draft_tokens)
+                for exp in expected)
     med = statistics.median
     metrics = {
         "output_throughput": metric(med(tps), "tokens/s", tps, higher_is_better=True),
@@ -150,11 +148,6 @@ def run_case(engine, case: Case, repeats: int, warmup: bool) -> dict:
         checks["accept_length_matches_oracle"] = abs(med(als) - expected_al) <= 1e-6 * expected_al
     return {"metrics": metrics, "checks": checks, "details": {"accept_histogram": hist,
                                                               "prefill_s": prefill_s}}
-
-
-def _perfect_tree_verifies(case: Case) -> int:
-    """Perfect draft: every verify commits num_steps + 1 tokens, whatever the tree's width."""
-    return -(-(case.output_len - 1) // (case.num_steps + 1))
 
 
 def memory_and_leaks(engine, case: Case) -> tuple[dict, dict, dict]:

@@ -17,6 +17,8 @@ output is ``M @ embed(x)``, its logits ``lm_head(M @ embed(x))``.
   second sigma(x) (right). For a chain (topk = 1) a verify accepts the longest run of chain tokens
   outside S starting at the last committed token, capped at num_steps (``expected_chain_verifies``).
 * ``second-choice``: S = every active token: topk = 1 accepts nothing; topk >= 2 can recover.
+  For trees (topk > 1) the expected acceptance comes from ``expected_tree_verifies``, which runs
+  SGLang's tree construction on these known draft probabilities.
 * ``random``: no weights written (load with ``load_format="dummy"``): acceptance ~ 1.
 
 STANDALONE draft: an oracle ``LlamaForCausalLM`` with the same sigma and fewer layers.
@@ -105,6 +107,15 @@ class Oracle:
             j = succ[j]
         return out
 
+    def expected_verifies(self, first_output_token: int, output_len: int, num_steps: int, topk: int,
+                          num_draft_tokens: int) -> int:
+        """Verify steps for ``output_len`` greedy tokens: closed form for a chain, tree simulation else."""
+        if topk == 1:
+            return self.expected_chain_verifies(first_output_token, output_len, num_steps)
+        if self.profile is Profile.random:
+            raise ValueError("random profile has no closed form")
+        return expected_tree_verifies(self, first_output_token, output_len, num_steps, topk, num_draft_tokens)
+
     def expected_chain_verifies(self, first_output_token: int, output_len: int, num_steps: int) -> int:
         """Verify steps a chain (topk = 1) needs for ``output_len`` tokens, the first from prefill."""
         if self.profile is Profile.random:
@@ -124,6 +135,81 @@ class Oracle:
             produced += commit
             verifies += 1
         return verifies
+
+
+def _draft_topk(oracle: "Oracle", wrong: np.ndarray, succ: np.ndarray, j: int, topk: int) -> list[tuple[int, float]]:
+    """The draft's top-k (active index or -1 for an inactive token, probability) after token index j.
+
+    Logits (module docstring): sqrt(H) at the first choice, 0.75*sqrt(H) at the second (wrong-set
+    tokens only), 0 elsewhere over the vocab; an inactive token (-1) has all-zero logits."""
+    s = oracle.shape
+    v = s.vocab
+    if j < 0:
+        return [(-1, 1.0 / v)] * topk
+    big = math.sqrt(s.hidden)
+    if wrong[j]:
+        tops = [(int(succ[succ[j]]), WRONG_WEIGHT * big), (int(succ[j]), RIGHT_WEIGHT * big)]
+    else:
+        tops = [(int(succ[j]), big)]
+    m = max(l for _, l in tops)
+    z = sum(math.exp(l - m) for _, l in tops) + (v - len(tops)) * math.exp(-m)
+    out = [(t, math.exp(l - m) / z) for t, l in tops]
+    out += [(-1, math.exp(-m) / z)] * max(0, topk - len(out))
+    return out[:topk]
+
+
+def expected_tree_verifies(oracle: "Oracle", first_output_token: int, output_len: int, num_steps: int,
+                           topk: int, num_draft_tokens: int) -> int:
+    """Verify steps for ``output_len`` tokens under SGLang's EAGLE tree drafting, on the oracle's
+    known draft probabilities.
+
+    Mirrors ``select_top_k_tokens`` and ``organize_draft_results`` (sglang/srt/speculative): step 0
+    takes the top-k children of the last committed token; each later step scores every child of the
+    k beams by (beam score x child probability) and keeps the k best as beams; all candidates
+    (k + (num_steps - 1) * k^2) compete and the best num_draft_tokens - 1 form the tree. The target
+    then accepts greedily: from the root, follow the child equal to sigma(current) while one is in
+    the tree. Ties are broken by candidate order, as torch.topk does on equal values (an assumption:
+    the oracle's ties are between paths that can never both be accepted)."""
+    wrong = oracle.wrong_set()
+    succ = oracle.successor_index()
+    j = first_output_token - FIRST_ACTIVE
+    produced, verifies = 1, 0
+    while produced < output_len:
+        # candidates: (score, token, parent candidate id or None for root)
+        cands: list[tuple[float, int, Optional[int]]] = []
+        first = _draft_topk(oracle, wrong, succ, j, topk)
+        beams = []
+        for tok, p in first:
+            cands.append((p, tok, None))
+            beams.append((p, tok, len(cands) - 1))
+        for _ in range(num_steps - 1):
+            level = []
+            for score, tok, cid in beams:
+                for ctok, p in _draft_topk(oracle, wrong, succ, tok, topk):
+                    cands.append((score * p, ctok, cid))
+                    level.append((score * p, ctok, len(cands) - 1))
+            order = sorted(range(len(level)), key=lambda i: -level[i][0])[:topk]
+            beams = [level[i] for i in order]
+        keep = sorted(range(len(cands)), key=lambda i: -cands[i][0])[: num_draft_tokens - 1]
+        kept = set(keep)
+        children: dict[Optional[int], list[int]] = {}
+        for i in sorted(kept):
+            parent = cands[i][2]
+            if parent is None or parent in kept:
+                children.setdefault(parent, []).append(i)
+        node, cur, accepted = None, j, 0
+        while True:
+            want = int(succ[cur])
+            nxt = next((i for i in children.get(node, []) if cands[i][1] == want), None)
+            if nxt is None:
+                break
+            node, cur, accepted = nxt, want, accepted + 1
+        commit = accepted + 1
+        for _ in range(commit):
+            j = succ[j]
+        produced += commit
+        verifies += 1
+    return verifies
 
 
 def _config(shape: Shape, layers: int, architecture: str) -> dict:
