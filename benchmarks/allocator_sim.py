@@ -1,0 +1,45 @@
+"""CPU tier: SGLang's allocator classes driven through spec-decode steps (needs sglang importable)."""
+
+from benchmarks.common import SpecwatchBenchmark
+
+
+class AllocatorSimulation(SpecwatchBenchmark):
+    param_names = ["page_size", "topk", "fault"]
+    params = [[16, 64, 256], [1, 8], ["none", "row-widen-revert"]]
+
+    def skip(self, p):
+        from specwatch.sglang_host import sglang_importable
+
+        if not sglang_importable():
+            return "sglang is not importable in this environment"
+        if p["fault"] == "row-widen-revert" and p["topk"] == 1:
+            return "the seed bug needs topk > 1"
+        return None
+
+    def make_case(self, p):
+        from specwatch.allocator_sim import AcceptPattern, SimConfig, SimFault, simulate
+
+        fault = None if p["fault"] == "none" else SimFault(p["fault"])
+        self.config = SimConfig(p["page_size"], p["topk"], 3, 16 if p["topk"] > 1 else 4, fault=fault,
+                                accept=AcceptPattern.random)
+        return simulate(self.config)
+
+    def track_leaked_tokens(self, *args):
+        return self.case.leaked_tokens
+
+    track_leaked_tokens.unit = "tokens"
+
+    def track_row_violations(self, *args):
+        return len(self.case.row_violations)
+
+    track_row_violations.unit = "violations"
+
+    def time_simulate(self, *args):
+        from specwatch.allocator_sim import simulate
+
+        simulate(self.config)
+
+    def peakmem_simulate(self, *args):
+        from specwatch.allocator_sim import simulate
+
+        simulate(self.config)

@@ -1,0 +1,67 @@
+"""GPU workloads of suites/tree-page.toml, as asv tracks.
+
+asv runs these in the environment that holds the SGLang under test. The numbers come from the
+records ``specwatch run`` wrote for that SGLang version (``SPECWATCH_RESULTS``, default
+``results/``): one engine per engine group is far cheaper than asv's one process per benchmark.
+A combination with no ok record raises NotImplementedError (asv shows n/a), with the reason.
+"""
+
+import os
+from pathlib import Path
+
+from benchmarks.common import SpecwatchBenchmark, suite_values
+
+
+def _records():
+    from specwatch.sglang_host import sglang_version
+    from specwatch.store import load_records, result_files
+
+    root = Path(os.environ.get("SPECWATCH_RESULTS", Path(__file__).resolve().parents[1] / "results"))
+    version = os.environ.get("SPECWATCH_SGLANG_VERSION") or sglang_version()
+    return {(r.case.attention_backend.value, r.case.page_size, r.case.topk, r.case.batch_size, r.case.profile.value): r
+            for r in load_records(result_files(root))
+            if r.suite == "tree-page" and r.provenance.sglang_version == version and r.status.value == "ok"
+            and r.provenance.fault is None}
+
+
+class EagleTree(SpecwatchBenchmark):
+    param_names = ["backend", "page_size", "topk", "batch_size", "profile"]
+    params = [suite_values("tree-page", f) for f in ("attention_backend", "page_size", "topk", "batch_size", "profile")]
+
+    def skip(self, p):
+        if not hasattr(EagleTree, "_cache"):
+            EagleTree._cache = _records()
+        if tuple(p.values()) not in EagleTree._cache:
+            return "no ok record for this case and SGLang version (not run, skipped or failed: see results/)"
+        return None
+
+    def make_case(self, p):
+        return EagleTree._cache[tuple(p.values())]
+
+    def _m(self, name):
+        return self.case.metrics[name].value
+
+    def track_decode_throughput(self, *args):
+        return self._m("decode_throughput")
+
+    track_decode_throughput.unit = "tokens/s"
+
+    def track_accept_length(self, *args):
+        return self._m("accept_length")
+
+    track_accept_length.unit = "tokens/verify"
+
+    def track_req_to_token_bytes(self, *args):
+        return self._m("req_to_token_bytes")
+
+    track_req_to_token_bytes.unit = "bytes"
+
+    def track_leaked_tokens(self, *args):
+        return self._m("leaked_tokens")
+
+    track_leaked_tokens.unit = "tokens"
+
+    def track_lossless_mismatches(self, *args):
+        return self._m("lossless_mismatches")
+
+    track_lossless_mismatches.unit = "tokens"

@@ -1,0 +1,53 @@
+import inspect
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT))
+from benchmarks import allocator_sim, eagle_tree, memory_model  # noqa: E402
+
+CLASSES = [memory_model.MemoryModel, allocator_sim.AllocatorSimulation, eagle_tree.EagleTree]
+
+
+@pytest.mark.parametrize("cls", CLASSES)
+def test_params_and_names_agree_and_tracks_have_units(cls):
+    assert len(cls.params) == len(cls.param_names) > 0
+    assert all(isinstance(p, list) and p for p in cls.params)
+    tracks = [n for n, f in inspect.getmembers(cls, inspect.isfunction) if n.startswith("track_")]
+    assert tracks and all(getattr(cls, n).unit for n in tracks)
+
+
+def test_memory_model_benchmark_values():
+    b = memory_model.MemoryModel()
+    b.setup(64, 8, 1)
+    assert b.track_alloc_reserve_per_decode() == 2048
+
+
+@pytest.mark.sglang
+def test_allocator_benchmark_reports_planted_leak_and_skips():
+    b = allocator_sim.AllocatorSimulation()
+    b.setup(64, 8, "row-widen-revert")
+    assert b.track_leaked_tokens() > 0
+    with pytest.raises(NotImplementedError, match="topk > 1"):
+        b.setup(64, 1, "row-widen-revert")
+
+
+def test_eagle_tree_reads_committed_records(monkeypatch):
+    monkeypatch.setenv("SPECWATCH_SGLANG_VERSION", "0.5.17")
+    if hasattr(eagle_tree.EagleTree, "_cache"):
+        del eagle_tree.EagleTree._cache
+    b = eagle_tree.EagleTree()
+    b.setup("triton", 64, 8, 1, "second-choice")
+    assert b.track_accept_length() == 2.0 and b.track_leaked_tokens() == 0
+    with pytest.raises(NotImplementedError, match="no ok record"):
+        b.setup("fa3", 16, 2, 8, "perfect")
+
+
+def test_asv_discovers_every_benchmark(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "asv", "check", "-E", f"existing:{sys.executable}"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "No problems found" in res.stdout
