@@ -36,3 +36,16 @@ def test_page1_tree_overshoots_row_near_context_limit():
     # request near the context limit runs past its row. The simulation reports it, not crashes.
     res = simulate(SimConfig(1, 8, 3, 16, accept=AcceptPattern.full))
     assert res.row_violations and not res.clean
+
+
+@pytest.mark.parametrize("dcp,missing", [(2, 64), (4, 192), (8, 448)])
+def test_draft_pool_paged_smaller_than_allocator_reaches_missing_rows_near_full(dcp, missing):
+    # Seed 004: allocator page N spans [size, size + 64*dcp); a draft pool paged by 64 is valid to
+    # size + 64 only. TP8/DCP8 with a 64-slot base page: 448 rows that do not exist.
+    cfg = dict(context_len=8192, input_len=1500, output_len=300, dcp=dcp)
+    faulty = simulate(SimConfig(64, 1, 3, 4, near_full=True, fault=SimFault.draft_page_mismatch, **cfg))
+    assert faulty.peak_token_usage == 1.0 and faulty.missing_draft_rows == missing and not faulty.clean
+    fixed = simulate(SimConfig(64, 1, 3, 4, near_full=True, **cfg))     # 0.5.17 pages the draft pool by 64*dcp
+    assert fixed.draft_pool_page_size == 64 * dcp and fixed.missing_draft_rows == 0 and fixed.clean
+    roomy = simulate(SimConfig(64, 1, 3, 4, fault=SimFault.draft_page_mismatch, **cfg))
+    assert roomy.missing_draft_rows == 0          # far from full the fault stays silent

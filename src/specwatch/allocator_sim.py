@@ -58,7 +58,9 @@ class SimFault(str, Enum):
     unaligned_watermark = "unaligned-watermark"
     """Decode watermark not rounded up to a whole allocator page."""
     draft_page_mismatch = "draft-page-mismatch"
-    """Rows addressed with the server page while the allocator pages in page*dcp (seed 004)."""
+    """Draft KV pool paged by the server page while the shared allocator pages in page*dcp
+    (seed 004): the pool's rows end at size + page_size, the allocator's last page at
+    size + page_size*dcp."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,8 @@ class SimConfig:
     dcp: int = 1
     seed: int = 0
     fault: Optional[SimFault] = None
+    near_full: bool = False
+    """Size the KV pool to the peak demand exactly, so the allocator's last page is handed out."""
 
 
 @dataclass
@@ -108,12 +112,17 @@ class SimResult:
     out_of_bounds_tokens: int
     decode_steps: int
     max_watermark: int
+    draft_pool_page_size: int
+    draft_pool_valid_rows: int
+    missing_draft_rows: int
+    """Allocated KV locations past the draft pool's last row (rows that do not exist)."""
+    peak_token_usage: float
     row_violations: list[RowViolation] = field(default_factory=list)
 
     @property
     def clean(self) -> bool:
         return not (self.leaked_pages or self.double_freed_pages or self.req_slots_leaked
-                    or self.row_violations or self.out_of_bounds_tokens)
+                    or self.row_violations or self.out_of_bounds_tokens or self.missing_draft_rows)
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -165,7 +174,19 @@ class _Req:
 
 
 def simulate(cfg: SimConfig, sizing_source: str = "sglang") -> SimResult:
-    """Run the simulation on SGLang's classes; sizing from SGLang ("sglang") or specwatch ("reference")."""
+    """Run the simulation on SGLang's classes; sizing from SGLang ("sglang") or specwatch ("reference").
+
+    ``near_full``: a first pass with a roomy pool measures the peak demand; the second pass gets a
+    pool of exactly that many pages, so the allocator hands out its last page at the peak (where
+    seed 004's draft-pool fault shows)."""
+    if not cfg.near_full:
+        return _run(cfg, sizing_source, None)
+    roomy = _run(cfg, sizing_source, None)
+    peak_tokens = round(roomy.peak_token_usage * roomy.pool_pages) * roomy.allocator_page_size
+    return _run(cfg, sizing_source, peak_tokens)
+
+
+def _run(cfg: SimConfig, sizing_source: str, pool_tokens: Optional[int]) -> SimResult:
     import torch
 
     from specwatch.sglang_host import req_to_token_pool_class
@@ -180,11 +201,16 @@ def simulate(cfg: SimConfig, sizing_source: str = "sglang") -> SimResult:
     row_width = cfg.context_len + extra
 
     alloc_page = cfg.page_size * cfg.dcp
-    # Address rows in the page the (faulty) pool believes in.
-    watermark_page = cfg.page_size if cfg.fault is SimFault.draft_page_mismatch else alloc_page
-    per_req = math.ceil((row_width + reserve + alloc_page) / alloc_page) * alloc_page
-    pool_tokens = per_req * cfg.num_requests + alloc_page
+    # The draft pool is replicated over the allocator's virtual slots; 0.5.17 pages it like the
+    # allocator (kv_cache_configurator.pool_page_size = page_size * dcp for a draft worker).
+    draft_page = cfg.page_size if cfg.fault is SimFault.draft_page_mismatch else alloc_page
+    if pool_tokens is None:
+        per_req = math.ceil((row_width + reserve + alloc_page) / alloc_page) * alloc_page
+        pool_tokens = per_req * cfg.num_requests
     allocator = _make_allocator(pool_tokens, alloc_page)
+    draft_valid_rows = allocator.size + draft_page  # pools hold size + one padding page
+    missing: set[int] = set()
+    peak_used = 0
     pool = req_to_token_pool_class()(size=cfg.num_requests, max_context_len=row_width,
                                       device="cpu", enable_memory_saver=False)
     flat = pool.req_to_token.view(-1)
@@ -213,6 +239,7 @@ def simulate(cfg: SimConfig, sizing_source: str = "sglang") -> SimResult:
                                          torch.tensor([nxt]), last, nxt - cur)
         if out is None:
             raise RuntimeError(f"simulated KV pool out of memory at {nxt - cur} tokens")
+        missing.update(int(v) for v in out[out >= draft_valid_rows])
         return out
 
     reqs = [_Req(i) for i in range(cfg.num_requests)]
@@ -228,7 +255,7 @@ def simulate(cfg: SimConfig, sizing_source: str = "sglang") -> SimResult:
             cur = r.kv_allocated_len
             want = r.kv_committed_len + reserve
             if cfg.fault is not SimFault.unaligned_watermark:
-                want = math.ceil(want / watermark_page) * watermark_page
+                want = math.ceil(want / alloc_page) * alloc_page
             nxt = max(cur, want)
             if nxt > row_width:
                 violations.append(RowViolation(r.idx, r.kv_committed_len, nxt, row_width))
@@ -236,6 +263,7 @@ def simulate(cfg: SimConfig, sizing_source: str = "sglang") -> SimResult:
             if nxt > cur:
                 write_row(r, cur, extend(r, cur, nxt))
                 r.kv_allocated_len = nxt
+                peak_used = max(peak_used, pages_total * alloc_page - allocator.available_size())
             steps += 1
             if cfg.accept is AcceptPattern.full:
                 accepted = cfg.num_steps + 1
@@ -273,5 +301,9 @@ def simulate(cfg: SimConfig, sizing_source: str = "sglang") -> SimResult:
         out_of_bounds_tokens=oob,
         decode_steps=steps,
         max_watermark=max_watermark,
+        draft_pool_page_size=draft_page,
+        draft_pool_valid_rows=draft_valid_rows,
+        missing_draft_rows=len(missing),
+        peak_token_usage=peak_used / (pages_total * alloc_page),
         row_violations=violations,
     )

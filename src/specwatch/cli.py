@@ -255,6 +255,8 @@ def model_simulate(page: int = typer.Option(64, "--page"), topk: int = typer.Opt
                    requests: int = typer.Option(4, "--requests"), input_len: int = typer.Option(300, "--input-len"),
                    accept: str = typer.Option("random", help="full, one or random."),
                    dcp: int = typer.Option(1, "--dcp"), seed: int = typer.Option(0, "--seed"),
+                   output_len: int = typer.Option(10_000, "--output-len"),
+                   near_full: bool = typer.Option(False, "--near-full", help="Pool sized to the peak demand."),
                    fault: Optional[str] = typer.Option(None, help="Plant a fault: row-widen-revert, "
                                                                "unaligned-watermark, draft-page-mismatch."),
                    as_json: bool = typer.Option(False, "--json")) -> None:
@@ -263,7 +265,8 @@ def model_simulate(page: int = typer.Option(64, "--page"), topk: int = typer.Opt
 
     try:
         cfg = SimConfig(page, topk, steps, draft, context_len=context_len, num_requests=requests,
-                        input_len=input_len, accept=AcceptPattern(accept), dcp=dcp, seed=seed,
+                        input_len=input_len, output_len=output_len, accept=AcceptPattern(accept), dcp=dcp,
+                        seed=seed, near_full=near_full,
                         fault=SimFault(fault) if fault else None)
     except ValueError as e:
         _fail(SpecwatchInputError(None, str(e), field="--accept/--fault"))
