@@ -122,19 +122,14 @@ class Oracle:
             raise ValueError("random profile has no closed form")
         wrong = self.wrong_set()
         succ = self.successor_index()
-        j = first_output_token - FIRST_ACTIVE
-        produced, verifies = 1, 0
-        while produced < output_len:
-            accepted, k = 0, j
-            while accepted < num_steps and not wrong[k]:
-                accepted += 1
-                k = succ[k]
-            commit = accepted + 1
-            for _ in range(commit):
-                j = succ[j]
-            produced += commit
-            verifies += 1
-        return verifies
+
+        def accepted(j: int) -> int:
+            n, k = 0, j
+            while n < num_steps and not wrong[k]:
+                n, k = n + 1, succ[k]
+            return n
+
+        return count_verifies(succ, first_output_token, output_len, accepted)
 
 
 def _draft_topk(oracle: "Oracle", wrong: np.ndarray, succ: np.ndarray, j: int, topk: int) -> list[tuple[int, float]]:
@@ -172,9 +167,8 @@ def expected_tree_verifies(oracle: "Oracle", first_output_token: int, output_len
     the oracle's ties are between paths that can never both be accepted)."""
     wrong = oracle.wrong_set()
     succ = oracle.successor_index()
-    j = first_output_token - FIRST_ACTIVE
-    produced, verifies = 1, 0
-    while produced < output_len:
+
+    def accepted(j: int) -> int:
         # candidates: (score, token, parent candidate id or None for root)
         cands: list[tuple[float, int, Optional[int]]] = []
         first = _draft_topk(oracle, wrong, succ, j, topk)
@@ -197,14 +191,24 @@ def expected_tree_verifies(oracle: "Oracle", first_output_token: int, output_len
             parent = cands[i][2]
             if parent is None or parent in kept:
                 children.setdefault(parent, []).append(i)
-        node, cur, accepted = None, j, 0
+        node, cur, n = None, j, 0
         while True:
             want = int(succ[cur])
             nxt = next((i for i in children.get(node, []) if cands[i][1] == want), None)
             if nxt is None:
-                break
-            node, cur, accepted = nxt, want, accepted + 1
-        commit = accepted + 1
+                return n
+            node, cur, n = nxt, want, n + 1
+
+    return count_verifies(succ, first_output_token, output_len, accepted)
+
+
+def count_verifies(succ: np.ndarray, first_output_token: int, output_len: int, accepted) -> int:
+    """Verify steps until ``output_len`` tokens exist (the first from prefill): each verify at last
+    committed token index j commits ``accepted(j)`` drafts plus the target's bonus token."""
+    j = first_output_token - FIRST_ACTIVE
+    produced, verifies = 1, 0
+    while produced < output_len:
+        commit = accepted(j) + 1
         for _ in range(commit):
             j = succ[j]
         produced += commit
