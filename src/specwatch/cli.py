@@ -109,10 +109,13 @@ def run(suite: Path = typer.Argument(..., help="Suite file."),
             console.print(f"[yellow]{unclean} of {len(report.simulation)} allocator simulations not clean "
                           "(leak, double free or row violation): see the simulation table[/yellow]")
         raise typer.Exit(1 if disagree or (strict and unclean) else 0)
+    from specwatch.faults import get as get_fault
     from specwatch.runner import Shard, run_suite
 
     try:
         sh = Shard.parse(shard) if shard else None
+        if fault:
+            get_fault(fault)
     except ValueError as e:
         _fail(e)
     with console.status("running") as status:
@@ -178,6 +181,29 @@ def dashboard(results: Path = typer.Option(Path("results"), help="Results root."
     except SpecwatchInputError as e:
         _fail(e)
     console.print(f"wrote {build(df, out)}")
+
+
+@app.command()
+def inject(name: Optional[str] = typer.Argument(None, help="Fault to check against the installed SGLang."),
+           ) -> None:
+    """List the injectable faults; with NAME, apply and restore it here to check it fits this SGLang.
+    Use ``specwatch run SUITE --fault NAME`` to run a sweep with the fault active in SGLang's processes."""
+    from specwatch import faults
+
+    if name is None:
+        t = Table(title="faults (specwatch run SUITE --fault NAME)")
+        for col in ("name", "re-creates", "expected to be flagged by"):
+            t.add_column(col, overflow="fold")
+        for f in faults.FAULTS.values():
+            t.add_row(f.name, f.recreates, f.expected_flag)
+        console.print(t)
+        return
+    try:
+        with faults.applied(name):
+            pass
+    except ValueError as e:
+        _fail(e)
+    console.print(f"{name}: applies to the installed SGLang and restores cleanly")
 
 
 @app.command("results")

@@ -102,6 +102,8 @@ def run_group(suite: Suite, cases: list[Case], timeout_s: int, fault: Optional[s
             }))
             env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra_env or {}))
             env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROBE_DIR), env.get("PYTHONPATH")) if p)
+            if fault:
+                env["SPECWATCH_FAULT"] = fault
             with open(log, "wb") as logf:
                 proc = subprocess.Popen([sys.executable, "-m", worker_module, str(spec)],
                                         stdout=logf, stderr=subprocess.STDOUT, env=env,

@@ -4,7 +4,8 @@ It patches nothing on disk. After ``sglang.srt.managers.scheduler`` is imported 
 ``Scheduler.get_internal_state`` so that ``Engine.get_server_info()["internal_states"][i]
 ["specwatch"]`` carries facts read from the real objects in the scheduler process: the
 req_to_token tensor, the token-to-KV allocator, the target and draft KV pools, the tree cache,
-and CUDA memory. ``on_import`` is the one hook mechanism; set SPECWATCH_PROBE=0 to disable.
+and CUDA memory. ``SPECWATCH_FAULT=NAME`` applies a specwatch fault (``specwatch.faults``) the
+same way. ``on_import`` is the one hook mechanism; set SPECWATCH_PROBE=0 to disable.
 """
 
 import importlib.abc
@@ -154,5 +155,19 @@ def _patch_scheduler(module):
     cls.get_internal_state = get_internal_state
 
 
+def _register_fault(name):
+    """Apply the named specwatch fault (specwatch.faults) in this process when its module loads."""
+    from specwatch.faults import apply, get
+
+    def hook(module):
+        apply(name)
+        sys.stderr.write(f"[specwatch probe] fault {name} applied in pid {os.getpid()}\n")
+
+    for mod in get(name).modules:
+        on_import(mod)(hook)
+
+
 if os.environ.get("SPECWATCH_PROBE", "1") == "1":
     sys.meta_path.insert(0, _PostImportFinder())
+    if os.environ.get("SPECWATCH_FAULT"):
+        _register_fault(os.environ["SPECWATCH_FAULT"])

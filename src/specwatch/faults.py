@@ -1,0 +1,150 @@
+"""Named, reversible faults for the installed SGLang: each re-creates a bug class from SGLang's history.
+
+A fault is a set of source edits applied at run time with SGLang's own source patcher
+(``sglang.srt.debug_utils.source_patcher``: match text in a function, replace it, swap the
+function's ``__code__``; ``PatchState.restore`` undoes it). Nothing in site-packages is touched.
+In GPU runs the probe applies the fault inside every SGLang process once the target module is
+imported (``SPECWATCH_FAULT=NAME``); in the CPU tier ``applied(NAME)`` patches this process.
+
+Edits are written against SGLang 0.5.17; a version where the matched text is gone fails loudly
+(``PatchApplicationError``) instead of silently running clean.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Callable, Iterator, Optional
+
+from specwatch.allocator_sim import SimFault
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One injectable fault."""
+
+    name: str
+    recreates: str
+    yaml: Optional[str]
+    """SGLang source-patcher edits, or None when ``patch`` does the work."""
+    modules: tuple[str, ...]
+    """Modules whose import triggers the patch in SGLang's processes."""
+    sim_fault: Optional[SimFault] = None
+    """The same bug in the CPU allocator simulation, where it has one."""
+    expected_flag: str = ""
+    patch: Optional[Callable[[], Callable[[], None]]] = None
+    """For targets the source patcher cannot edit (properties): patch, return the undo."""
+
+
+def _draft_pool_paged_by_server_page() -> Callable[[], None]:
+    from sglang.srt.mem_cache import kv_cache_configurator as kcc
+
+    cls = kcc.KVCacheConfigurator
+    original = cls.__dict__["pool_page_size"]
+    cls.pool_page_size = property(lambda self: kcc.get_schedule().page_size)
+
+    def undo() -> None:
+        cls.pool_page_size = original
+
+    return undo
+
+
+FAULTS: dict[str, Fault] = {f.name: f for f in (
+    Fault(
+        name="row-widen-revert",
+        recreates="req_to_token row headroom back to 4 + num_draft_tokens for page > 1 (PR #26972 reverted): "
+                  "the page-aligned tree reserve overruns the row, over-allocated slots are never freed",
+        yaml="""
+patches:
+  - target: sglang.srt.mem_cache.allocation_sizing.get_req_to_token_extra_context_len
+    edits:
+      - match: |
+          if server_args.speculative_algorithm is not None and server_args.page_size > 1:
+        replacement: |
+          if False:
+""",
+        modules=("sglang.srt.mem_cache.allocation_sizing",),
+        sim_fault=SimFault.row_widen_revert,
+        expected_flag="CPU: memory model disagrees with SGLang, simulation leaks; GPU: eagle_prepare_for_decode's "
+                      "row-width assertion (crash) at page>1 topk>1 near the context limit",
+    ),
+    Fault(
+        name="unaligned-watermark",
+        recreates="decode reservation not rounded up to whole pages (the ceil in eagle_prepare_for_decode dropped)",
+        yaml="""
+patches:
+  - target: sglang.srt.speculative.eagle_utils.eagle_prepare_for_decode
+    edits:
+      - match: |
+          (r.kv_committed_len + double_alloc + page_size - 1)
+          // page_size
+          * page_size,
+        replacement: |
+          r.kv_committed_len + double_alloc,
+""",
+        modules=("sglang.srt.speculative.eagle_utils",),
+        sim_fault=SimFault.unaligned_watermark,
+        expected_flag="leak check after flush (GPU); the CPU simulation's host allocator does not leak on it",
+    ),
+    Fault(
+        name="draft-page-mismatch",
+        recreates="draft KV pool paged by the server page while the DCP allocator pages in page*dcp (seed 004)",
+        yaml=None,
+        patch=_draft_pool_paged_by_server_page,
+        modules=("sglang.srt.mem_cache.kv_cache_configurator",),
+        sim_fault=SimFault.draft_page_mismatch,
+        expected_flag="probe check draft_pool_page_matches_allocator (GPU, dcp>1); CPU simulation: missing draft "
+                      "rows near full occupancy",
+    ),
+    Fault(
+        name="no-prefix-tail-dup",
+        recreates="prefix partial-tail page not copied into each draft branch (page>1, topk>1): the draft's "
+                  "expand pass reads stale KV",
+        yaml="""
+patches:
+  - target: sglang.srt.speculative.eagle_worker_common.duplicate_prefix_tail_to_draft_branches
+    edits:
+      - match: |
+          if topk <= 1:
+              return
+        replacement: |
+          return
+""",
+        modules=("sglang.srt.speculative.eagle_worker_common",),
+        expected_flag="acceptance below the oracle's; NOTE: the oracle models zero o_proj, so attention "
+                      "reads do not reach their outputs and this fault cannot change them (see README)",
+    ),
+)}
+
+
+def get(name: str) -> Fault:
+    try:
+        return FAULTS[name]
+    except KeyError:
+        raise ValueError(f"unknown fault {name!r}; known: {', '.join(FAULTS)}") from None
+
+
+def apply(name: str) -> list[Callable[[], None]]:
+    """Patch this process; returns the undo callables (call in reverse order to restore)."""
+    from specwatch.sglang_host import _quiet_import
+
+    fault = get(name)
+    for mod in fault.modules:
+        _quiet_import(mod)
+    if fault.patch is not None:
+        return [fault.patch()]
+    _quiet_import("sglang.srt.debug_utils.source_patcher")
+    from sglang.srt.debug_utils.source_patcher import apply_patches_from_config
+
+    return [state.restore for state in apply_patches_from_config(fault.yaml)]
+
+
+@contextlib.contextmanager
+def applied(name: str) -> Iterator[Fault]:
+    """Context manager: the fault is active inside, restored after."""
+    undo = apply(name)
+    try:
+        yield get(name)
+    finally:
+        for u in reversed(undo):
+            u()

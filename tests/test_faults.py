@@ -1,0 +1,57 @@
+import pytest
+
+from specwatch import faults
+from specwatch.allocator_sim import AcceptPattern, SimConfig, simulate
+from specwatch.case import Algorithm
+from specwatch.memory_model import SizingInput, compare
+
+pytestmark = pytest.mark.sglang
+
+
+@pytest.mark.parametrize("name", list(faults.FAULTS))
+def test_every_fault_applies_to_installed_sglang_and_restores(name):
+    import importlib
+
+    fault = faults.get(name)
+    with faults.applied(name) as f:
+        assert f.name == name
+    # applying twice after restore works: the original source is back
+    with faults.applied(name):
+        pass
+    assert importlib.import_module(fault.modules[0])
+
+
+def test_row_widen_revert_is_caught_by_the_cpu_tier():
+    x = SizingInput(Algorithm.EAGLE, 64, 8, 3, 16, 512, 4)
+    assert compare(x)[2] == []
+    with faults.applied("row-widen-revert"):
+        _, _, diffs = compare(x)
+        assert {d.field for d in diffs} == {"req_to_token_extra_context_len", "req_to_token_row_width",
+                                          "req_to_token_bytes"}
+        res = simulate(SimConfig(64, 8, 3, 16, accept=AcceptPattern.random))   # SGLang's (patched) sizing
+        assert res.leaked_pages > 0 and res.row_violations
+    assert compare(x)[2] == [] and simulate(SimConfig(64, 8, 3, 16, accept=AcceptPattern.random)).clean
+
+
+def test_unknown_fault():
+    with pytest.raises(ValueError, match="unknown fault"):
+        faults.get("nope")
+
+
+def test_draft_page_mismatch_changes_the_draft_pool_page():
+    from types import SimpleNamespace
+
+    from sglang.srt.mem_cache import kv_cache_configurator as kcc
+
+    fake = SimpleNamespace(server_args=SimpleNamespace(dcp_size=8), is_draft_worker=True)
+    prop = kcc.KVCacheConfigurator.__dict__["pool_page_size"]
+    orig_sched = kcc.get_schedule
+    kcc.get_schedule = lambda: SimpleNamespace(page_size=64)
+    try:
+        fake.loc_space_scale = kcc.KVCacheConfigurator.loc_space_scale.fget(fake)
+        assert prop.fget(fake) == 512                     # 0.5.17: the draft pool pages like the allocator
+        with faults.applied("draft-page-mismatch"):
+            assert kcc.KVCacheConfigurator.pool_page_size.fget(fake) == 64
+        assert kcc.KVCacheConfigurator.__dict__["pool_page_size"] is prop
+    finally:
+        kcc.get_schedule = orig_sched
