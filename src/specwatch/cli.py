@@ -49,7 +49,7 @@ def plan(suite: Path = typer.Argument(..., help="Suite file (suites/*.toml)."),
     t = Table(title=f"{s.name}: {len(planned)} cases ({sum(p.skip is None for p in planned)} runnable)")
     for col in ("case id", "algo", "backend", "page", "topk", "steps", "draft", "tp", "dcp", "bs",
                 "in->out", "profile", "workload", "status"):
-        t.add_column(col)
+        t.add_column(col, overflow="fold")
     for p in planned:
         c = p.case
         t.add_row(c.case_id, c.algorithm.value, c.attention_backend.value, str(c.page_size), str(c.topk),
