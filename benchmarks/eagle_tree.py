@@ -24,6 +24,16 @@ def _records():
             and r.provenance.fault is None}
 
 
+def _track(metric: str, unit: str):
+    """A ``track_`` function returning the stored value of ``metric`` for the case set up."""
+
+    def track(self, *args):
+        return self.case.metrics[metric].value
+
+    track.unit = unit
+    return track
+
+
 class EagleTree(SpecwatchBenchmark):
     param_names = ["backend", "page_size", "topk", "batch_size", "profile"]
     params = [suite_values("tree-page", f) for f in ("attention_backend", "page_size", "topk", "batch_size", "profile")]
@@ -38,30 +48,8 @@ class EagleTree(SpecwatchBenchmark):
     def make_case(self, p):
         return EagleTree._cache[tuple(p.values())]
 
-    def _m(self, name):
-        return self.case.metrics[name].value
-
-    def track_decode_throughput(self, *args):
-        return self._m("decode_throughput")
-
-    track_decode_throughput.unit = "tokens/s"
-
-    def track_accept_length(self, *args):
-        return self._m("accept_length")
-
-    track_accept_length.unit = "tokens/verify"
-
-    def track_req_to_token_bytes(self, *args):
-        return self._m("req_to_token_bytes")
-
-    track_req_to_token_bytes.unit = "bytes"
-
-    def track_leaked_tokens(self, *args):
-        return self._m("leaked_tokens")
-
-    track_leaked_tokens.unit = "tokens"
-
-    def track_lossless_mismatches(self, *args):
-        return self._m("lossless_mismatches")
-
-    track_lossless_mismatches.unit = "tokens"
+    track_decode_throughput = _track("decode_throughput", "tokens/s")
+    track_accept_length = _track("accept_length", "tokens/verify")
+    track_req_to_token_bytes = _track("req_to_token_bytes", "bytes")
+    track_leaked_tokens = _track("leaked_tokens", "tokens")
+    track_lossless_mismatches = _track("lossless_mismatches", "tokens")

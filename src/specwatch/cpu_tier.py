@@ -14,7 +14,7 @@ import pandas as pd
 
 from specwatch.allocator_sim import AcceptPattern, SimConfig, simulate
 from specwatch.case import Case
-from specwatch.memory_model import COMPARED_FIELDS, SizingInput, compare
+from specwatch.memory_model import SizingInput, compare
 from specwatch.sglang_host import sglang_importable
 from specwatch.suite import Suite, matches
 
@@ -72,5 +72,3 @@ def run_cpu_tier(suite: Suite, context_len: int = 4096, simulate_allocator: bool
                              **{k: v for k, v in res.as_dict().items() if k != "config"}})
     return CpuTierReport(pd.DataFrame(mem_rows), pd.DataFrame(sim_rows) if have_sglang and simulate_allocator else None)
 
-
-__all__ = ["run_cpu_tier", "CpuTierReport", "COMPARED_FIELDS"]
