@@ -77,11 +77,19 @@ def test_resume_reruns_only_unfinished(tmp_path):
     assert starts == 2 * 2                        # chain groups were not restarted
 
 
-def test_timeout_is_recorded(tmp_path):
+def test_timeout_is_recorded_and_finished_cases_land_while_the_worker_runs(tmp_path):
+    import time
+
     suite = _suite(tmp_path, topks="[8]")
-    out, _ = _run(tmp_path, suite, max_groups=1)
-    recs = list(read_records(out))
-    assert recs[0].status is Status.timeout and "past 10 s" in recs[0].reason
+    arrivals = {}
+    t0 = time.monotonic()
+    out, _ = _run(tmp_path, suite, max_groups=1,
+                  progress=lambda r: arrivals.setdefault((r.case.batch_size, r.status), time.monotonic() - t0))
+    recs = {r.case.batch_size: r for r in read_records(out)}
+    assert recs[1].status is Status.ok
+    assert recs[8].status is Status.timeout and "past 10 s" in recs[8].reason
+    assert arrivals[(1, Status.ok)] < 8          # recorded before the hung case was killed at 10 s
+    assert arrivals[(8, Status.timeout)] >= 10
 
 
 def test_skips_are_recorded_with_reasons(tmp_path):

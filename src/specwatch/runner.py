@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,8 @@ from specwatch.store import append_record, finished_case_ids, results_path
 from specwatch.suite import PlannedCase, Suite, matches
 
 LOG_TAIL_LINES = 60
+POLL_S = 1.0
+"""How often the parent reads the worker's finished cases."""
 PROBE_DIR = Path(__file__).resolve().parent / "probe"
 """Holds the probe's sitecustomize.py; put first on every worker's PYTHONPATH."""
 
@@ -104,37 +107,52 @@ def run_group(suite: Suite, cases: list[Case], timeout_s: int, fault: Optional[s
             env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROBE_DIR), env.get("PYTHONPATH")) if p)
             if fault:
                 env["SPECWATCH_FAULT"] = fault
-            with open(log, "wb") as logf:
-                proc = subprocess.Popen([sys.executable, "-m", worker_module, str(spec)],
-                                        stdout=logf, stderr=subprocess.STDOUT, env=env,
-                                        start_new_session=True)
-                try:
-                    rc = proc.wait(timeout=timeout_s)
-                    timed_out = False
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, 9)
-                    proc.wait()
-                    rc, timed_out = proc.returncode, True
-            finally_kill(proc.pid)
-            if os.environ.get("SPECWATCH_LOG_DIR"):
-                keep = Path(os.environ["SPECWATCH_LOG_DIR"])
-                keep.mkdir(parents=True, exist_ok=True)
-                (keep / f"{suite.name}-{remaining[0].case_id}.log").write_bytes(log.read_bytes())
             done: set[str] = set()
             by_id = {c.case_id: c for c in remaining}
+            seen_lines = 0
             engine_started = False
-            if results.exists():
-                for raw in results.read_text().splitlines():
+
+            def collect_new_lines() -> None:
+                """Record every case the worker has finished so far (records land as cases end)."""
+                nonlocal seen_lines, engine_started
+                if not results.exists():
+                    return
+                lines = results.read_text().splitlines()
+                for raw in lines[seen_lines:]:
                     try:
                         line = json.loads(raw)
                     except json.JSONDecodeError:
-                        continue
+                        return  # a line still being written: read it next time
+                    seen_lines += 1
                     engine_started |= line.get("event") == "engine_started"
                     case = by_id.get(line.get("case_id"))
                     if case is None or case.case_id in done:
                         continue
                     on_record(record_from_worker(suite, case, line, fault))
                     done.add(case.case_id)
+
+            deadline = time.monotonic() + timeout_s
+            timed_out = False
+            with open(log, "wb") as logf:
+                proc = subprocess.Popen([sys.executable, "-m", worker_module, str(spec)],
+                                        stdout=logf, stderr=subprocess.STDOUT, env=env,
+                                        start_new_session=True)
+                while True:
+                    try:
+                        rc = proc.wait(timeout=POLL_S)
+                        break
+                    except subprocess.TimeoutExpired:
+                        collect_new_lines()
+                        if time.monotonic() > deadline:
+                            os.killpg(proc.pid, 9)
+                            rc, timed_out = proc.wait(), True
+                            break
+            finally_kill(proc.pid)
+            collect_new_lines()
+            if os.environ.get("SPECWATCH_LOG_DIR"):
+                keep = Path(os.environ["SPECWATCH_LOG_DIR"])
+                keep.mkdir(parents=True, exist_ok=True)
+                (keep / f"{suite.name}-{remaining[0].case_id}.log").write_bytes(log.read_bytes())
             remaining = [c for c in remaining if c.case_id not in done]
             if not remaining:
                 break
