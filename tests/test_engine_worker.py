@@ -1,0 +1,85 @@
+"""The GPU worker's per-case logic on a fake engine (no GPU): lossless counting, acceptance vs the
+oracle, leak and memory checks from the probe's facts."""
+import pytest
+
+from specwatch.case import Algorithm, Backend, Case, ModelSize, Profile
+from specwatch.engine_worker import engine_kwargs, memory_and_leaks, prompt_starts, run_case
+from specwatch.oracle import FIRST_ACTIVE, SHAPES, Oracle
+
+
+class FakeEngine:
+    """Greedy oracle chain with a fixed acceptance length; optional corruption and leak."""
+
+    def __init__(self, case: Case, corrupt_every: int = 0, leaked_pages: int = 0, row_width: int = None):
+        self.case, self.corrupt_every, self.leaked_pages = case, corrupt_every, leaked_pages
+        self.row_width = row_width
+        self.oracle = Oracle(SHAPES[case.model], 0, Profile.perfect)
+
+    def generate(self, input_ids, sampling_params):
+        n = sampling_params["max_new_tokens"]
+        outs = []
+        for prompt in input_ids:
+            j = prompt[-1] - FIRST_ACTIVE
+            chain = self.oracle.chain(int(j), n + 1)[1:]
+            if self.corrupt_every:
+                chain = [t + 1 if i % self.corrupt_every == 0 else t for i, t in enumerate(chain)]
+            verify = -(-(n - 1) // (self.case.num_steps + 1))
+            meta = {"spec_accept_length": n / verify, "spec_verify_ct": verify, "spec_accept_rate": 0.5} if verify else {}
+            outs.append({"output_ids": chain, "meta_info": meta})
+        return outs
+
+    def flush_cache(self):
+        return True
+
+    def get_server_info(self):
+        c = self.case
+        from specwatch.memory_model import SizingInput, reference_sizing
+
+        model = reference_sizing(SizingInput(c.algorithm, c.page_size, c.topk, c.num_steps, c.num_draft_tokens,
+                                             SHAPES[c.model].max_position, 8, c.dcp))
+        row = self.row_width or model.req_to_token_row_width
+        pages = 4096
+        facts = {"req_to_token": {"row_width": row, "bytes": 9 * row * 4, "size": 8, "free_slots": 8},
+                 "allocator": {"page_size": c.page_size, "num_pages": pages, "free_pages": pages - self.leaked_pages,
+                               "unique_free_pages": pages - self.leaked_pages},
+                 "target_kv_pool": {"size": pages * c.page_size, "page_size": c.page_size, "bytes": 1 << 30},
+                 "draft_kv_pool": {"size": pages * c.page_size, "page_size": c.page_size, "bytes": 1 << 28},
+                 "cuda": {"max_allocated": 1 << 31}}
+        return {"internal_states": [{"specwatch": facts}], "version": "fake"}
+
+
+CASE = Case(model=ModelSize.tiny, algorithm=Algorithm.EAGLE, attention_backend=Backend.triton, page_size=64,
+            topk=1, num_steps=3, num_draft_tokens=4, batch_size=2, input_len=32, output_len=64)
+
+
+def test_clean_case_passes_every_check():
+    eng = FakeEngine(CASE)
+    res = run_case(eng, CASE, repeats=2, warmup=True)
+    assert res["checks"] == {"lossless": True, "accept_length_matches_oracle": True}
+    assert res["metrics"]["accept_length"]["expected"] == res["metrics"]["accept_length"]["value"]
+    metrics, checks, _ = memory_and_leaks(eng, CASE)
+    assert all(checks.values()), checks
+    assert metrics["leaked_tokens"]["value"] == 0
+
+
+def test_corruption_leak_and_row_mismatch_are_flagged():
+    eng = FakeEngine(CASE, corrupt_every=10, leaked_pages=3, row_width=4096)
+    res = run_case(eng, CASE, repeats=1, warmup=False)
+    assert not res["checks"]["lossless"] and res["metrics"]["lossless_mismatches"]["value"] == 2 * 7
+    metrics, checks, _ = memory_and_leaks(eng, CASE)
+    assert not checks["no_kv_leak"] and metrics["leaked_tokens"]["value"] == 3 * 64
+    assert not checks["req_to_token_matches_model"]
+
+
+def test_prompts_are_seeded_and_distinct():
+    assert prompt_starts(CASE, "timed0", 4) == prompt_starts(CASE, "timed0", 4)
+    assert prompt_starts(CASE, "timed0", 4) != prompt_starts(CASE, "timed1", 4)
+
+
+def test_engine_kwargs_map_case_fields():
+    from pathlib import Path
+
+    kw = engine_kwargs(CASE.model_copy(update={"dcp": 2, "tp": 2, "profile": Profile.random}), Path("/t"), Path("/d"), 8)
+    assert kw["speculative_algorithm"] == "EAGLE" and kw["page_size"] == 64 and kw["dcp_size"] == 2
+    assert kw["speculative_draft_load_format"] == "dummy" and kw["tp_size"] == 2
+    assert "dcp_size" not in engine_kwargs(CASE, Path("/t"), Path("/d"), 8)
