@@ -27,15 +27,22 @@ def test_dcp_pages_allocator_in_virtual_slots():
     assert far.allocator_page_size == 512 and far.clean
     # Finding (0.5.17): the watermark is rounded to the allocator's page (64 * 8 = 512 slots) but
     # the row headroom only to the server page (64): near the context limit the row overflows.
-    near = simulate(SimConfig(64, 1, 3, 4, dcp=8))
+    near = simulate(SimConfig(64, 1, 3, 4, dcp=8, accept=AcceptPattern.one))
     assert near.row_violations and near.row_violations[0].watermark == 1024 > near.row_width == 512 + 71
 
 
 def test_page1_tree_overshoots_row_near_context_limit():
-    # Finding (0.5.17): page 1, topk 8: row headroom 4+16=20 < reserve 48, so the watermark of a
-    # request near the context limit runs past its row. The simulation reports it, not crashes.
-    res = simulate(SimConfig(1, 8, 3, 16, accept=AcceptPattern.full))
+    # Finding (0.5.17): page 1, topk 8, draft 16: row headroom 4+16 = 20, watermark reserve 48,
+    # admission reserve 24: the longest admitted request's last steps pass its row by up to 3 slots.
+    # The simulation reports it, it does not crash.
+    from specwatch.case import Algorithm
+
+    res = simulate(SimConfig(1, 8, 3, 16, accept=AcceptPattern.one))
     assert res.row_violations and not res.clean
+    assert max(v.watermark - v.row_width for v in res.row_violations) == 3
+    assert simulate(SimConfig(1, 4, 3, 8, accept=AcceptPattern.one)).clean          # covered by admission
+    standalone = simulate(SimConfig(1, 4, 3, 8, accept=AcceptPattern.one, algorithm=Algorithm.STANDALONE))
+    assert standalone.row_violations and not standalone.clean
 
 
 @pytest.mark.parametrize("dcp,missing", [(2, 64), (4, 192), (8, 448)])

@@ -26,13 +26,19 @@ def test_chain_and_no_spec():
     assert none.row_fits_watermark is None
 
 
-def test_page1_tree_watermark_overshoots_row():
-    # Finding on 0.5.17's sizing: at page 1 the row headroom stays 4 + num_draft_tokens, while the
-    # tree's reserve is 2 * max(steps*topk, draft); near the context limit the watermark passes the row.
-    s = reference_sizing(SizingInput(Algorithm.EAGLE, 1, 8, 3, 16, 4096, 48))
-    assert s.alloc_reserve_per_decode == 48 and s.req_to_token_extra_context_len == 20
-    assert s.aligned_alloc_len_at_context_limit == 4095 + 48 > s.req_to_token_row_width
-    assert not s.row_fits_watermark
+def test_page1_tree_watermark_vs_row():
+    # Finding on 0.5.17's sizing: at page 1 the row headroom stays 4 + num_draft_tokens while the
+    # reserve is 2 * max(steps*topk, draft). EAGLE admits requests only up to C - max(steps*topk,
+    # draft), which covers the overshoot unless steps*topk > draft + 5; STANDALONE and NGRAM reserve
+    # nothing at admission.
+    eagle_k8 = reference_sizing(SizingInput(Algorithm.EAGLE, 1, 8, 3, 16, 4096, 48))
+    assert eagle_k8.reserved_tokens_at_admission == 24 and eagle_k8.max_seq_len == 4072
+    assert eagle_k8.alloc_reserve_per_decode == 48 and eagle_k8.req_to_token_extra_context_len == 20
+    assert eagle_k8.aligned_alloc_len_at_context_limit == 4071 + 48 == eagle_k8.req_to_token_row_width + 3
+    assert not eagle_k8.row_fits_watermark
+    assert reference_sizing(SizingInput(Algorithm.EAGLE, 1, 4, 3, 8, 4096, 48)).row_fits_watermark
+    standalone = reference_sizing(SizingInput(Algorithm.STANDALONE, 1, 4, 3, 8, 4096, 48))
+    assert standalone.max_seq_len == 4095 and not standalone.row_fits_watermark
 
 
 def test_dcp_pages_in_virtual_slots():

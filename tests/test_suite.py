@@ -88,3 +88,19 @@ def test_malformed_toml(tmp_path):
     p = write(tmp_path, "[suite\nname=")
     with pytest.raises(SpecwatchInputError, match="not valid TOML"):
         load_suite(p)
+
+
+def test_context_limit_rule_matches_sglangs_refusal():
+    from specwatch.store import load_records, result_files
+    from conftest import ROOT
+
+    plan = {p.case.case_id: p for p in load_suite(SUITES / "context-limit.toml").plan()}
+    refused = [r for r in load_records(result_files(ROOT / "results")) if r.suite == "context-limit"]
+    assert refused, "the H200 records of SGLang refusing the too-long prompts are committed"
+    for r in refused:
+        # SGLang's own words (recorded on the GPU) and the plan's skip reason agree
+        assert r.status.value == "failed"
+        assert "You requested a total of 8215 tokens: 7824 tokens from the input" in r.reason
+        assert "You requested a total of 8215 tokens: 7824 tokens from the input" in plan[r.case_id].skip
+    runnable = [p for p in plan.values() if p.skip is None]
+    assert {p.case.input_len for p in runnable} == {7776}

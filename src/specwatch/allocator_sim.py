@@ -11,6 +11,9 @@ and replays what the scheduler does for each request:
    (profile: always full = num_steps+1, always 1, or seeded random in between);
 3. finish: free ``row[:kv_allocated_len]`` to the allocator and the slot to the pool.
 
+Requests run to ``min(input_len + output_len, max_seq_len)``: the longest length SGLang admits
+(``memory_model.max_seq_len``, which counts the EAGLE admission reserve).
+
 Row writes mirror SGLang's ``assign_req_to_token_pool`` Triton kernel: the row is addressed as
 ``base + row * row_width + offset`` with no bound at the row's end, so an allocation past the
 row lands in the next row (or past the tensor: counted as out of bounds). That is exactly how
@@ -36,7 +39,7 @@ from enum import Enum
 from typing import Optional
 
 from specwatch.case import Algorithm
-from specwatch.memory_model import SizingInput, reference_sizing, sglang_sizing
+from specwatch.memory_model import SizingInput, max_seq_len, reference_sizing, sglang_sizing
 
 
 class AcceptPattern(str, Enum):
@@ -193,6 +196,7 @@ def _run(cfg: SimConfig, sizing_source: str, pool_tokens: Optional[int]) -> SimR
 
     x = SizingInput(cfg.algorithm, cfg.page_size, cfg.topk, cfg.num_steps, cfg.num_draft_tokens,
                     cfg.context_len, cfg.num_requests, cfg.dcp)
+    longest = max_seq_len(x)  # requests run to the longest length SGLang admits
     sizing = sglang_sizing(x) if sizing_source == "sglang" else reference_sizing(x)
     reserve = sizing.alloc_reserve_per_decode
     extra = sizing.req_to_token_extra_context_len
@@ -245,7 +249,7 @@ def _run(cfg: SimConfig, sizing_source: str, pool_tokens: Optional[int]) -> SimR
     reqs = [_Req(i) for i in range(cfg.num_requests)]
     for r in reqs:
         pool.alloc([r])
-        r.target_len = min(cfg.input_len + cfg.output_len, cfg.context_len - 1)
+        r.target_len = min(cfg.input_len + cfg.output_len, longest)
         write_row(r, 0, extend(r, 0, cfg.input_len))
         r.kv_allocated_len = r.kv_committed_len = cfg.input_len
 

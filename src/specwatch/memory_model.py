@@ -21,11 +21,15 @@ C = model context length, R = max running requests):
 * req_to_token_row_width = C + extra; req_to_token_bytes = (R + 1) * row_width * 4 (int32,
   one padding row).
 * allocator_page_size = P * D (DCP pages in virtual slots).
+* reserved_tokens_at_admission: output slots SGLang reserves per request when it admits it
+  (``compute_num_reserved_tokens``): max(k*s, n) for the EAGLE family, 0 otherwise.
+* max_seq_len: the longest request SGLang admits, C - reserved for EAGLE (the tokenizer's
+  input + reserved + max_new_tokens <= C check), C - 1 otherwise (``tp_worker.max_req_len``).
 * aligned_alloc_len_at_context_limit: the largest row index the spec-decode watermark can
-  reach, ceil((C - 1 + reserve) / (P*D)) * (P*D), for a request whose committed length is the
-  longest SGLang admits (max_req_len = C - 1, ``tp_worker.py``); the watermark is rounded to
-  the *allocator's* page (``eagle_prepare_for_decode``). ``row_fits_watermark`` says whether
-  the row holds it (the seed PR's invariant). None without speculation.
+  reach, ceil((max_seq_len - 1 + reserve) / (P*D)) * (P*D): the last decode step of the longest
+  request starts with at most max_seq_len - 1 committed tokens, and the watermark is rounded to
+  the *allocator's* page (``eagle_prepare_for_decode``). ``row_fits_watermark`` says whether the
+  row holds it (the seed PR's invariant). None without speculation.
 * holey_branch_footprint_tokens: worst-case KV a tree step holds, k * ceil((P-1+s)/P) * P.
 """
 
@@ -64,6 +68,8 @@ class Sizing:
     req_to_token_extra_context_len: int
     req_to_token_row_width: int
     req_to_token_bytes: int
+    reserved_tokens_at_admission: int
+    max_seq_len: Optional[int] = None
     allocator_page_size: Optional[int] = None
     aligned_alloc_len_at_context_limit: Optional[int] = None
     row_fits_watermark: Optional[bool] = None
@@ -79,8 +85,22 @@ COMPARED_FIELDS = (
     "req_to_token_extra_context_len",
     "req_to_token_row_width",
     "req_to_token_bytes",
+    "reserved_tokens_at_admission",
 )
 """Fields both implementations compute; the others are specwatch's only."""
+
+
+def reserved_tokens(x: SizingInput) -> int:
+    """Output slots reserved per request at admission (EAGLE family only)."""
+    if x.algorithm in (Algorithm.EAGLE, Algorithm.EAGLE3):
+        return max(x.topk * x.num_steps, x.num_draft_tokens)
+    return 0
+
+
+def max_seq_len(x: SizingInput) -> int:
+    """Longest request (prompt + output) SGLang admits at context length C."""
+    r = reserved_tokens(x)
+    return x.context_len - r if r else x.context_len - 1
 
 
 def _tree_on_paged_kv(x: SizingInput) -> bool:
@@ -105,7 +125,8 @@ def reference_sizing(x: SizingInput) -> Sizing:
         extra = max(extra, reserve + x.page_size - 1)
     row = x.context_len + extra
     alloc_page = x.page_size * x.dcp
-    watermark = (math.ceil((x.context_len - 1 + reserve) / alloc_page) * alloc_page
+    longest = max_seq_len(x)
+    watermark = (math.ceil((longest - 1 + reserve) / alloc_page) * alloc_page
                  if x.algorithm is not None else None)
     holey = (x.topk * pages_per_branch(x.page_size, x.num_steps) * x.page_size
              if _tree_on_paged_kv(x) else None)
@@ -115,6 +136,8 @@ def reference_sizing(x: SizingInput) -> Sizing:
         req_to_token_extra_context_len=extra,
         req_to_token_row_width=row,
         req_to_token_bytes=(x.max_running_requests + 1) * row * INT32_BYTES,
+        reserved_tokens_at_admission=reserved_tokens(x),
+        max_seq_len=longest,
         allocator_page_size=alloc_page,
         aligned_alloc_len_at_context_limit=watermark,
         row_fits_watermark=None if watermark is None else watermark <= row,
@@ -137,7 +160,7 @@ def server_args_for(x: SizingInput) -> SimpleNamespace:
 
 def sglang_sizing(x: SizingInput) -> Sizing:
     """The installed SGLang's own functions (raises ImportError when SGLang is absent)."""
-    from specwatch.sglang_host import sizing_module, req_to_token_pool_class
+    from specwatch.sglang_host import num_reserved_tokens_fn, req_to_token_pool_class, sizing_module
 
     sizing = sizing_module()
     args = server_args_for(x)
@@ -155,6 +178,7 @@ def sglang_sizing(x: SizingInput) -> Sizing:
         req_to_token_extra_context_len=int(extra),
         req_to_token_row_width=int(t.shape[1]),
         req_to_token_bytes=int(t.numel() * t.element_size()),
+        reserved_tokens_at_admission=int(num_reserved_tokens_fn()(args)),
     )
 
 

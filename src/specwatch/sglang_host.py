@@ -41,6 +41,12 @@ def sizing_module():
 
 
 @functools.lru_cache(maxsize=None)
+def num_reserved_tokens_fn():
+    """``sglang.srt.managers.utils.compute_num_reserved_tokens`` (admission reserve per request)."""
+    return _quiet_import("sglang.srt.managers.utils").compute_num_reserved_tokens
+
+
+@functools.lru_cache(maxsize=None)
 def req_to_token_pool_class():
     return _quiet_import("sglang.srt.mem_cache.memory_pool").ReqToTokenPool
 

@@ -66,6 +66,23 @@ def _tree_holds_draft_tokens(c: Case) -> Optional[str]:
     return None
 
 
+def _fits_context(c: Case) -> Optional[str]:
+    from specwatch.memory_model import SizingInput, reserved_tokens
+    from specwatch.oracle import SHAPES
+
+    ctx = SHAPES[c.model].max_position
+    reserved = reserved_tokens(SizingInput(c.algorithm, c.page_size, c.topk, c.num_steps, c.num_draft_tokens,
+                                           ctx, 1, c.dcp))
+    total = c.input_len + reserved + c.output_len
+    if c.input_len + reserved >= ctx:
+        return f"The input ({c.input_len + reserved} tokens) is longer than the model's context length ({ctx} tokens)."
+    if total > ctx:
+        return (f"Requested token count exceeds the model's maximum context length of {ctx} tokens. You requested "
+                f"a total of {total} tokens: {c.input_len + reserved} tokens from the input messages and "
+                f"{c.output_len} tokens for the completion.")
+    return None
+
+
 RULES: tuple[Rule, ...] = (
     Rule("dcp-divides-tp", "sglang/srt/server_args.py (DCP groups split TP ranks)", _dcp_divides_tp),
     Rule("tree-on-paged-kv", "sglang/srt/arg_groups/speculative_hook.py:_handle_eagle", _tree_on_paged_kv),
@@ -73,6 +90,8 @@ RULES: tuple[Rule, ...] = (
          _ngram_tree_on_paged_kv),
     Rule("tree-holds-draft-tokens", "EAGLE tree: topk-wide, num_steps deep, plus the root",
          _tree_holds_draft_tokens),
+    Rule("fits-context", "sglang/srt/managers/tokenizer_manager.py:_validate_one_request (input counts "
+         "compute_num_reserved_tokens: max(topk*steps, draft) for EAGLE)", _fits_context),
 )
 
 
