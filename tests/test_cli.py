@@ -74,3 +74,18 @@ def test_where_is_validated_and_applied(tmp_path):
                              "--out", str(tmp_path)])
     assert ok.exit_code == 0
     assert len(json.loads((tmp_path / "smoke" / "memory.json").read_text())) == 4
+
+
+def test_results_health_names_failed_checks(tmp_path):
+    from specwatch.store import append_record, results_path
+    from records import case, record
+
+    good, bad = record(case(page_size=1)), record(case(page_size=64))
+    good.checks["lossless"], good.checks["no_kv_leak"] = True, True      # all-bool column: numpy bools
+    bad.checks["lossless"], bad.checks["no_kv_leak"] = True, False
+    for r in (good, bad):
+        append_record(results_path(tmp_path, "m", "0.5.17", "smoke"), r)
+    res = runner.invoke(app, ["results", str(tmp_path)])
+    assert res.exit_code == 0
+    assert f"{bad.case_id} smoke triton p64 k4 bs1: failed no_kv_leak" in res.stdout
+    assert good.case_id not in res.stdout

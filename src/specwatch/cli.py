@@ -209,7 +209,8 @@ def inject(name: Optional[str] = typer.Argument(None, help="Fault to check again
 @app.command("results")
 def results_cmd(root: Path = typer.Argument(Path("results"), help="Results root."),
                 csv: Optional[Path] = typer.Option(None, help="Also write the frame as CSV.")) -> None:
-    """Load every record under ROOT into one table (one row per case run)."""
+    """Load every record under ROOT into one table (one row per case run) and print its health:
+    statuses per machine / SGLang version / suite, and every failed check by name."""
     from specwatch.store import load_records, records_frame, result_files
 
     try:
@@ -221,7 +222,16 @@ def results_cmd(root: Path = typer.Argument(Path("results"), help="Results root.
     if df.empty:
         console.print("no records")
         return
-    console.print(df.groupby(["machine", "sglang_version", "suite", "status"]).size().to_string())
+    counts = df.groupby(["machine", "sglang_version", "suite", "status"]).size().unstack(fill_value=0)
+    _print_frame("records", counts.reset_index())
+    checks = [c for c in df.columns if c.startswith("check.")]
+    failing = df[df[checks].eq(False).any(axis=1)] if checks else df.iloc[0:0]
+    if failing.empty:
+        console.print(f"[green]every check passed on all {int((df.status == 'ok').sum())} ok records[/green]")
+    for _, row in failing.iterrows():
+        bad = [c[len("check."):] for c in checks if row[c] == False]  # noqa: E712 (numpy bools, NaN)
+        console.print(f"[red]{row.case_id}[/red] {row.suite} {row.attention_backend} p{row.page_size} k{row.topk} "
+                      f"bs{row.batch_size}: failed {', '.join(bad)}", highlight=False)
 
 
 def _print_frame(title: str, df) -> None:
