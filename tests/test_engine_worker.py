@@ -1,6 +1,5 @@
 """The GPU worker's per-case logic on a fake engine (no GPU): lossless counting, acceptance vs the
 oracle, leak and memory checks from the probe's facts."""
-import pytest
 
 from specwatch.case import Algorithm, Backend, Case, ModelSize, Profile
 from specwatch.engine_worker import engine_kwargs, memory_and_leaks, prompt_starts, run_case

@@ -1,5 +1,4 @@
 import os
-import warnings
 
 from specwatch.record import Status
 from specwatch.runner import Shard, engine_groups, run_suite

@@ -14,7 +14,6 @@ gone, now failing, now fixed.
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
