@@ -89,3 +89,24 @@ def test_results_health_names_failed_checks(tmp_path):
     assert res.exit_code == 0
     assert f"{bad.case_id} smoke triton p64 k4 bs1: failed no_kv_leak" in res.stdout
     assert good.case_id not in res.stdout
+
+
+def test_run_on_gpu_path_shows_progress_and_records(tmp_path, monkeypatch):
+    """The GPU branch of `specwatch run` (CUDA faked, fake worker): progress lines and a results file."""
+    import os
+
+    import specwatch.cli as cli
+    import specwatch.runner as runner_mod
+
+    here = os.path.dirname(__file__)
+    monkeypatch.setattr(cli, "_cuda_available", lambda: True)
+    real = runner_mod.run_suite
+    monkeypatch.setattr(runner_mod, "run_suite", lambda *a, **k: real(
+        *a, **k, gpus=1, worker_module="fake_worker",
+        extra_env={"PYTHONPATH": here + os.pathsep + os.environ.get("PYTHONPATH", "")}))
+    p = tmp_path / "s.toml"
+    p.write_text('[suite]\nname="g"\nrepeats=1\n[[matrix]]\nattention_backend=["triton"]\npage_size=[1,64]\ntopk=[1]\n')
+    res = runner.invoke(app, ["run", str(p), "--results", str(tmp_path / "res")])
+    assert res.exit_code == 0, res.stdout
+    assert res.stdout.count("ok       ") == 2 and "results in" in res.stdout
+    assert list((tmp_path / "res").rglob("g.jsonl"))

@@ -118,11 +118,20 @@ def run(suite: Path = typer.Argument(..., help="Suite file."),
             get_fault(fault)
     except ValueError as e:
         _fail(e)
-    with console.status("running") as status:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from specwatch.suite import matches
+
+    total = sum(1 for p in s.plan() if not p.duplicate and (not flt or matches(p.case, flt)))
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console) as bar:
+        task = bar.add_task(s.name, total=total)
+
         def progress(rec):
-            status.update(f"{rec.status.value}: {rec.case.label()}")
-            console.print(f"{rec.status.value:8s} {rec.case_id} {rec.case.label()}"
-                          + (f" — {rec.reason[:160]}" if rec.reason else ""), highlight=False)
+            bar.console.print(f"{rec.status.value:8s} {rec.case_id} {rec.case.label()}"
+                              + (f" — {rec.reason[:160]}" if rec.reason else ""), highlight=False)
+            bar.advance(task)
+
         path = run_suite(s, results, resume=resume, shard=sh, fault=fault, models_dir=models_dir, progress=progress,
                          where=flt)
     console.print(f"results in {path}")
