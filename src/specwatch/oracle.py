@@ -22,6 +22,10 @@ output is ``M @ embed(x)``, its logits ``lm_head(M @ embed(x))``.
 * ``random``: no weights written (load with ``load_format="dummy"``): acceptance ~ 1.
 
 STANDALONE draft: an oracle ``LlamaForCausalLM`` with the same sigma and fewer layers.
+
+NGRAM has no draft model: it proposes continuations of n-grams seen earlier in the context. The
+chain repeats with period A, so a prompt longer than A (plus the match length) holds every
+continuation the target will produce; its expected acceptance is measured, not derived.
 """
 
 from __future__ import annotations
