@@ -82,3 +82,26 @@ def test_engine_kwargs_map_case_fields():
     assert kw["speculative_algorithm"] == "EAGLE" and kw["page_size"] == 64 and kw["dcp_size"] == 2
     assert kw["speculative_draft_load_format"] == "dummy" and kw["tp_size"] == 2
     assert "dcp_size" not in engine_kwargs(CASE, Path("/t"), Path("/d"), 8)
+
+
+def test_acceptance_is_checked_per_repeat_against_its_own_prompts():
+    """q=0.3: each repeat's prompts give a different oracle acceptance; a fake engine that reports
+    the perfect draft's acceptance must fail the check, one that follows the oracle must pass."""
+    case = CASE.model_copy(update={"profile": Profile.q03, "output_len": 128})
+
+    class OracleEngine(FakeEngine):
+        def generate(self, input_ids, sampling_params):
+            outs = super().generate(input_ids, sampling_params)
+            n = sampling_params["max_new_tokens"]
+            if n > 1:
+                q = Oracle(SHAPES[case.model], 0, Profile.q03)
+                for o in outs:
+                    v = q.expected_verifies(o["output_ids"][0], n, case.num_steps, 1, case.num_steps + 1)
+                    o["meta_info"] = {"spec_accept_length": n / v, "spec_verify_ct": v}
+            return outs
+
+    good = run_case(OracleEngine(case), case, repeats=3, warmup=False)
+    assert good["checks"]["accept_length_matches_oracle"] and good["checks"]["lossless"]
+    assert len(set(good["metrics"]["accept_length"]["samples"])) > 1      # repeats really differ
+    bad = run_case(FakeEngine(case), case, repeats=3, warmup=False)
+    assert not bad["checks"]["accept_length_matches_oracle"]
