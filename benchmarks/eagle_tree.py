@@ -2,7 +2,8 @@
 
 asv runs these in the environment that holds the SGLang under test. The numbers come from the
 records ``specwatch run`` wrote for that SGLang version (``SPECWATCH_RESULTS``, default
-``results/``): one engine per engine group is far cheaper than asv's one process per benchmark.
+``results/``; ``SPECWATCH_SGLANG_VERSION`` and ``SPECWATCH_MACHINE`` select, as ``specwatch
+asv-import`` sets them): one engine per engine group is far cheaper than asv's one process per benchmark.
 A combination with no ok record raises NotImplementedError (asv shows n/a), with the reason.
 """
 
@@ -18,10 +19,11 @@ def _records():
 
     root = Path(os.environ.get("SPECWATCH_RESULTS", Path(__file__).resolve().parents[1] / "results"))
     version = os.environ.get("SPECWATCH_SGLANG_VERSION") or sglang_version()
+    machine = os.environ.get("SPECWATCH_MACHINE")
     return {(r.case.attention_backend.value, r.case.page_size, r.case.topk, r.case.batch_size, r.case.profile.value): r
             for r in load_records(result_files(root))
             if r.suite == "tree-page" and r.provenance.sglang_version == version and r.status.value == "ok"
-            and r.provenance.fault is None}
+            and r.provenance.fault is None and (machine is None or r.provenance.machine == machine)}
 
 
 def _track(metric: str, unit: str):

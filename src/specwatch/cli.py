@@ -215,6 +215,25 @@ def inject(name: Optional[str] = typer.Argument(None, help="Fault to check again
     console.print(f"{name}: applies to the installed SGLang and restores cleanly")
 
 
+@app.command("asv-import")
+def asv_import_cmd(results: Path = typer.Option(Path("results"), help="Results root."),
+                   work: Path = typer.Option(Path(".asv/offline"), help="asv work folder (results, version ledger)."),
+                   html: Path = typer.Option(Path("dashboards/asv"), help="Where asv publish writes."),
+                   publish: bool = typer.Option(True, help="Run asv publish afterwards.")) -> None:
+    """Turn stored tree-page records into asv results (one asv commit per SGLang version) and publish."""
+    from specwatch.asv_bridge import asv_import
+    from specwatch.store import load_records, result_files
+
+    try:
+        done = asv_import(load_records(result_files(results)), results, work, html, publish)
+    except (SpecwatchInputError, ValueError, RuntimeError) as e:
+        _fail(e)
+    for (machine, version), h in done.items():
+        console.print(f"{machine} sglang {version}: asv commit {h[:8]}")
+    if publish and done:
+        console.print(f"asv publish wrote {html}/index.html")
+
+
 @app.command("results")
 def results_cmd(root: Path = typer.Argument(Path("results"), help="Results root."),
                 csv: Optional[Path] = typer.Option(None, help="Also write the frame as CSV.")) -> None:

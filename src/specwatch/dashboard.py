@@ -36,6 +36,9 @@ def build(df: pd.DataFrame, out: Path) -> Path:
     parts.append("<h2>Plots</h2>")
     for n in names:
         parts.append(f"<h3>{html.escape(PLOT_TITLES.get(n, n))}</h3><img src='plots/{n}.png' alt='{n}'>")
+    if (out / "asv" / "index.html").exists():
+        parts.append("<h2>asv</h2><p><a href='asv/index.html'>asv dashboard</a> (trend across SGLang versions; "
+                     "written by <code>specwatch asv-import</code>)</p>")
     reports = sorted((out / "reports").glob("*.md")) if (out / "reports").exists() else []
     parts.append("<h2>Comparison reports</h2>")
     parts.append("<ul>" + "".join(f"<li><a href='reports/{r.name}'>{html.escape(r.stem)}</a></li>" for r in reports)

@@ -12,9 +12,10 @@ import json
 import os
 import warnings
 from pathlib import Path
-from typing import Iterable, Iterator, Optional
+from typing import TYPE_CHECKING, Iterable, Iterator, Optional
 
-import pandas as pd
+if TYPE_CHECKING:
+    import pandas as pd
 
 from specwatch.record import CaseRecord, Status, parse_record
 
@@ -76,8 +77,10 @@ def finished_case_ids(path: Path) -> set[str]:
     return {r.case_id for r in read_records(path) if r.status in (Status.ok, Status.skipped)}
 
 
-def records_frame(records: Iterable[CaseRecord]) -> pd.DataFrame:
+def records_frame(records: Iterable[CaseRecord]) -> "pd.DataFrame":
     """One row per case run: case parameters, status, provenance and one column per metric value."""
+    import pandas as pd
+
     rows = []
     for r in records:
         row = {"suite": r.suite, "case_id": r.case_id, "status": r.status.value, "reason": r.reason}

@@ -1,0 +1,51 @@
+import subprocess
+import sys
+
+from specwatch.asv_bridge import asv_import, offline_config, version_ledger
+from specwatch.case import Backend, Profile
+from specwatch.record import Metric
+from specwatch.store import append_record, load_records, result_files, results_path
+from records import case, record
+
+
+def _tree_record(version, tps, al=4.0):
+    c = case(page_size=64, topk=8, num_draft_tokens=8, batch_size=1, input_len=512, output_len=256,
+             attention_backend=Backend.triton, profile=Profile.perfect)
+    r = record(c, sglang_version=version, machine="h200test")
+    r.suite = "tree-page"
+    r.metrics.update({
+        "decode_throughput": Metric(value=tps, unit="tokens/s", samples=[tps]),
+        "accept_length": Metric(value=al, unit="tokens/verify", exact=True),
+        "req_to_token_bytes": Metric(value=370908, unit="bytes", exact=True),
+        "leaked_tokens": Metric(value=0, unit="tokens", exact=True),
+        "lossless_mismatches": Metric(value=0, unit="tokens", exact=True),
+    })
+    return r
+
+
+def test_version_ledger_is_ordered_and_stable(tmp_path):
+    first = version_ledger(tmp_path / "l", ["0.5.16", "0.5.12"])
+    again = version_ledger(tmp_path / "l", ["0.5.17", "0.5.16"])
+    assert first.items() <= again.items() and set(again) == {"0.5.12", "0.5.16", "0.5.17"}
+    try:
+        version_ledger(tmp_path / "l", ["0.5.13"])
+    except ValueError as e:
+        assert "older than the ledger's newest" in str(e)
+    else:
+        raise AssertionError("out-of-order version accepted")
+
+
+def test_records_become_asv_results_that_publish_and_compare(tmp_path):
+    res_root = tmp_path / "results"
+    for version, tps, al in (("0.5.16", 1000.0, 4.0), ("0.5.17", 800.0, 3.5)):
+        append_record(results_path(res_root, "h200test", version, "tree-page"), _tree_record(version, tps, al))
+    work, html = tmp_path / "asv", tmp_path / "html"
+    done = asv_import(load_records(result_files(res_root)), res_root, work, html)
+    assert set(done) == {("h200test", "0.5.16"), ("h200test", "0.5.17")}
+    assert (html / "index.html").exists() and (html / "graphs").exists()
+    cfg = offline_config(work, work / "sglang-versions", html)
+    out = subprocess.run([sys.executable, "-m", "asv", "compare", "--config", str(cfg), "--machine", "h200test",
+                          done[("h200test", "0.5.16")], done[("h200test", "0.5.17")]],
+                         capture_output=True, text=True, cwd=work, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "track_accept_length" in out.stdout and "track_decode_throughput" in out.stdout
