@@ -10,6 +10,7 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
+matplotlib.rcParams["svg.hashsalt"] = "specwatch"
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.ticker import NullFormatter  # noqa: E402
@@ -24,8 +25,9 @@ TOPKS = (1, 2, 4, 8)
 def _save(fig, out: Path, name: str) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{name}.png", out / f"{name}.svg"]
-    for p in paths:
-        fig.savefig(p, dpi=110, bbox_inches="tight")
+    for p in paths:  # no dates, fixed ids: regenerating the same data gives the same files
+        meta = {"Date": None} if p.suffix == ".svg" else {}
+        fig.savefig(p, dpi=110, bbox_inches="tight", metadata=meta)
     plt.close(fig)
     return paths
 
