@@ -34,8 +34,7 @@ class FakeEngine:
         c = self.case
         from specwatch.memory_model import SizingInput, reference_sizing
 
-        model = reference_sizing(SizingInput(c.algorithm, c.page_size, c.topk, c.num_steps, c.num_draft_tokens,
-                                             SHAPES[c.model].max_position, 8, c.dcp))
+        model = reference_sizing(SizingInput.for_case(c, SHAPES[c.model].max_position, 8))
         row = self.row_width or model.req_to_token_row_width
         pages = 4096
         facts = {"req_to_token": {"row_width": row, "bytes": 9 * row * 4, "size": 8, "free_slots": 8},

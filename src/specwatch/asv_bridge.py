@@ -6,7 +6,7 @@ runs ``benchmarks/eagle_tree.py`` with ``SPECWATCH_SGLANG_VERSION`` / ``SPECWATC
 its ``track_`` functions return the stored values. asv needs a repository that knows each commit
 and its date, so SGLang versions are kept as commits of a small local "version ledger" repository
 (one empty commit per version, dated in version order); ``asv publish`` and ``asv compare`` then
-work unchanged on ``.asv/results`` (the trend axis is the SGLang version).
+work unchanged on ``.asv/offline/results`` (the trend axis is the SGLang version).
 """
 
 from __future__ import annotations
@@ -75,9 +75,9 @@ def offline_config(work: Path, ledger: Path, html_dir: Path) -> Path:
     return path
 
 
-def _asv(cfg: Path, *args: str, env: dict | None = None, cwd: Path | None = None) -> str:
+def _asv(cfg: Path, *args: str, env: dict | None = None) -> str:
     res = subprocess.run([sys.executable, "-m", "asv", *args, "--config", str(cfg.resolve())], capture_output=True, text=True,
-                         env={**os.environ, **(env or {})}, cwd=cwd or cfg.parent, timeout=1800)
+                         env={**os.environ, **(env or {})}, cwd=cfg.parent, timeout=1800)
     if res.returncode != 0:
         raise RuntimeError(f"asv {' '.join(args)} failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
     return res.stdout

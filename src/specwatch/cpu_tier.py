@@ -13,17 +13,11 @@ from typing import Optional
 import pandas as pd
 
 from specwatch.allocator_sim import AcceptPattern, SimConfig, simulate
-from specwatch.case import Case
 from specwatch.memory_model import SizingInput, compare
 from specwatch.sglang_host import sglang_importable
 from specwatch.suite import Suite, matches
 
 DEFAULT_MAX_RUNNING_REQUESTS = 48
-
-
-def sizing_input(case: Case, context_len: int, max_running_requests: int = DEFAULT_MAX_RUNNING_REQUESTS) -> SizingInput:
-    return SizingInput(case.algorithm, case.page_size, case.topk, case.num_steps, case.num_draft_tokens,
-                       context_len, max_running_requests, case.dcp)
 
 
 @dataclass
@@ -56,7 +50,7 @@ def run_cpu_tier(suite: Suite, context_len: int = 4096, simulate_allocator: bool
         if planned.skip or planned.duplicate or (where and not matches(planned.case, where)):
             continue
         c = planned.case
-        x = sizing_input(c, context_len)
+        x = SizingInput.for_case(c, context_len, DEFAULT_MAX_RUNNING_REQUESTS)
         ref, sgl, diffs = compare(x)
         row = {"case_id": c.case_id, "label": c.label(), **ref.as_dict(),
                "sglang_agrees": None if sgl is None else not diffs,

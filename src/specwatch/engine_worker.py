@@ -185,9 +185,7 @@ def memory_and_leaks(engine, case: Case) -> tuple[dict, dict, dict]:
         if sw.get("cuda"):
             metrics["peak_gpu_memory"] = metric(sw["cuda"]["max_allocated"], "bytes", higher_is_better=False)
         # The CPU-tier memory model next to the real objects
-        model = reference_sizing(SizingInput(case.algorithm, case.page_size, case.topk, case.num_steps,
-                                             case.num_draft_tokens, SHAPES[case.model].max_position,
-                                             r["size"], case.dcp))
+        model = reference_sizing(SizingInput.for_case(case, SHAPES[case.model].max_position, r["size"]))
         metrics["model_req_to_token_bytes"] = metric(model.req_to_token_bytes, "bytes", exact=True)
         checks["req_to_token_matches_model"] = (model.req_to_token_row_width == r["row_width"]
                                                 and model.req_to_token_bytes == r["bytes"])

@@ -58,6 +58,12 @@ class SizingInput:
     max_running_requests: int
     dcp: int = 1
 
+    @classmethod
+    def for_case(cls, case, context_len: int, max_running_requests: int) -> "SizingInput":
+        """The sizing parameters of a ``specwatch.case.Case`` at a given context and request pool."""
+        return cls(case.algorithm, case.page_size, case.topk, case.num_steps, case.num_draft_tokens,
+                   context_len, max_running_requests, case.dcp)
+
 
 @dataclass(frozen=True)
 class Sizing:

@@ -163,8 +163,9 @@ def run_group(suite: Suite, cases: list[Case], timeout_s: int, fault: Optional[s
                 status = Status.crashed
                 reason = f"worker exited with code {rc} before finishing this case: " + _last_error(log_text)
             # A death before the engine came up hits every case of the group alike.
-            victims = remaining if (not engine_started and not done) else remaining[:1]
-            if victims is remaining and len(remaining) > 1:
+            died_at_start = not engine_started and not done
+            victims = remaining if died_at_start else remaining[:1]
+            if died_at_start and len(remaining) > 1:
                 reason = "engine start: " + reason
             for victim in victims:
                 on_record(failure_record(suite, victim, status, reason, _tail(log_text), fault, started))

@@ -118,13 +118,14 @@ def parse_where(terms: list[str]) -> dict[str, set[str]]:
         if not sep or key not in CASE_FIELDS:
             raise SpecwatchInputError(None, f"--where takes FIELD=V1[,V2] with FIELD one of {', '.join(CASE_FIELDS)}",
                                       field=term)
-        out.setdefault(key, set()).update(v.strip() for v in values.split(","))
+        out.setdefault(key, set()).update(v.strip().lower() for v in values.split(","))
     return out
 
 
 def matches(case: Case, where: dict[str, set[str]]) -> bool:
+    """Whether the case's value of every field in ``where`` (from ``parse_where``) is allowed."""
     p = case.params()
-    return all(str(p[k]).lower() in {v.lower() for v in vs} for k, vs in where.items())
+    return all(str(p[k]).lower() in vs for k, vs in where.items())
 
 
 def _format_loc(loc: tuple) -> str:

@@ -71,8 +71,7 @@ def _fits_context(c: Case) -> Optional[str]:
     from specwatch.oracle import SHAPES
 
     ctx = SHAPES[c.model].max_position
-    reserved = reserved_tokens(SizingInput(c.algorithm, c.page_size, c.topk, c.num_steps, c.num_draft_tokens,
-                                           ctx, 1, c.dcp))
+    reserved = reserved_tokens(SizingInput.for_case(c, ctx, 1))
     total = c.input_len + reserved + c.output_len
     if c.input_len + reserved >= ctx:
         return f"The input ({c.input_len + reserved} tokens) is longer than the model's context length ({ctx} tokens)."
