@@ -8,7 +8,9 @@ for path in sys.argv[1:]:
     for line in open(path):
         r = json.loads(line)
         c, m = r["case"], r["metrics"]
+        if r["status"] == "skipped":
+            continue
         vals = {k: round(m[k]["value"], 3) for k in KEYS if k in m}
         bad = [k for k, v in r["checks"].items() if not v]
-        print(r["status"], c["attention_backend"], f"p{c['page_size']} k{c['topk']} bs{c['batch_size']} {c['profile']}",
+        print(path.split("/")[-2], path.split("/")[-1][:-6], r["status"], c["model"], c["attention_backend"], f"p{c['page_size']} k{c['topk']} bs{c['batch_size']} {c['profile']}",
               vals, "FAILED:" + ",".join(bad) if bad else "", (r.get("reason") or "")[:300])

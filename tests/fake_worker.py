@@ -3,6 +3,8 @@
 Reports each case ok with a throughput of 100 * page_size, except that a case whose topk is 4
 kills the process the way a dying SGLang scheduler does (SIGKILL of the worker), a case with
 topk 8 and batch 8 hangs (for timeout tests), and a group with num_steps 5 dies before its engine is up. FAKE_WORKER_STARTS counts process starts in a file.
+It takes the timing lock like the real worker; FAKE_WORKER_INTERVALS logs when it "started its engine"
+(FAKE_START_S of sleep) and when it "timed" its cases, so tests can check that they never overlap.
 """
 import json
 import os
@@ -16,12 +18,31 @@ if os.environ.get("FAKE_WORKER_STARTS"):
         f.write("start\n")
 from specwatch.case import Case
 
+from specwatch.timing_lock import WorkerTimingLock
+
+
+def interval(kind, t0):
+    if os.environ.get("FAKE_WORKER_INTERVALS"):
+        with open(os.environ["FAKE_WORKER_INTERVALS"], "a") as f:
+            f.write(json.dumps({"kind": kind, "t0": t0, "t1": time.time()}) + "\n")
+
+
 with open(spec["results"], "a") as out:
+    def emit(obj):
+        out.write(json.dumps(obj) + "\n")
+        out.flush()
+
+    lock = WorkerTimingLock()
+    lock.starting(emit)
+    t0 = time.time()
     if Case(**spec["cases"][0]).num_steps == 5:
         print("NotImplementedError: engine refused at start (fake)", flush=True)
         os.kill(os.getpid(), signal.SIGQUIT)
-    out.write(json.dumps({"event": "engine_started"}) + "\n")
-    out.flush()
+    time.sleep(float(os.environ.get("FAKE_START_S", "0")))
+    interval("start", t0)
+    emit({"event": "engine_started"})
+    lock.timing()
+    t0 = time.time()
     for c in spec["cases"]:
         case = Case(**c)
         if case.topk == 4:
@@ -33,3 +54,5 @@ with open(spec["results"], "a") as out:
                               "metrics": {"output_throughput": {"value": 100.0 * case.page_size,
                                                                 "unit": "tokens/s"}}}) + "\n")
         out.flush()
+        time.sleep(float(os.environ.get("FAKE_TIME_S", "0")))
+    interval("timing", t0)

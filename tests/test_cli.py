@@ -100,8 +100,8 @@ def test_run_on_gpu_path_shows_progress_and_records(tmp_path, monkeypatch):
 
     here = os.path.dirname(__file__)
     monkeypatch.setattr(cli, "_cuda_available", lambda: True)
-    real = runner_mod.run_suite
-    monkeypatch.setattr(runner_mod, "run_suite", lambda *a, **k: real(
+    real = runner_mod.run_suites
+    monkeypatch.setattr(runner_mod, "run_suites", lambda *a, **k: real(
         *a, **k, gpus=1, worker_module="fake_worker",
         extra_env={"PYTHONPATH": here + os.pathsep + os.environ.get("PYTHONPATH", "")}))
     p = tmp_path / "s.toml"

@@ -77,3 +77,15 @@ def test_import_places_records_and_skips_repeats(tmp_path):
     assert sorted(n for n in added.values()) == [1, 1]
     assert [r.case_id for r in read_records(results_path(tmp_path / "results", "m", "0.5.16", "smoke"))] == [a.case_id]
     assert import_records([src], tmp_path / "results") == {}
+
+
+def test_import_keeps_fault_runs_apart_from_clean_runs(tmp_path):
+    src = tmp_path / "fetched.jsonl"
+    clean, faulty = record(case(page_size=64)), record(case(page_size=64), fault="unaligned-watermark")
+    append_record(src, clean)
+    append_record(src, faulty)
+    import_records([src], tmp_path / "results")
+    base = results_path(tmp_path / "results", "m", clean.provenance.sglang_version, "smoke")
+    assert [r.provenance.fault for r in read_records(base)] == [None]
+    assert [r.provenance.fault for r in read_records(base.with_name("smoke+fault-unaligned-watermark.jsonl"))] == [
+        "unaligned-watermark"]

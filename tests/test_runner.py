@@ -114,3 +114,40 @@ def test_where_selects_cases(tmp_path):
     out, starts = _run(tmp_path, suite, where={"page_size": {"64"}, "topk": {"1"}})
     recs = list(read_records(out))
     assert [(r.case.page_size, r.case.topk) for r in recs] == [(64, 1), (64, 1)] and starts == 1
+
+
+def test_parallel_starts_overlap_each_other_but_never_a_timed_batch(tmp_path):
+    """4 groups in one wave: the fake engine starts (0.6 s each) run together, the timed parts
+    (0.2 s per case) run one at a time and only after every start of the wave has ended."""
+    import json
+    import time
+
+    suite = _suite(tmp_path, topks="[1, 2]")
+    intervals = tmp_path / "intervals"
+    os.environ.update(FAKE_WORKER_INTERVALS=str(intervals), FAKE_START_S="0.6", FAKE_TIME_S="0.2")
+    try:
+        t0 = time.monotonic()
+        out, starts = _run(tmp_path, suite, parallel_starts=4)
+        wall = time.monotonic() - t0
+    finally:
+        for k in ("FAKE_WORKER_INTERVALS", "FAKE_START_S", "FAKE_TIME_S"):
+            os.environ.pop(k)
+    recs = list(read_records(out))
+    assert len(recs) == 8 and all(r.status is Status.ok for r in recs) and starts == 4
+    spans = [json.loads(x) for x in intervals.read_text().splitlines()]
+    st = [s for s in spans if s["kind"] == "start"]
+    tm = sorted((s for s in spans if s["kind"] == "timing"), key=lambda s: s["t0"])
+    assert len(st) == 4 and len(tm) == 4
+    assert max(s["t0"] for s in st) < min(s["t1"] for s in st)     # the starts overlapped
+    assert min(t["t0"] for t in tm) >= max(s["t1"] for s in st)    # no timing before all starts ended
+    assert all(a["t1"] <= b["t0"] for a, b in zip(tm, tm[1:]))     # timed parts one at a time
+    assert wall < 4 * 0.6 + 8 * 0.2                                # cheaper than starting one by one
+
+
+def test_parallel_starts_survive_a_worker_dying_before_its_engine_is_up(tmp_path):
+    suite = _suite(tmp_path, topks="[1]", extra="num_steps = [3, 5]")
+    out, starts = _run(tmp_path, suite, parallel_starts=3)
+    recs = list(read_records(out))
+    assert len(recs) == 8
+    assert {r.status for r in recs if r.case.num_steps == 5} == {Status.crashed}
+    assert {r.status for r in recs if r.case.num_steps == 3} == {Status.ok}

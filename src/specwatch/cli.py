@@ -69,72 +69,90 @@ def _cuda_available() -> bool:
 
 
 @app.command()
-def run(suite: Path = typer.Argument(..., help="Suite file."),
+def run(suites: list[Path] = typer.Argument(..., help="Suite file(s); on a GPU their engine groups share waves."),
         results: Path = typer.Option(Path("results"), help="Results root directory."),
         resume: bool = typer.Option(False, help="Skip cases already recorded ok or skipped."),
         shard: Optional[str] = typer.Option(None, help="Run engine groups I of N: 'I/N'."),
         where: list[str] = typer.Option([], help="Only cases with FIELD=V1[,V2] (repeatable), e.g. page_size=64,256."),
-        fault: Optional[str] = typer.Option(None, help="Name of a fault to inject (specwatch inject)."),
+        fault: list[str] = typer.Option([], help="Fault to inject (specwatch inject); repeatable, 'none' = a clean "
+                                        "run. Each fault's records go to SUITE+fault-NAME.jsonl."),
         models_dir: Path = typer.Option(Path("/tmp/specwatch-models"), help="Where oracle checkpoints live."),
         cpu_tier: bool = typer.Option(False, "--cpu-tier", help="Run the CPU tier even when a GPU is present."),
         out: Path = typer.Option(Path("out/cpu-tier"), help="CPU tier: where tables are written."),
         context_len: int = typer.Option(4096, help="CPU tier: model context length for the memory model."),
-        strict: bool = typer.Option(False, help="CPU tier: exit 1 when a simulation finds a leak or row violation.")) -> None:
-    """Run a suite: on a GPU host through sglang.Engine; without a GPU, the CPU tier."""
+        strict: bool = typer.Option(False, help="CPU tier: exit 1 when a simulation finds a leak or row violation."),
+        parallel_starts: int = typer.Option(1, min=1, help="GPU: start this many engines at once, time them one at "
+                                            "a time (starts never overlap a timed batch)."),
+        stop_after: Optional[float] = typer.Option(None, help="GPU: start no new engine group or wave after this "
+                                                   "many seconds (finish the rest later with --resume).")) -> None:
+    """Run suites: on a GPU host through sglang.Engine; without a GPU, the CPU tier."""
     from specwatch.suite import parse_where
 
-    s = _load(suite)
+    loaded = [_load(p) for p in suites]
     try:
         flt = parse_where(where)
     except SpecwatchInputError as e:
         _fail(e)
     if cpu_tier or not _cuda_available():
-        from specwatch.cpu_tier import run_cpu_tier
-
-        console.print(f"[bold]no GPU: CPU tier on {s.path}[/bold]" if not cpu_tier else "[bold]CPU tier[/bold]")
-        report = run_cpu_tier(s, context_len=context_len, where=flt)
-        _print_frame("memory model (specwatch formulas; sglang_agrees compares with SGLang's functions)",
-                     report.memory.drop(columns=["label"]))
-        if report.simulation is not None:
-            _print_frame("allocator simulation (SGLang's pools on CPU)", report.simulation)
-        else:
-            console.print("[yellow]sglang not importable: allocator simulation skipped[/yellow]")
-        for p in report.write(out / s.name):
-            console.print(f"wrote {p}")
-        disagree = bool(report.memory["sglang_agrees"].eq(False).any())
-        unclean = 0 if report.simulation is None else int((~report.simulation["clean"]).sum())
-        if disagree:
-            console.print("[red]specwatch's memory model and SGLang's functions disagree (see table)[/red]")
-        if unclean:
-            console.print(f"[yellow]{unclean} of {len(report.simulation)} allocator simulations not clean "
-                          "(leak, double free or row violation): see the simulation table[/yellow]")
-        raise typer.Exit(1 if disagree or (strict and unclean) else 0)
+        bad = False
+        for s in loaded:
+            bad |= _cpu_tier(s, flt, context_len, out, strict, announce=not cpu_tier)
+        raise typer.Exit(1 if bad else 0)
     from specwatch.faults import get as get_fault
-    from specwatch.runner import Shard, run_suite
+    from specwatch.runner import Shard, run_suites
 
+    faults = tuple(None if f == "none" else f for f in fault) or (None,)
     try:
         sh = Shard.parse(shard) if shard else None
-        if fault:
-            get_fault(fault)
+        for f in faults:
+            if f:
+                get_fault(f)
     except ValueError as e:
         _fail(e)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from specwatch.suite import matches
 
-    total = sum(1 for p in s.plan() if not p.duplicate and (not flt or matches(p.case, flt)))
+    total = len(faults) * sum(1 for s in loaded for p in s.plan()
+                              if not p.duplicate and (not flt or matches(p.case, flt)))
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console) as bar:
-        task = bar.add_task(s.name, total=total)
+        task = bar.add_task(" + ".join(s.name for s in loaded), total=total)
 
         def progress(rec):
-            bar.console.print(f"{rec.status.value:8s} {rec.case_id} {rec.case.label()}"
+            bar.console.print(f"{rec.status.value:8s} {rec.case_id} {rec.suite} {rec.case.label()}"
+                              + (f" [{rec.provenance.fault}]" if rec.provenance.fault else "")
                               + (f" — {rec.reason[:160]}" if rec.reason else ""), highlight=False)
             bar.advance(task)
 
-        path = run_suite(s, results, resume=resume, shard=sh, fault=fault, models_dir=models_dir, progress=progress,
-                         where=flt)
-    console.print(f"results in {path}")
+        paths = run_suites(loaded, results, faults=faults, resume=resume, shard=sh, models_dir=models_dir,
+                           progress=progress, where=flt, parallel_starts=parallel_starts, stop_after_s=stop_after)
+    for path in dict.fromkeys(paths):
+        console.print(f"results in {path}")
+
+
+def _cpu_tier(s, flt, context_len: int, out: Path, strict: bool, announce: bool) -> bool:
+    """Run the CPU tier on one suite and print its tables; True when it should fail the command."""
+    from specwatch.cpu_tier import run_cpu_tier
+
+    console.print(f"[bold]no GPU: CPU tier on {s.path}[/bold]" if announce else f"[bold]CPU tier on {s.path}[/bold]")
+    report = run_cpu_tier(s, context_len=context_len, where=flt)
+    _print_frame("memory model (specwatch formulas; sglang_agrees compares with SGLang's functions)",
+                 report.memory.drop(columns=["label"]))
+    if report.simulation is not None:
+        _print_frame("allocator simulation (SGLang's pools on CPU)", report.simulation)
+    else:
+        console.print("[yellow]sglang not importable: allocator simulation skipped[/yellow]")
+    for p in report.write(out / s.name):
+        console.print(f"wrote {p}")
+    disagree = bool(report.memory["sglang_agrees"].eq(False).any())
+    unclean = 0 if report.simulation is None else int((~report.simulation["clean"]).sum())
+    if disagree:
+        console.print("[red]specwatch's memory model and SGLang's functions disagree (see table)[/red]")
+    if unclean:
+        console.print(f"[yellow]{unclean} of {len(report.simulation)} allocator simulations not clean "
+                      "(leak, double free or row violation): see the simulation table[/yellow]")
+    return disagree or (strict and bool(unclean))
 
 
 @app.command("import")

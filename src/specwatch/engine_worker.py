@@ -24,12 +24,14 @@ import traceback
 from datetime import datetime, timezone
 from pathlib import Path
 
-from specwatch.case import Algorithm, Case, Profile, Workload
+from specwatch.case import Algorithm, Case, ModelSize, Profile, Workload
 from specwatch.memory_model import SizingInput, reference_sizing
 from specwatch.oracle import SHAPES, Oracle, ensure_models
+from specwatch.timing_lock import PARALLEL_ENV, WorkerTimingLock
 
-KV_TOKENS = 1 << 18
-"""KV pool size for standard workloads (keeps start fast and memory numbers comparable)."""
+KV_TOKENS = {ModelSize.tiny: 1 << 18, ModelSize.llama_1b: 1 << 17, ModelSize.llama_8b: 1 << 16}
+"""KV pool size per model for standard workloads (keeps start fast, memory numbers comparable
+within a model, and several engines on one GPU under ``--parallel-starts``)."""
 
 
 def now() -> str:
@@ -40,7 +42,7 @@ def engine_kwargs(case: Case, target: Path, draft, max_bs: int) -> dict:
     kw = dict(
         model_path=str(target), skip_tokenizer_init=True, dtype="bfloat16",
         attention_backend=case.attention_backend.value, page_size=case.page_size,
-        tp_size=case.tp, max_running_requests=max(max_bs, 8), max_total_tokens=KV_TOKENS,
+        tp_size=case.tp, max_running_requests=max(max_bs, 8), max_total_tokens=KV_TOKENS[case.model],
         cuda_graph_max_bs_decode=max(max_bs, 8), disable_cuda_graph=not case.cuda_graph,
         # Prefill graphs cost ~1 min of capture per engine and do not touch the decode path timed here.
         disable_prefill_cuda_graph=True,
@@ -182,6 +184,10 @@ def memory_and_leaks(engine, case: Case) -> tuple[dict, dict, dict]:
                 metrics["draft_kv_pool_bytes"] = metric(dp["bytes"], "bytes", exact=True, higher_is_better=False)
             if dp.get("page_size") is not None:
                 checks["draft_pool_page_matches_allocator"] = dp["page_size"] == a["page_size"]
+        warn = sw.get("leak_warnings") or {}
+        if any(v is not None for v in warn.values()):
+            # SGLang's own idle leak check (strict by default: a leak would have crashed the scheduler)
+            checks["sglang_idle_check_clean"] = not any(warn.values())
         if sw.get("cuda"):
             metrics["peak_gpu_memory"] = metric(sw["cuda"]["max_allocated"], "bytes", higher_is_better=False)
         # The CPU-tier memory model next to the real objects
@@ -211,6 +217,8 @@ def main(spec_path: str) -> int:
     cases = [c for c in cases if c.workload is Workload.standard]
     if not cases:
         return 0
+    lock = WorkerTimingLock()
+    lock.starting(emit)
     t0 = time.perf_counter()
     target, draft = ensure_models(Path(spec["models_dir"]), first.model, first.profile, first.algorithm, device="cuda")
     gen_s = time.perf_counter() - t0
@@ -227,6 +235,7 @@ def main(spec_path: str) -> int:
         return 0
     start_s = time.perf_counter() - t0
     emit({"event": "engine_started", "engine_start_s": start_s})
+    waited_s = lock.timing()
     facts_start = server_facts(engine)
     for c in cases:
         started = now()
@@ -239,6 +248,9 @@ def main(spec_path: str) -> int:
             res["checks"].update(mem_checks)
             res["details"].update(details)
             res["details"]["sglang_version"] = facts_start.get("version")
+            if lock.enabled:
+                res["details"]["parallel_starts"] = int(os.environ.get(PARALLEL_ENV, "0")) or None
+                res["details"]["waited_for_timing_s"] = round(waited_s, 3)
             emit({"case_id": c.case_id, "status": "ok", "started_at": started, "finished_at": now(), **res})
         except Exception as e:
             emit({"case_id": c.case_id, "status": "failed", "started_at": started, "finished_at": now(),
@@ -247,6 +259,7 @@ def main(spec_path: str) -> int:
         engine.shutdown()
     except Exception:
         pass
+    lock.release()
     return 0
 
 

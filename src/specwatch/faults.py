@@ -114,6 +114,25 @@ patches:
         expected_flag="acceptance below the oracle's; NOTE: the oracle models zero o_proj, so attention "
                       "reads do not reach their outputs and this fault cannot change them (see README)",
     ),
+    Fault(
+        name="accept-off-by-one",
+        recreates="verify reports one token fewer than it accepted (off-by-one between the bonus token and "
+                  "accept_lens): the scheduler drops each step's last token from the output while the next "
+                  "draft starts after it",
+        yaml="""
+patches:
+  - target: sglang.srt.speculative.eagle_worker_common.run_eagle_verify
+    edits:
+      - match: |
+          next_draft_input = EagleDraftInput(bonus_tokens=bonus_tokens)
+        replacement: |
+          accept_lens = torch.clamp(accept_lens - 1, min=1)
+          next_draft_input = EagleDraftInput(bonus_tokens=bonus_tokens)
+""",
+        modules=("sglang.srt.speculative.eagle_worker_common",),
+        expected_flag="lossless check (output skips one chain token per verify step) and acceptance below the "
+                      "oracle's exact value",
+    ),
 )}
 
 

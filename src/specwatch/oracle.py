@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -267,9 +269,13 @@ def _layer_weights(torch, shape: Shape, prefix: str, gen, device, skip_input_nor
 
 
 def _save(torch, folder: Path, config: dict, weights: dict) -> None:
+    """Write a checkpoint atomically: into a private folder, renamed into place at the end, so
+    workers starting in parallel never read a half-written model (the first rename wins)."""
     from safetensors.torch import save_file
 
-    folder.mkdir(parents=True, exist_ok=True)
+    final, folder = folder, folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
     (folder / "config.json").write_text(json.dumps(config, indent=1))
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": EOS_TOKEN_ID}))
     shard, shards, size, index = {}, [], 0, {}
@@ -288,6 +294,15 @@ def _save(torch, folder: Path, config: dict, weights: dict) -> None:
         index.update({k: fname for k in s})
     if len(shards) > 1:
         (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": index}))
+    _publish(folder, final)
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    final.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.rename(tmp, final)
+    except OSError:  # another worker published the same (deterministic) checkpoint first
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def write_target(folder: Path, oracle: Oracle, layers: Optional[int] = None, device: str = "cpu") -> None:
@@ -320,8 +335,10 @@ def write_eagle_draft(folder: Path, oracle: Oracle, device: str = "cpu") -> None
     bf = torch.bfloat16
     config = _config(s, 1, "LlamaForCausalLMEagle")
     if oracle.profile is Profile.random:
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "config.json").write_text(json.dumps(config, indent=1))
+        tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
+        tmp.mkdir(parents=True, exist_ok=True)
+        (tmp / "config.json").write_text(json.dumps(config, indent=1))
+        _publish(tmp, folder)
         return
     gen = torch.Generator(device=device).manual_seed(oracle.seed + 2)
     m = torch.eye(s.hidden, dtype=torch.float32, device=device)
@@ -348,9 +365,21 @@ def model_dirs(root: Path, size: ModelSize, profile: Profile, algorithm: Algorit
 
 def ensure_models(root: Path, size: ModelSize, profile: Profile, algorithm: Algorithm, seed: int = 0,
                   device: str = "cpu") -> tuple[Path, Optional[Path]]:
-    """Write the checkpoints a case needs unless already there; returns (target, draft)."""
+    """Write the checkpoints a case needs unless already there; returns (target, draft). Workers
+    starting in parallel take turns (a lock file per model size), so each checkpoint is written once."""
+    import fcntl
+
     oracle = Oracle(SHAPES[size], seed, profile)
     target, draft = model_dirs(root, size, profile, algorithm, seed)
+    Path(root).mkdir(parents=True, exist_ok=True)
+    with open(Path(root) / f".{size.value}-seed{seed}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _write_missing(target, draft, oracle, size, seed, algorithm, device)
+    return target, draft
+
+
+def _write_missing(target: Path, draft: Optional[Path], oracle: "Oracle", size: ModelSize, seed: int,
+                   algorithm: Algorithm, device: str) -> None:
     if not (target / "config.json").exists():
         write_target(target, Oracle(SHAPES[size], seed, Profile.perfect), device=device)
     if draft is not None and not (draft / "config.json").exists():
@@ -358,4 +387,3 @@ def ensure_models(root: Path, size: ModelSize, profile: Profile, algorithm: Algo
             write_target(draft, Oracle(SHAPES[size], seed, Profile.perfect), layers=1, device=device)
         else:
             write_eagle_draft(draft, oracle, device=device)
-    return target, draft

@@ -11,11 +11,14 @@ child takes the group's remaining cases.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -28,10 +31,13 @@ from specwatch.record import CaseRecord, Metric, Status, utcnow
 from specwatch.sglang_host import sglang_version
 from specwatch.store import append_record, finished_case_ids, results_path
 from specwatch.suite import PlannedCase, Suite, matches
+from specwatch.timing_lock import ENV as TIMING_LOCK_ENV, HELD_EVENT, PARALLEL_ENV, WaveGate
 
 LOG_TAIL_LINES = 60
 POLL_S = 1.0
 """How often the parent reads the worker's finished cases."""
+_ACTIVE_WORKERS: set[int] = set()
+"""Process groups of running workers (killed when the runner is stopped)."""
 PROBE_DIR = Path(__file__).resolve().parent / "probe"
 """Holds the probe's sitecustomize.py; put first on every worker's PYTHONPATH."""
 
@@ -89,8 +95,10 @@ def failure_record(suite: Suite, case: Case, status: Status, reason: str, log_ta
 
 def run_group(suite: Suite, cases: list[Case], timeout_s: int, fault: Optional[str],
               on_record: Callable[[CaseRecord], None], models_dir: Path, extra_env: Optional[dict] = None,
-              worker_module: str = "specwatch.engine_worker") -> None:
-    """Run one engine group in child processes until every case has a record."""
+              worker_module: str = "specwatch.engine_worker",
+              on_event: Optional[Callable[[str], None]] = None) -> None:
+    """Run one engine group in child processes until every case has a record; ``on_event`` gets
+    the worker's event lines (``engine_started``, ``start_lock_held``) as they appear."""
     remaining = list(cases)
     while remaining:
         started = utcnow()
@@ -125,6 +133,8 @@ def run_group(suite: Suite, cases: list[Case], timeout_s: int, fault: Optional[s
                         return  # a line still being written: read it next time
                     seen_lines += 1
                     engine_started |= line.get("event") == "engine_started"
+                    if line.get("event") and on_event:
+                        on_event(line["event"])
                     case = by_id.get(line.get("case_id"))
                     if case is None or case.case_id in done:
                         continue
@@ -137,6 +147,7 @@ def run_group(suite: Suite, cases: list[Case], timeout_s: int, fault: Optional[s
                 proc = subprocess.Popen([sys.executable, "-m", worker_module, str(spec)],
                                         stdout=logf, stderr=subprocess.STDOUT, env=env,
                                         start_new_session=True)
+                _ACTIVE_WORKERS.add(proc.pid)
                 while True:
                     try:
                         rc = proc.wait(timeout=POLL_S)
@@ -148,6 +159,7 @@ def run_group(suite: Suite, cases: list[Case], timeout_s: int, fault: Optional[s
                             rc, timed_out = proc.wait(), True
                             break
             finally_kill(proc.pid)
+            _ACTIVE_WORKERS.discard(proc.pid)
             collect_new_lines()
             if os.environ.get("SPECWATCH_LOG_DIR"):
                 keep = Path(os.environ["SPECWATCH_LOG_DIR"])
@@ -188,23 +200,30 @@ def _last_error(log_text: str) -> str:
     return "no error line in the log"
 
 
-def run_suite(suite: Suite, results_root: Path, resume: bool = False, shard: Optional[Shard] = None,
-              fault: Optional[str] = None, models_dir: Path = Path("/tmp/specwatch-models"),
-              progress: Optional[Callable[[CaseRecord], None]] = None, max_groups: Optional[int] = None,
-              gpus: Optional[int] = None, worker_module: str = "specwatch.engine_worker",
-              extra_env: Optional[dict] = None, where: Optional[dict] = None) -> Path:
-    """Run every planned case of ``suite``; returns the results file."""
-    facts = dict(host_facts())
-    if gpus is not None:
-        facts["gpu_count"] = gpus
-    suite_name = suite.name if fault is None else f"{suite.name}+fault-{fault}"
-    out = results_path(results_root, machine_label(facts), sglang_version(), suite_name)
+@dataclass
+class GroupJob:
+    """One engine group of one (suite, fault) run, with the results file its records go to."""
+
+    suite: Suite
+    fault: Optional[str]
+    cases: list[Case]
+    emit: Callable[[CaseRecord], None]
+
+
+def plan_run(suite: Suite, results_root: Path, facts: dict, emit_progress: Optional[Callable[[CaseRecord], None]],
+             resume: bool = False, shard: Optional[Shard] = None, fault: Optional[str] = None,
+             where: Optional[dict] = None, record_lock: Optional[threading.Lock] = None
+             ) -> tuple[Path, list[GroupJob]]:
+    """Record the suite's skips, return its results file and its engine groups still to run."""
+    out = results_path(results_root, machine_label(facts), sglang_version(), suite.name, fault)
     done = finished_case_ids(out) if resume else set()
+    lock = record_lock or threading.Lock()
 
     def emit(rec: CaseRecord) -> None:
-        append_record(out, rec)
-        if progress:
-            progress(rec)
+        with lock:
+            append_record(out, rec)
+            if emit_progress:
+                emit_progress(rec)
 
     planned: list[PlannedCase] = [p for p in suite.plan()
                                   if not p.duplicate and (not where or matches(p.case, where))]
@@ -223,8 +242,98 @@ def run_suite(suite: Suite, results_root: Path, resume: bool = False, shard: Opt
     groups = engine_groups(runnable)
     if shard:
         groups = [g for i, g in enumerate(groups) if i % shard.count == shard.index - 1]
+    return out, [GroupJob(suite, fault, g, emit) for g in groups]
+
+
+def run_suites(suites: list[Suite], results_root: Path, faults: tuple[Optional[str], ...] = (None,),
+               resume: bool = False, shard: Optional[Shard] = None,
+               models_dir: Path = Path("/tmp/specwatch-models"),
+               progress: Optional[Callable[[CaseRecord], None]] = None, max_groups: Optional[int] = None,
+               gpus: Optional[int] = None, worker_module: str = "specwatch.engine_worker",
+               extra_env: Optional[dict] = None, where: Optional[dict] = None,
+               parallel_starts: int = 1, stop_after_s: Optional[float] = None) -> list[Path]:
+    """Run every planned case of each suite once per fault (``None``: clean); returns the results
+    files. ``parallel_starts`` > 1 starts that many engines at once and times them one at a time
+    (``specwatch.timing_lock``); ``stop_after_s`` starts no new group (or wave) after that many
+    seconds, leaving the rest to ``--resume``."""
+    facts = dict(host_facts())
+    if gpus is not None:
+        facts["gpu_count"] = gpus
+    record_lock = threading.Lock()
+    outs, jobs = [], []
+    for suite in suites:
+        for fault in faults:
+            out, js = plan_run(suite, results_root, facts, progress, resume, shard, fault, where, record_lock)
+            outs.append(out)
+            jobs += js
     if max_groups is not None:
-        groups = groups[:max_groups]
-    for g in groups:
-        run_group(suite, g, suite.spec.suite.timeout_s, fault, emit, models_dir, extra_env, worker_module)
-    return out
+        jobs = jobs[:max_groups]
+    t0 = time.monotonic()
+    expired = lambda: stop_after_s is not None and time.monotonic() - t0 > stop_after_s  # noqa: E731
+    with _kill_workers_on_sigterm():
+        if parallel_starts <= 1:
+            for job in jobs:
+                if expired():
+                    break
+                run_group(job.suite, job.cases, job.suite.spec.suite.timeout_s, job.fault, job.emit, models_dir,
+                          extra_env, worker_module)
+            return outs
+        with tempfile.TemporaryDirectory(prefix="specwatch-lock-") as tmp:
+            lock_path = Path(tmp) / "timing.lock"
+            env = dict(extra_env or {}, **{TIMING_LOCK_ENV: str(lock_path), PARALLEL_ENV: str(parallel_starts)})
+            # K engines' processes share the host's cores: keep each one's CPU thread pools small
+            env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // parallel_starts)))
+            for w in range(0, len(jobs), parallel_starts):
+                if expired():
+                    break
+                run_wave(jobs[w:w + parallel_starts], lock_path, lambda job, on_event: run_group(
+                    job.suite, job.cases, job.suite.spec.suite.timeout_s, job.fault, job.emit, models_dir, env,
+                    worker_module, on_event=on_event))
+    return outs
+
+
+def run_suite(suite: Suite, results_root: Path, fault: Optional[str] = None, **kw) -> Path:
+    """Run one suite (with one fault or none); returns its results file. See ``run_suites``."""
+    return run_suites([suite], results_root, faults=(fault,), **kw)[0]
+
+
+@contextlib.contextmanager
+def _kill_workers_on_sigterm():
+    """Workers run in their own sessions (SGLang kills its parent's group when a scheduler dies),
+    so a runner stopped by SIGTERM/SIGINT kills them itself; their cases stay unrecorded (resume)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        for pgid in list(_ACTIVE_WORKERS):
+            finally_kill(pgid)
+        os._exit(128 + signum)
+
+    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+
+
+def run_wave(groups: list, lock_path: Path, run_one: Callable[[object, Callable[[str], None]], None]) -> None:
+    """Run ``groups`` at once, one thread (and worker) each; see ``specwatch.timing_lock``."""
+    holding = [threading.Event() for _ in groups]
+
+    def body(i: int) -> None:
+        try:
+            run_one(groups[i], lambda ev: ev == HELD_EVENT and holding[i].set())
+        finally:
+            holding[i].set()  # a worker that died before taking the lock must not stall the wave
+
+    with WaveGate(lock_path) as gate:
+        threads = [threading.Thread(target=body, args=(i,), daemon=True) for i in range(len(groups))]
+        for t in threads:
+            t.start()
+        for h in holding:
+            h.wait()
+        gate.open()
+    for t in threads:
+        t.join()

@@ -24,9 +24,12 @@ class TornLineWarning(UserWarning):
     """A line that is not complete JSON (an interrupted write) was skipped."""
 
 
-def results_path(root: Path, machine: str, sglang_version: Optional[str], suite: str) -> Path:
-    """Where records of (machine, sglang version, suite) live."""
-    return Path(root) / machine / f"sglang-{sglang_version or 'none'}" / f"{suite}.jsonl"
+def results_path(root: Path, machine: str, sglang_version: Optional[str], suite: str,
+                 fault: Optional[str] = None) -> Path:
+    """Where records of (machine, sglang version, suite) live; a fault run's records apart from the
+    clean ones, in ``SUITE+fault-NAME.jsonl``."""
+    name = suite if fault is None else f"{suite}+fault-{fault}"
+    return Path(root) / machine / f"sglang-{sglang_version or 'none'}" / f"{name}.jsonl"
 
 
 def append_record(path: Path, record: CaseRecord) -> None:
@@ -107,7 +110,8 @@ def import_records(paths: Iterable[Path], root: Path) -> dict[Path, int]:
     have: dict[Path, set] = {}
     for p in paths:
         for rec in read_records(Path(p)):
-            dest = results_path(root, rec.provenance.machine, rec.provenance.sglang_version, rec.suite)
+            dest = results_path(root, rec.provenance.machine, rec.provenance.sglang_version, rec.suite,
+                                rec.provenance.fault)
             if dest not in have:
                 have[dest] = {_identity(r) for r in read_records(dest)} if dest.exists() else set()
             if _identity(rec) in have[dest]:

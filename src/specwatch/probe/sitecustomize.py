@@ -125,8 +125,13 @@ def scheduler_facts(sched):
                 facts[f"tree_cache_{name}"] = int(getattr(tc, name)())
             except Exception:
                 pass
-    facts["leak_warnings"] = {k: getattr(sched, k, None) for k in
+    # SGLang's own idle-time leak check (0.5.17: on the scheduler's invariant_checker; older: on
+    # the scheduler). With SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE (default on) a leak raises in
+    # the scheduler, so a run that gets here has a clean verdict or counted warnings.
+    holder = getattr(sched, "invariant_checker", None) or sched
+    facts["leak_warnings"] = {k: getattr(holder, k, None) for k in
                               ("count_memory_leak_warnings", "count_req_pool_leak_warnings")}
+    facts["strict_idle_check"] = os.environ.get("SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE", "default (on)")
     if torch.cuda.is_available():
         facts["cuda"] = {"max_allocated": torch.cuda.max_memory_allocated(),
                          "allocated": torch.cuda.memory_allocated(),

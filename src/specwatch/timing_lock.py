@@ -1,0 +1,85 @@
+"""Start engines in parallel, time them one at a time (``specwatch run --parallel-starts K``).
+
+An engine start costs 40-60 s of mostly CPU work (process spawns, imports, weight loading, CUDA
+graph capture) while a case's timed part costs seconds, so a sweep's wall time is its engine
+starts. With ``K > 1`` the runner launches engine groups in waves of K workers that share one
+lock file (``flock``):
+
+* a worker holds the lock **shared** while it starts its engine (and writes oracle models);
+* it converts to **exclusive** before warm-up and timing, and keeps it until it exits.
+
+Starts therefore overlap each other but never a timed batch, and timed batches never overlap each
+other. The runner itself holds the lock shared until every worker of the wave holds it, so a worker
+whose engine is up early cannot start timing while a slower sibling is still importing SGLang.
+An idle started engine waiting for its turn costs GPU memory only (the tiny oracle's engine
+holds ~5 GiB), not GPU time. Engine start times measured under parallel starts are inflated by
+contention; records say so in ``details.parallel_starts``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+ENV = "SPECWATCH_TIMING_LOCK"
+"""Environment variable naming the lock file a worker must use (unset: no locking)."""
+PARALLEL_ENV = "SPECWATCH_PARALLEL_STARTS"
+"""Environment variable with K (recorded in each case's details)."""
+HELD_EVENT = "start_lock_held"
+"""Worker results-file event: the worker holds the lock shared (it may start its engine)."""
+
+
+class WorkerTimingLock:
+    """The worker's side: shared while starting, exclusive while timing. No-op without ``ENV``."""
+
+    def __init__(self, path: Optional[str] = None):
+        path = path if path is not None else os.environ.get(ENV)
+        self._fd = open(path, "a") if path else None
+
+    @property
+    def enabled(self) -> bool:
+        return self._fd is not None
+
+    def starting(self, emit: Callable[[dict], None]) -> None:
+        if self._fd:
+            fcntl.flock(self._fd, fcntl.LOCK_SH)
+            emit({"event": HELD_EVENT})
+
+    def timing(self) -> float:
+        """Wait until no other worker is starting or timing; returns the seconds waited."""
+        if not self._fd:
+            return 0.0
+        t = time.perf_counter()
+        fcntl.flock(self._fd, fcntl.LOCK_EX)  # drops the shared lock first (flock(2)), then waits
+        return time.perf_counter() - t
+
+    def release(self) -> None:
+        if self._fd:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            self._fd.close()
+            self._fd = None
+
+
+class WaveGate:
+    """The runner's side: hold the lock shared until every worker of a wave holds it."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._fd = None
+
+    def __enter__(self) -> "WaveGate":
+        self._fd = open(self.path, "a")
+        fcntl.flock(self._fd, fcntl.LOCK_SH)
+        return self
+
+    def open(self) -> None:
+        if self._fd:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            self._fd.close()
+            self._fd = None
+
+    def __exit__(self, *exc) -> None:
+        self.open()
