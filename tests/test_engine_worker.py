@@ -104,3 +104,33 @@ def test_acceptance_is_checked_per_repeat_against_its_own_prompts():
     assert len(set(good["metrics"]["accept_length"]["samples"])) > 1      # repeats really differ
     bad = run_case(FakeEngine(case), case, repeats=3, warmup=False)
     assert not bad["checks"]["accept_length_matches_oracle"]
+
+
+class TimedFakeEngine(FakeEngine):
+    """Sleeps per call: ``prefill_s`` for a prefill-only batch, ``full_s`` for a full one."""
+
+    def __init__(self, case, prefill_s, full_s):
+        super().__init__(case)
+        self.prefill_s, self.full_s = prefill_s, full_s
+
+    def generate(self, input_ids, sampling_params):
+        import time
+
+        time.sleep(self.prefill_s if sampling_params["max_new_tokens"] == 1 else self.full_s)
+        return super().generate(input_ids, sampling_params)
+
+
+def test_decode_split_uses_each_repeats_own_prefill():
+    res = run_case(TimedFakeEngine(CASE, prefill_s=0.02, full_s=0.12), CASE, repeats=2, warmup=False)
+    m = res["metrics"]
+    assert len(m["prefill_time"]["samples"]) == 2 and res["details"]["decode_split_repeats"] == 2
+    # decode ~ 0.10 s for 2 x 63 tokens
+    assert 900 < m["decode_throughput"]["value"] < 1400
+
+
+def test_prefill_dominated_case_gets_no_decode_metrics():
+    """A prefill as long as the whole batch (long prompts, tiny output) must not yield an absurd
+    decode throughput: the decode split is dropped, the rest of the case stands."""
+    res = run_case(TimedFakeEngine(CASE, prefill_s=0.1, full_s=0.1), CASE, repeats=2, warmup=False)
+    assert "decode_throughput" not in res["metrics"] and "step_time" not in res["metrics"]
+    assert res["metrics"]["output_throughput"]["value"] > 0 and res["details"]["decode_split_repeats"] == 0

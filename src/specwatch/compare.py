@@ -62,14 +62,17 @@ class Row:
 
 
 def select(spec: str, root: Path) -> list[CaseRecord]:
-    """A selection: a JSONL file or folder, or FIELD=VALUE[,FIELD=VALUE] over the store's records
-    (fields: sglang_version, sglang_commit, specwatch_commit, machine, suite, fault)."""
+    """A selection: a JSONL file or folder, or FIELD=VALUE[,FIELD!=VALUE...] over the store's records
+    (fields: sglang_version, sglang_commit, specwatch_commit, machine, suite, fault; ``!=`` excludes,
+    e.g. an A/A comparison of one run against the earlier runs of the same version)."""
     p = Path(spec)
     if p.exists():
         return load_records([p] if p.is_file() else result_files(p))
     recs = load_records(result_files(root))
     for term in spec.split(","):
         key, sep, value = term.partition("=")
+        negate = key.endswith("!")
+        key = key.rstrip("!")
         getters = {
             "sglang_version": lambda r: r.provenance.sglang_version,
             "sglang_commit": lambda r: r.provenance.sglang_commit,
@@ -81,7 +84,7 @@ def select(spec: str, root: Path) -> list[CaseRecord]:
         if not sep or key not in getters:
             raise SpecwatchInputError(None, f"not a results file or FIELD=VALUE with FIELD in {sorted(getters)}",
                                       field=spec)
-        recs = [r for r in recs if str(getters[key](r)) == value]
+        recs = [r for r in recs if (str(getters[key](r)) == value) != negate]
     return recs
 
 

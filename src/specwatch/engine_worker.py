@@ -34,6 +34,10 @@ KV_TOKENS = {ModelSize.tiny: 1 << 18, ModelSize.llama_1b: 1 << 17, ModelSize.lla
 within a model, and several engines on one GPU under ``--parallel-starts``)."""
 
 
+MIN_DECODE_SHARE = 0.2
+"""A repeat gets decode metrics only when wall - prefill is at least this share of its wall time."""
+
+
 def now() -> str:
     return datetime.now(timezone.utc).isoformat()
 
@@ -95,15 +99,18 @@ def run_case(engine, case: Case, repeats: int, warmup: bool) -> dict:
 
     if warmup:
         engine.generate(input_ids=batch("warmup")[0], sampling_params=sp)
-    prompts, _ = batch("prefill")
-    t = time.perf_counter()
-    engine.generate(input_ids=prompts, sampling_params={**sp, "max_new_tokens": 1})
-    prefill_s = time.perf_counter() - t
 
     tps, decode_tps, als, rates, step_ms, itl_ms, walls, mismatches, verify = [], [], [], [], [], [], [], 0, []
+    prefills: list[float] = []
     expected_per_repeat: list[float] = []
     hist = None
     for r in range(repeats):
+        # A prefill-only batch of the same shape right before each timed batch: decode time is
+        # the timed batch's wall time minus it, pairwise, so one slow prefill spoils one repeat only.
+        t = time.perf_counter()
+        engine.generate(input_ids=batch(f"prefill{r}")[0], sampling_params={**sp, "max_new_tokens": 1})
+        prefill_s = time.perf_counter() - t
+        prefills.append(prefill_s)
         prompts, expected = batch(f"timed{r}")
         t = time.perf_counter()
         outs = engine.generate(input_ids=prompts, sampling_params=sp)
@@ -111,8 +118,11 @@ def run_case(engine, case: Case, repeats: int, warmup: bool) -> dict:
         walls.append(wall)
         n_out = sum(len(o["output_ids"]) for o in outs)
         tps.append(n_out / wall)
-        decode_s = max(wall - prefill_s, 1e-9)
-        decode_tps.append(sum(len(o["output_ids"]) - 1 for o in outs) / decode_s)
+        decode_s = wall - prefill_s
+        if decode_s < MIN_DECODE_SHARE * wall:
+            decode_s = None  # prefill-dominated or a noisy prefill sample: no decode split this repeat
+        else:
+            decode_tps.append(sum(len(o["output_ids"]) - 1 for o in outs) / decode_s)
         for o, exp in zip(outs, expected):
             mismatches += sum(1 for a, b in zip(o["output_ids"], exp) if a != b) + abs(len(o["output_ids"]) - len(exp))
         metas = [o["meta_info"] for o in outs]
@@ -120,8 +130,9 @@ def run_case(engine, case: Case, repeats: int, warmup: bool) -> dict:
         rates.append(statistics.mean(m.get("spec_accept_rate", 0.0) for m in metas))
         vct = max(m.get("spec_verify_ct", 0) for m in metas)
         verify.append(vct)
-        step_ms.append(1e3 * decode_s / max(vct, 1))
-        itl_ms.append(1e3 * decode_s / max(case.output_len - 1, 1))
+        if decode_s is not None:
+            step_ms.append(1e3 * decode_s / max(vct, 1))
+            itl_ms.append(1e3 * decode_s / max(case.output_len - 1, 1))
         hist = metas[0].get("spec_accept_histogram", hist)
         if case.profile is not Profile.random and case.algorithm in (Algorithm.EAGLE, Algorithm.STANDALONE):
             draft_oracle = oracle if case.algorithm is Algorithm.EAGLE else Oracle(oracle.shape, 0, Profile.perfect)
@@ -133,27 +144,33 @@ def run_case(engine, case: Case, repeats: int, warmup: bool) -> dict:
     expected_al = med(expected_per_repeat) if expected_per_repeat else None
     metrics = {
         "output_throughput": metric(med(tps), "tokens/s", tps, higher_is_better=True),
-        "decode_throughput": metric(med(decode_tps), "tokens/s", decode_tps, higher_is_better=True),
         "request_throughput": metric(med([case.batch_size / w for w in walls]), "requests/s",
                                      [case.batch_size / w for w in walls], higher_is_better=True),
         "wall_time": metric(med(walls), "s", walls, higher_is_better=False),
-        "prefill_time": metric(prefill_s, "s", [prefill_s], higher_is_better=False),
-        "step_time": metric(med(step_ms), "ms", step_ms, higher_is_better=False),
-        "itl": metric(med(itl_ms), "ms", itl_ms, higher_is_better=False),
+        "prefill_time": metric(med(prefills), "s", prefills, higher_is_better=False),
+    }
+    if decode_tps:
+        metrics.update({
+            "decode_throughput": metric(med(decode_tps), "tokens/s", decode_tps, higher_is_better=True),
+            "step_time": metric(med(step_ms), "ms", step_ms, higher_is_better=False),
+            "itl": metric(med(itl_ms), "ms", itl_ms, higher_is_better=False),
+        })
+    metrics.update({
         "accept_length": metric(med(als), "tokens/verify", als, expected=expected_al, exact=True,
                                 higher_is_better=True),
         # SGLang's own: correct drafts / (verify steps x (num_draft_tokens - 1))
         "accept_rate": metric(med(rates), "1", rates, exact=True, higher_is_better=True),
         "verify_steps": metric(med(verify), "steps", verify, exact=True, higher_is_better=False),
         "lossless_mismatches": metric(mismatches, "tokens", exact=True, higher_is_better=False),
-    }
+    })
     checks = {"lossless": mismatches == 0}
     if expected_per_repeat:
         # every repeat (its own prompts) against its own oracle value
         checks["accept_length_matches_oracle"] = all(
             abs(m - e) <= 1e-6 * e for m, e in zip(als, expected_per_repeat, strict=True))
-    return {"metrics": metrics, "checks": checks, "details": {"accept_histogram": hist,
-                                                              "prefill_s": prefill_s}}
+    return {"metrics": metrics, "checks": checks,
+            "details": {"accept_histogram": hist, "prefill_s": prefills,
+                        "decode_split_repeats": len(decode_tps)}}
 
 
 def memory_and_leaks(engine, case: Case) -> tuple[dict, dict, dict]:

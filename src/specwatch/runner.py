@@ -38,6 +38,8 @@ POLL_S = 1.0
 """How often the parent reads the worker's finished cases."""
 _ACTIVE_WORKERS: set[int] = set()
 """Process groups of running workers (killed when the runner is stopped)."""
+EXITED_EVENT = "worker_exited"
+"""Runner-side event: a worker process ended (it no longer starts or times anything)."""
 PROBE_DIR = Path(__file__).resolve().parent / "probe"
 """Holds the probe's sitecustomize.py; put first on every worker's PYTHONPATH."""
 
@@ -158,7 +160,9 @@ def run_group(suite: Suite, cases: list[Case], timeout_s: int, fault: Optional[s
                             os.killpg(proc.pid, 9)
                             rc, timed_out = proc.wait(), True
                             break
-            finally_kill(proc.pid)
+            if on_event:
+                on_event(EXITED_EVENT)  # lets a wave's gate open before teardown waits on the lock
+            teardown(proc.pid, env.get(TIMING_LOCK_ENV))
             _ACTIVE_WORKERS.discard(proc.pid)
             collect_new_lines()
             if os.environ.get("SPECWATCH_LOG_DIR"):
@@ -182,6 +186,30 @@ def run_group(suite: Suite, cases: list[Case], timeout_s: int, fault: Optional[s
             for victim in victims:
                 on_record(failure_record(suite, victim, status, reason, _tail(log_text), fault, started))
             remaining = [c for c in remaining if c not in victims]
+
+
+TEARDOWN_WAIT_S = 30.0
+
+
+def teardown(pgid: int, lock_path: Optional[str]) -> None:
+    """Kill what the worker left and wait until its processes are gone. Under parallel starts this
+    holds the timing lock exclusively: a dying engine (CUDA context teardown, freed memory) must not
+    overlap another engine's timed batch."""
+    if not lock_path:
+        finally_kill(pgid)
+        return
+    import fcntl
+
+    with open(lock_path, "a") as fd:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        finally_kill(pgid)
+        deadline = time.monotonic() + TEARDOWN_WAIT_S
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pgid, 0)
+            except (ProcessLookupError, PermissionError):
+                break
+            time.sleep(0.1)
 
 
 def finally_kill(pgid: int) -> None:
@@ -324,7 +352,7 @@ def run_wave(groups: list, lock_path: Path, run_one: Callable[[object, Callable[
 
     def body(i: int) -> None:
         try:
-            run_one(groups[i], lambda ev: ev == HELD_EVENT and holding[i].set())
+            run_one(groups[i], lambda ev: ev in (HELD_EVENT, EXITED_EVENT) and holding[i].set())
         finally:
             holding[i].set()  # a worker that died before taking the lock must not stall the wave
 
