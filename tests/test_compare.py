@@ -57,3 +57,22 @@ def test_improvement_status_and_membership():
     assert not has_regression(rows)
     failing = compare_records([rec(A, [1, 1, 1])], [rec(A, [1, 1, 1], status=Status.crashed, reason="boom")])
     assert failing[0].verdict is Verdict.now_failing and has_regression(failing)
+
+
+def test_aa_noise_report_and_budgets_silence_between_run_noise():
+    """Two runs of the same version whose repeats are tight but whose levels differ by 30% (as tiny
+    bs1 runs do between sessions): compare flags it; the A/A budget for that class absorbs it, and a
+    change beyond the budget is still a regression."""
+    from specwatch.compare import noise_class, noise_report
+
+    run1 = [rec(A, [100, 101, 99]), rec(B, [200, 201, 199])]
+    run2 = [rec(A, [70, 71, 69]), rec(B, [199, 200, 202])]
+    rep = noise_report(compare_records(run1, run2))
+    assert (rep.timed, rep.flagged) == (2, 1) and rep.false_positive_rate == 0.5
+    key = f"{noise_class(A)}/output_throughput"
+    assert abs(rep.spread[key] - 0.30) < 1e-9
+    budgets = rep.budgets(margin=1.5)
+    assert abs(budgets[key] - 0.45) < 1e-9
+    assert not has_regression(compare_records(run1, run2, budgets=budgets))
+    worse = [rec(A, [40, 41, 39]), rec(B, [200, 201, 199])]                   # -60%: beyond the budget
+    assert has_regression(compare_records(run1, worse, budgets=budgets))

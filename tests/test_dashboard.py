@@ -46,3 +46,20 @@ def test_dashboard_renders_in_headless_chromium(tmp_path):
                          check=True, timeout=120, capture_output=True, text=True).stdout
     assert shot.stat().st_size > 20_000
     assert dom.count("<img") == 4 and "<table" in dom
+
+
+def test_fault_table_puts_each_fault_run_beside_the_clean_run():
+    from specwatch.dashboard import fault_table
+    from specwatch.record import Status
+
+    c = case(page_size=64, topk=8, num_draft_tokens=16)
+    clean, faulty = record(c), record(c, fault="accept-off-by-one")
+    clean.checks["lossless"], faulty.checks["lossless"] = True, False
+    crashed = record(case(page_size=256, topk=8, num_draft_tokens=16), status=Status.crashed,
+                     reason="AssertionError: draft over-allocation", fault="row-widen-revert")
+    t = fault_table(records_frame([clean, faulty, crashed]))
+    rows = {r["fault"]: r for r in t.to_dict("records")}
+    assert rows["accept-off-by-one"]["fault run"] == "failed: lossless"
+    assert rows["accept-off-by-one"]["clean run"] == "all checks pass"
+    assert rows["row-widen-revert"]["fault run"].startswith("crashed: AssertionError")
+    assert rows["row-widen-revert"]["clean run"] == "no clean run"

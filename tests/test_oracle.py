@@ -80,7 +80,7 @@ def test_tree_simulation_matches_committed_h200_measurements():
     from specwatch.store import load_records, result_files
 
     recs = [r for r in load_records(result_files(ROOT / "results")) if r.status.value == "ok"
-            and r.case.topk > 1 and r.case.algorithm is Algorithm.EAGLE and r.case.profile is not Profile.random]
+            and r.provenance.fault is None and r.case.topk > 1 and r.case.algorithm is Algorithm.EAGLE and r.case.profile is not Profile.random]
     assert any(r.case.profile is Profile.second_choice for r in recs)
     for r in recs:
         c = r.case

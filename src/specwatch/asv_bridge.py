@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -38,6 +39,10 @@ def _git(repo: Path, *args: str, env: dict | None = None) -> str:
                           env={**os.environ, **(env or {})}).stdout.strip()
 
 
+class OutOfOrderVersion(ValueError):
+    """A version older than the ledger's newest: asv orders commits by date, so the ledger must be rebuilt."""
+
+
 def version_ledger(repo: Path, versions: list[str]) -> dict[str, str]:
     """Commit hash of each SGLang version in the ledger repository (created / extended as needed)."""
     if not (repo / ".git").exists():
@@ -50,7 +55,7 @@ def version_ledger(repo: Path, versions: list[str]) -> dict[str, str]:
             known[subject.removeprefix("sglang ")] = h
     new = sorted((v for v in set(versions) if v not in known), key=_version_key)
     if known and new and _version_key(new[0]) < max(map(_version_key, known)):
-        raise ValueError(f"version {new[0]} is older than the ledger's newest; delete {repo} to rebuild it")
+        raise OutOfOrderVersion(f"version {new[0]} is older than the ledger's newest; delete {repo} to rebuild it")
     for i, v in enumerate(new, start=len(known)):
         when = f"@{EPOCH + 86400 * i} +0000"   # one day per version: asv orders commits by date
         stamp = {"GIT_AUTHOR_DATE": when, "GIT_COMMITTER_DATE": when, "GIT_AUTHOR_NAME": "specwatch",
@@ -90,7 +95,14 @@ def asv_import(records: list[CaseRecord], results_root: Path, work: Path = Path(
     work.mkdir(parents=True, exist_ok=True)
     pairs = sorted({(r.provenance.machine, r.provenance.sglang_version) for r in records
                     if r.suite == "tree-page" and r.provenance.sglang_version and r.provenance.fault is None})
-    hashes = version_ledger(work / "sglang-versions", [v for _, v in pairs])
+    try:
+        hashes = version_ledger(work / "sglang-versions", [v for _, v in pairs])
+    except OutOfOrderVersion:
+        # the ledger and asv's results under WORK are derived from the records: rebuild them with
+        # the older version in its place (every pair's results are rewritten below anyway)
+        for derived in ("sglang-versions", "results"):
+            shutil.rmtree(work / derived, ignore_errors=True)
+        hashes = version_ledger(work / "sglang-versions", [v for _, v in pairs])
     cfg = offline_config(work, work / "sglang-versions", html_dir)
     done: dict[tuple[str, str], str] = {}
     for machine, version in pairs:

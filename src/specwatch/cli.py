@@ -178,9 +178,24 @@ def compare(base: str = typer.Argument(..., help="Base selection: results file/f
             threshold: float = typer.Option(0.05, help="Relative change a timed metric must exceed."),
             alpha: float = typer.Option(0.1, help="Mann-Whitney U p-value a timed change must reach."),
             output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the markdown report here."),
-            all_rows: bool = typer.Option(False, "--all", help="Also list unchanged metrics.")) -> None:
+            all_rows: bool = typer.Option(False, "--all", help="Also list unchanged metrics."),
+            budgets: Optional[Path] = typer.Option(None, help="Noise budgets JSON (specwatch noise): per "
+                                                   "model/batch-size class and metric, the change a timed "
+                                                   "metric must exceed.")) -> None:
     """Markdown report of HEAD vs BASE; exit code 1 when anything regressed or now fails."""
-    from specwatch.compare import compare_records, has_regression, markdown, select
+    from specwatch.compare import compare_records, has_regression, markdown
+
+    b, h = _selections(base, head, results)
+    rows = compare_records(b, h, threshold=threshold, alpha=alpha, budgets=_budgets(budgets))
+    text = markdown(rows, base, head, show_unchanged=all_rows)
+    if output:
+        output.write_text(text)
+    print(text)
+    raise typer.Exit(1 if has_regression(rows) else 0)
+
+
+def _selections(base: str, head: str, results: Path):
+    from specwatch.compare import select
 
     try:
         b, h = select(base, results), select(head, results)
@@ -188,12 +203,44 @@ def compare(base: str = typer.Argument(..., help="Base selection: results file/f
         _fail(e)
     if not b or not h:
         _fail(SpecwatchInputError(None, f"empty selection: base has {len(b)} records, head {len(h)}"))
-    rows = compare_records(b, h, threshold=threshold, alpha=alpha)
-    text = markdown(rows, base, head, show_unchanged=all_rows)
+    return b, h
+
+
+def _budgets(path: Optional[Path]) -> Optional[dict]:
+    if path is None:
+        return None
+    try:
+        data = json.loads(path.read_text())
+        return {str(k): float(v) for k, v in data["budgets"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        _fail(SpecwatchInputError(path, f"not a noise-budget file ({type(e).__name__}: {e})", field="budgets"))
+
+
+@app.command()
+def noise(base: str = typer.Argument(..., help="First run of an A/A pair (same SGLang): selection."),
+          head: str = typer.Argument(..., help="Second run: selection."),
+          results: Path = typer.Option(Path("results"), help="Results root for FIELD=VALUE selections."),
+          threshold: float = typer.Option(0.05, help="Default relative threshold (as in compare)."),
+          alpha: float = typer.Option(0.1, help="Mann-Whitney U p-value (as in compare)."),
+          margin: float = typer.Option(1.5, help="Budget = margin x the largest A/A change seen."),
+          output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write noise budgets JSON here.")) -> None:
+    """A/A comparison: the false-positive rate of `compare` on two runs of the same version, and
+    per-class noise budgets derived from their spread (use with `compare --budgets`)."""
+    from specwatch.compare import compare_records, noise_report
+
+    b, h = _selections(base, head, results)
+    rep = noise_report(compare_records(b, h, threshold=threshold, alpha=alpha))
+    console.print(f"A/A: {rep.flagged} of {rep.timed} timed metrics flagged at threshold {threshold:.0%}, "
+                  f"alpha {alpha}: false-positive rate {rep.false_positive_rate:.1%}")
+    import pandas as pd
+
+    _print_frame("largest A/A change per noise class and metric",
+                 pd.DataFrame([{"class/metric": k, "max |change|": f"{v:.1%}"} for k, v in sorted(rep.spread.items())]))
     if output:
-        output.write_text(text)
-    print(text)
-    raise typer.Exit(1 if has_regression(rows) else 0)
+        output.write_text(json.dumps({"base": base, "head": head, "timed_metrics": rep.timed, "flagged": rep.flagged,
+                                      "false_positive_rate": rep.false_positive_rate, "margin": margin,
+                                      "budgets": rep.budgets(margin, threshold)}, indent=1) + "\n")
+        console.print(f"wrote {output}")
 
 
 @app.command()
@@ -278,6 +325,21 @@ def results_cmd(root: Path = typer.Argument(Path("results"), help="Results root.
         bad = [c[len("check."):] for c in checks if row[c] == False]  # noqa: E712 (numpy bools, NaN)
         console.print(f"[red]{row.case_id}[/red] {row.suite} {row.attention_backend} p{row.page_size} k{row.topk} "
                       f"bs{row.batch_size}: failed {', '.join(bad)}", highlight=False)
+
+
+@app.command("roofline")
+def roofline_cmd(root: Path = typer.Argument(Path("results"), help="Results root."),
+                 model: str = typer.Option("8b", help="Only this model size ('all' for every size).")) -> None:
+    """Batch-1 EAGLE records against the HBM-bandwidth bound tau x 4.8 TB/s / bytes per verify cycle."""
+    from specwatch.roofline import roofline_frame
+    from specwatch.store import load_records, result_files
+
+    recs = [r for r in load_records(result_files(root)) if model == "all" or r.case.model.value == model]
+    df = roofline_frame(recs)
+    if df.empty:
+        console.print("no batch-1 EAGLE records")
+        return
+    _print_frame("roofline (bytes per verify cycle; bound = accept_length x 4.8 TB/s / bytes)", df.drop(columns=["case_id"]))
 
 
 def _print_frame(title: str, df) -> None:

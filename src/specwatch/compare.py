@@ -53,6 +53,10 @@ class Row:
     unit: str
     verdict: Verdict
     note: str = ""
+    timed: bool = False
+    """A timed metric compared on per-repeat samples (both sides have at least 2)."""
+    noise_class: str = ""
+    """The case's noise class (``noise_class``): where a noise budget applies."""
 
     @property
     def ratio(self) -> Optional[float]:
@@ -118,8 +122,22 @@ def _exact_verdict(b: Metric, h: Metric) -> tuple[Verdict, str]:
     return (Verdict.improved if better else Verdict.regressed), "exact metric"
 
 
+def noise_class(case) -> str:
+    """Cases whose timings share a noise level: model size and batch size (a tiny model at batch 1
+    is bound by the CPU scheduler and far noisier between runs than an 8b model at batch 8)."""
+    return f"{case.model.value}/bs{case.batch_size}"
+
+
+def budget_for(budgets: Optional[dict], klass: str, metric: str, threshold: float) -> float:
+    """The relative change a timed metric must exceed: the class/metric budget when one is set
+    (never below ``threshold``), else ``threshold``."""
+    if not budgets:
+        return threshold
+    return max(threshold, budgets.get(f"{klass}/{metric}", budgets.get(klass, threshold)))
+
+
 def compare_records(base: Iterable[CaseRecord], head: Iterable[CaseRecord], threshold: float = 0.05,
-                    alpha: float = 0.1) -> list[Row]:
+                    alpha: float = 0.1, budgets: Optional[dict] = None) -> list[Row]:
     b_by, h_by = latest_by_case(base), latest_by_case(head)
     rows: list[Row] = []
     for cid in sorted(set(b_by) | set(h_by)):
@@ -142,8 +160,13 @@ def compare_records(base: Iterable[CaseRecord], head: Iterable[CaseRecord], thre
             if bm is None:
                 rows.append(Row(cid, label, name, None, hm.value, hm.unit, Verdict.new))
                 continue
-            verdict, note = _exact_verdict(bm, hm) if hm.exact else _timed_verdict(bm, hm, threshold, alpha)
-            rows.append(Row(cid, label, name, bm.value, hm.value, hm.unit, verdict, note))
+            klass = noise_class(h.case)
+            if hm.exact:
+                verdict, note = _exact_verdict(bm, hm)
+            else:
+                verdict, note = _timed_verdict(bm, hm, budget_for(budgets, klass, name, threshold), alpha)
+            timed = not hm.exact and len(bm.samples) >= 2 and len(hm.samples) >= 2
+            rows.append(Row(cid, label, name, bm.value, hm.value, hm.unit, verdict, note, timed, klass))
         for name, ok in h.checks.items():
             was = b.checks.get(name)
             if was is True and not ok:
@@ -178,3 +201,32 @@ def markdown(rows: list[Row], base_name: str, head_name: str, show_unchanged: bo
 
 def has_regression(rows: list[Row]) -> bool:
     return any(r.verdict in BAD for r in rows)
+
+
+@dataclass
+class NoiseReport:
+    """An A/A comparison (two runs of the same SGLang): how many timed metrics a report would flag,
+    and the between-run spread per noise class and metric."""
+
+    timed: int
+    flagged: int
+    spread: dict[str, float]
+    """``CLASS/METRIC`` -> largest relative change seen between the two runs."""
+
+    @property
+    def false_positive_rate(self) -> float:
+        return self.flagged / self.timed if self.timed else 0.0
+
+    def budgets(self, margin: float = 1.5, floor: float = 0.05) -> dict[str, float]:
+        """Noise budgets (TorchBench style): ``margin`` x the A/A spread, at least ``floor``."""
+        return {k: round(max(floor, margin * v), 4) for k, v in sorted(self.spread.items())}
+
+
+def noise_report(rows: list[Row]) -> NoiseReport:
+    timed = [r for r in rows if r.timed]
+    spread: dict[str, float] = {}
+    for r in timed:
+        if r.ratio is not None:
+            key = f"{r.noise_class}/{r.metric}"
+            spread[key] = max(spread.get(key, 0.0), abs(r.ratio - 1.0))
+    return NoiseReport(len(timed), sum(r.verdict in (Verdict.regressed, Verdict.improved) for r in timed), spread)

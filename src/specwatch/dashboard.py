@@ -18,7 +18,34 @@ PLOT_TITLES = {
 }
 
 
+def fault_table(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per (fault, case) of fault-injection runs, with the clean run of the same case and
+    SGLang version beside it: what flagged the fault (status, failed checks) and whether clean stayed clean."""
+    if "fault" not in df or df.fault.isna().all():
+        return pd.DataFrame()
+    checks = [c for c in df.columns if c.startswith("check.")]
+
+    def verdict(row) -> str:
+        bad = [c[len("check."):] for c in checks if row.get(c) is False or row.get(c) == False]  # noqa: E712
+        if row.status != "ok":
+            return f"{row.status}: {str(row.reason)[:140]}"
+        return "failed: " + ", ".join(bad) if bad else "all checks pass"
+
+    faulty = df[df.fault.notna()]
+    clean = df[df.fault.isna() & df.case_id.isin(faulty.case_id)]
+    rows = []
+    for _, r in faulty.sort_values(["fault", "page_size", "batch_size"]).iterrows():
+        c = clean[(clean.case_id == r.case_id) & (clean.sglang_version == r.sglang_version)]
+        rows.append({"fault": r.fault, "sglang": r.sglang_version, "case": f"{r.attention_backend} p{r.page_size} "
+                     f"k{r.topk} bs{r.batch_size} {r.input_len}->{r.output_len}", "fault run": verdict(r),
+                     "clean run": verdict(c.iloc[-1]) if len(c) else "no clean run"})
+    return pd.DataFrame(rows)
+
+
 def build(df: pd.DataFrame, out: Path) -> Path:
+    faults = fault_table(df)
+    if "fault" in df:
+        df = df[df.fault.isna()]          # plots and the case table show clean runs only
     plots = make_all(df, out / "plots")
     names = [p.stem for p in plots if p.suffix == ".png"]
     parts = ["<!doctype html><html><head><meta charset='utf-8'><title>specwatch dashboard</title>",
@@ -28,11 +55,13 @@ def build(df: pd.DataFrame, out: Path) -> Path:
     if not df.empty:
         counts = df.groupby(["machine", "sglang_version", "suite", "status"]).size().unstack(fill_value=0)
         parts += ["<h2>Recorded cases</h2>", counts.to_html(classes="summary")]
-        cols = [c for c in ("attention_backend", "page_size", "topk", "batch_size", "profile", "status",
+        cols = [c for c in ("sglang_version", "suite", "model", "attention_backend", "page_size", "topk", "batch_size", "profile", "status",
                             "decode_throughput", "accept_length", "leaked_tokens", "lossless_mismatches",
                             "req_to_token_bytes") if c in df]
         parts += ["<h2>Cases</h2>", df.sort_values(["suite", "attention_backend", "page_size", "topk"])[cols]
                   .to_html(index=False, float_format=lambda v: f"{v:.4g}", classes="cases")]
+    if not faults.empty:
+        parts += ["<h2>Fault injection (specwatch inject)</h2>", faults.to_html(index=False, classes="faults")]
     parts.append("<h2>Plots</h2>")
     for n in names:
         parts.append(f"<h3>{html.escape(PLOT_TITLES.get(n, n))}</h3><img src='plots/{n}.png' alt='{n}'>")

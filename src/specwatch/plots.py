@@ -75,14 +75,33 @@ def _by_topk(df: pd.DataFrame, metric: str, group: str, out: Path, name: str, yl
     return _save(fig, out, name)
 
 
-def across_versions(df: pd.DataFrame, out: Path, metrics=("decode_throughput", "accept_length", "req_to_token_bytes")) -> list[Path]:
+VERSION_METRICS = (("output_throughput", "tokens/s"), ("accept_length", "tokens/verify"),
+                   ("req_to_token_bytes", "bytes"))
+
+
+def _version_key(v: str):
+    return tuple(int(x) if x.isdigit() else x for x in str(v).split("."))
+
+
+def across_versions(df: pd.DataFrame, out: Path, metrics=VERSION_METRICS) -> list[Path]:
+    """One line per case present (ok) in every SGLang version, so a change in the case mix can never
+    look like a change in SGLang; the latest record of each case per version."""
     fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 4))
     ok = df[df.status == "ok"] if not df.empty else df
-    for ax, m in zip(axes, metrics):
-        if not ok.empty and m in ok:
-            agg = ok.groupby("sglang_version")[m].median().sort_index()
-            ax.plot(agg.index.astype(str), agg.values, marker="o")
-        ax.set(xlabel="SGLang version", ylabel=m, title=f"median {m} over cases")
+    common: list = []
+    if not ok.empty:
+        versions = sorted(ok.sglang_version.dropna().unique(), key=_version_key)
+        per_version = [set(ok[ok.sglang_version == v].case_id) for v in versions]
+        common = sorted(set.intersection(*per_version)) if per_version else []
+        latest = (ok[ok.case_id.isin(common)].sort_values("started_at")
+                  .groupby(["case_id", "sglang_version"]).last().reset_index())
+    for ax, (m, unit) in zip(axes, metrics):
+        if common and m in latest:
+            for cid, g in latest.groupby("case_id"):
+                g = g.set_index("sglang_version").reindex(versions)
+                ax.plot([str(v) for v in versions], g[m].values, marker="o", alpha=0.7, lw=1)
+        ax.set(xlabel="SGLang version", ylabel=f"{m} ({unit})",
+               title=f"{m}: {len(common)} cases run on every version")
     return _save(fig, out, "across_versions")
 
 
