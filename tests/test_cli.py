@@ -110,3 +110,30 @@ def test_run_on_gpu_path_shows_progress_and_records(tmp_path, monkeypatch):
     assert res.exit_code == 0, res.stdout
     assert res.stdout.count("ok       ") == 2 and "results in" in res.stdout
     assert list((tmp_path / "res").rglob("g.jsonl"))
+
+
+def test_noise_writes_budgets_and_checks_a_held_out_pair(tmp_path):
+    """Three runs of one version: budgets from runs 1-2 applied to runs 2-3 (held out)."""
+    from records import case, record
+    from specwatch.record import Metric
+    from specwatch.store import append_record
+
+    files = []
+    for i, level in enumerate((100, 70, 85)):
+        r = record(case(page_size=64))
+        r.metrics["output_throughput"] = Metric(value=level, unit="tokens/s", samples=[level - 1, level, level + 1],
+                                                higher_is_better=True)
+        files.append(tmp_path / f"run{i}.jsonl")
+        append_record(files[-1], r)
+    budgets = tmp_path / "budgets.json"
+    res = runner.invoke(app, ["noise", str(files[0]), str(files[1]), "-o", str(budgets)])
+    assert res.exit_code == 0, res.stdout
+    assert "1 of 1 timed metrics flagged" in res.stdout and "100.0%" in res.stdout
+    data = json.loads(budgets.read_text())
+    assert data["false_positive_rate"] == 1.0 and abs(list(data["budgets"].values())[0] - 0.45) < 1e-9
+    res = runner.invoke(app, ["noise", str(files[1]), str(files[2]), "--budgets", str(budgets)])
+    assert res.exit_code == 0 and "under the budgets" in res.stdout and "0 of 1 flagged" in res.stdout
+    bad = tmp_path / "bad.json"
+    bad.write_text("[]")
+    res = runner.invoke(app, ["compare", str(files[0]), str(files[1]), "--budgets", str(bad)])
+    assert res.exit_code == 2 and "bad.json" in res.output and "budgets" in res.output

@@ -134,3 +134,15 @@ def test_prefill_dominated_case_gets_no_decode_metrics():
     res = run_case(TimedFakeEngine(CASE, prefill_s=0.1, full_s=0.1), CASE, repeats=2, warmup=False)
     assert "decode_throughput" not in res["metrics"] and "step_time" not in res["metrics"]
     assert res["metrics"]["output_throughput"]["value"] > 0 and res["details"]["decode_split_repeats"] == 0
+
+
+def test_near_full_pool_is_sized_to_the_largest_batch_in_whole_pages():
+    from specwatch.case import Workload
+    from specwatch.engine_worker import KV_TOKENS, kv_pool_tokens
+
+    assert kv_pool_tokens([CASE]) == KV_TOKENS[CASE.model]
+    nf = [CASE.model_copy(update={"workload": Workload.near_full, "batch_size": b, "input_len": 1000,
+                                  "output_len": 400}) for b in (4, 16)]
+    pool = kv_pool_tokens(nf)
+    need = 16 * (1000 + 100)
+    assert pool % 64 == 0 and need / pool > 0.96 and need / pool <= 0.97

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -84,10 +85,21 @@ def run(suites: list[Path] = typer.Argument(..., help="Suite file(s); on a GPU t
         parallel_starts: int = typer.Option(1, min=1, help="GPU: start this many engines at once, time them one at "
                                             "a time (starts never overlap a timed batch)."),
         stop_after: Optional[float] = typer.Option(None, help="GPU: start no new engine group or wave after this "
-                                                   "many seconds (finish the rest later with --resume).")) -> None:
+                                                   "many seconds (finish the rest later with --resume)."),
+        overlay: Optional[Path] = typer.Option(None, help="GPU: a commit overlay (specwatch overlay) to run "
+                                               "instead of the installed SGLang's Python code.")) -> None:
     """Run suites: on a GPU host through sglang.Engine; without a GPU, the CPU tier."""
     from specwatch.suite import parse_where
 
+    if overlay is not None:
+        from specwatch.overlay import load as load_overlay
+
+        try:
+            ov = load_overlay(overlay)
+        except SpecwatchInputError as e:
+            _fail(e)
+        os.environ.update(ov.env(os.environ.get("PYTHONPATH", "")))
+        console.print(f"overlay: SGLang {ov.commit[:12]} from {ov.root}, recorded as {ov.recorded_version}")
     loaded = [_load(p) for p in suites]
     try:
         flt = parse_where(where)
@@ -153,6 +165,24 @@ def _cpu_tier(s, flt, context_len: int, out: Path, strict: bool, announce: bool)
         console.print(f"[yellow]{unclean} of {len(report.simulation)} allocator simulations not clean "
                       "(leak, double free or row violation): see the simulation table[/yellow]")
     return disagree or (strict and bool(unclean))
+
+
+@app.command("overlay")
+def overlay_cmd(repo: Path = typer.Argument(..., help="A local git repository of SGLang."),
+                rev: str = typer.Argument(..., help="Commit, tag or branch to export."),
+                out: Path = typer.Option(Path(".overlay"), help="Where overlays are written (git-ignored)."),
+                force: bool = typer.Option(False, help="Allow a commit of another release line than the "
+                                           "installed SGLang.")) -> None:
+    """Export SGLang's python/sglang at REV as a commit overlay for `specwatch run --overlay`."""
+    from specwatch.overlay import build
+    from specwatch.sglang_host import sglang_version
+
+    try:
+        ov = build(repo, rev, out, sglang_version(), force=force)
+    except SpecwatchInputError as e:
+        _fail(e)
+    console.print(f"overlay {ov.root}: commit {ov.commit}, code version {ov.code_version}, "
+                  f"recorded as {ov.recorded_version}")
 
 
 @app.command("import")
@@ -223,7 +253,9 @@ def noise(base: str = typer.Argument(..., help="First run of an A/A pair (same S
           threshold: float = typer.Option(0.05, help="Default relative threshold (as in compare)."),
           alpha: float = typer.Option(0.1, help="Mann-Whitney U p-value (as in compare)."),
           margin: float = typer.Option(1.5, help="Budget = margin x the largest A/A change seen."),
-          output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write noise budgets JSON here.")) -> None:
+          output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write noise budgets JSON here."),
+          budgets: Optional[Path] = typer.Option(None, help="Also report the false-positive rate under these "
+                                                 "budgets (derived from another A/A pair: a held-out check).")) -> None:
     """A/A comparison: the false-positive rate of `compare` on two runs of the same version, and
     per-class noise budgets derived from their spread (use with `compare --budgets`)."""
     from specwatch.compare import compare_records, noise_report
@@ -232,6 +264,10 @@ def noise(base: str = typer.Argument(..., help="First run of an A/A pair (same S
     rep = noise_report(compare_records(b, h, threshold=threshold, alpha=alpha))
     console.print(f"A/A: {rep.flagged} of {rep.timed} timed metrics flagged at threshold {threshold:.0%}, "
                   f"alpha {alpha}: false-positive rate {rep.false_positive_rate:.1%}")
+    if budgets:
+        held = noise_report(compare_records(b, h, threshold=threshold, alpha=alpha, budgets=_budgets(budgets)))
+        console.print(f"A/A under the budgets in {budgets}: {held.flagged} of {held.timed} flagged: "
+                      f"false-positive rate {held.false_positive_rate:.1%}")
     import pandas as pd
 
     _print_frame("largest A/A change per noise class and metric",

@@ -42,11 +42,27 @@ def now() -> str:
     return datetime.now(timezone.utc).isoformat()
 
 
-def engine_kwargs(case: Case, target: Path, draft, max_bs: int) -> dict:
+NEAR_FULL_FILL = 0.97
+"""near-full workload: the group's largest batch (prompts plus a quarter of the output) fills the
+KV pool to this share, so token usage passes 0.95 early in decode and stays there (SGLang queues or
+retracts requests near the end). ``near_full_batch_share`` records what a run achieved."""
+
+
+def kv_pool_tokens(cases: list[Case]) -> int:
+    """``max_total_tokens`` for an engine group: fixed per model, or sized to the batch (near-full)."""
+    first = cases[0]
+    if first.workload is not Workload.near_full:
+        return KV_TOKENS[first.model]
+    need = max(c.batch_size * (c.input_len + c.output_len // 4) for c in cases)
+    unit = first.page_size * first.dcp
+    return -(-int(need / NEAR_FULL_FILL) // unit) * unit
+
+
+def engine_kwargs(case: Case, target: Path, draft, max_bs: int, kv_tokens: int | None = None) -> dict:
     kw = dict(
         model_path=str(target), skip_tokenizer_init=True, dtype="bfloat16",
         attention_backend=case.attention_backend.value, page_size=case.page_size,
-        tp_size=case.tp, max_running_requests=max(max_bs, 8), max_total_tokens=KV_TOKENS[case.model],
+        tp_size=case.tp, max_running_requests=max(max_bs, 8), max_total_tokens=kv_tokens or KV_TOKENS[case.model],
         cuda_graph_max_bs_decode=max(max_bs, 8), disable_cuda_graph=not case.cuda_graph,
         # Prefill graphs cost ~1 min of capture per engine and do not touch the decode path timed here.
         disable_prefill_cuda_graph=True,
@@ -201,6 +217,10 @@ def memory_and_leaks(engine, case: Case) -> tuple[dict, dict, dict]:
                 metrics["draft_kv_pool_bytes"] = metric(dp["bytes"], "bytes", exact=True, higher_is_better=False)
             if dp.get("page_size") is not None:
                 checks["draft_pool_page_matches_allocator"] = dp["page_size"] == a["page_size"]
+        occ = sw.get("occupancy")
+        if occ and occ.get("batches"):
+            metrics["peak_token_usage"] = metric(occ["peak"], "1", exact=False, higher_is_better=None)
+            metrics["near_full_batch_share"] = metric(occ["near_full"] / occ["batches"], "1")
         warn = sw.get("leak_warnings") or {}
         if any(v is not None for v in warn.values()):
             # SGLang's own idle leak check (strict by default: a leak would have crashed the scheduler)
@@ -227,11 +247,11 @@ def main(spec_path: str) -> int:
         os.fsync(out.fileno())
 
     first = cases[0]
-    unsupported = [c for c in cases if c.workload is not Workload.standard]
+    unsupported = [c for c in cases if c.workload is Workload.long_prompt_multi_turn]
     for c in unsupported:
         emit({"case_id": c.case_id, "status": "skipped", "started_at": now(), "finished_at": now(),
               "reason": f"specwatch: workload {c.workload.value!r} is not implemented yet"})
-    cases = [c for c in cases if c.workload is Workload.standard]
+    cases = [c for c in cases if c.workload is not Workload.long_prompt_multi_turn]
     if not cases:
         return 0
     lock = WorkerTimingLock()
@@ -243,7 +263,8 @@ def main(spec_path: str) -> int:
 
     t0 = time.perf_counter()
     try:
-        engine = sglang.Engine(**engine_kwargs(first, target, draft, max(c.batch_size for c in cases)))
+        engine = sglang.Engine(**engine_kwargs(first, target, draft, max(c.batch_size for c in cases),
+                                               kv_pool_tokens(cases)))
     except Exception as e:
         tail = traceback.format_exc()[-4000:]
         for c in cases:

@@ -63,8 +63,12 @@ def get_num_new_pages():
 
 
 def sglang_version() -> Optional[str]:
-    """Installed sglang version without importing it (None when not installed)."""
+    """Installed sglang version without importing it (None when not installed); under a commit
+    overlay (``specwatch.overlay``) the overlay's recorded version, e.g. ``0.5.17+g0123456789ab``."""
     from importlib.metadata import PackageNotFoundError, version
+
+    if os.environ.get("SPECWATCH_SGLANG_VERSION"):
+        return os.environ["SPECWATCH_SGLANG_VERSION"]
 
     try:
         return version("sglang")

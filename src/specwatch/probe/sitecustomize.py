@@ -139,9 +139,47 @@ def scheduler_facts(sched):
     return facts
 
 
+NEAR_FULL = 0.95
+"""Token usage above which a batch counts as near-full (seed 004's faults only show there)."""
+
+
+def token_usage(sched) -> float:
+    """Share of the KV pool held by requests (not free, not evictable cache) right now."""
+    a = sched.token_to_kv_pool_allocator
+    evictable = 0
+    tc = getattr(sched, "tree_cache", None)
+    if tc is not None:
+        try:
+            evictable = int(tc.evictable_size())
+        except Exception:
+            pass
+    return 1.0 - (int(a.available_size()) + evictable) / max(int(a.size), 1)
+
+
+def _patch_run_batch(cls):
+    """Sample token usage before every batch the scheduler runs; read and reset by
+    get_internal_state, so each case's facts cover the batches since the last read."""
+    original = cls.run_batch
+
+    def run_batch(self, batch, *args, **kwargs):
+        try:
+            u = token_usage(self)
+            occ = self.__dict__.setdefault("_specwatch_occupancy", {"batches": 0, "near_full": 0, "peak": 0.0})
+            occ["batches"] += 1
+            occ["near_full"] += u > NEAR_FULL
+            occ["peak"] = max(occ["peak"], u)
+        except Exception:
+            pass
+        return original(self, batch, *args, **kwargs)
+
+    cls.run_batch = run_batch
+
+
 @on_import("sglang.srt.managers.scheduler")
 def _patch_scheduler(module):
     cls = module.Scheduler
+    if hasattr(cls, "run_batch"):
+        _patch_run_batch(cls)
     original = cls.get_internal_state
 
     def get_internal_state(self, recv_req):
@@ -151,6 +189,7 @@ def _patch_scheduler(module):
             state = getattr(ret, "internal_state", ret)
             try:
                 state["specwatch"] = scheduler_facts(self)
+                state["specwatch"]["occupancy"] = self.__dict__.pop("_specwatch_occupancy", None)
             except Exception as e:
                 state["specwatch"] = {"error": repr(e)}
         except Exception as e:

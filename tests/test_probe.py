@@ -1,0 +1,61 @@
+"""The probe's scheduler patch on a stand-in Scheduler (no SGLang): facts attached to the
+internal state, and token-usage sampling per batch, reset at each read."""
+
+import importlib.util
+import os
+import types
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+PROBE = os.path.join(os.path.dirname(__file__), "..", "src", "specwatch", "probe", "sitecustomize.py")
+
+
+def _load_probe(monkeypatch):
+    monkeypatch.setenv("SPECWATCH_PROBE", "0")          # no import hook in the test process
+    spec = importlib.util.spec_from_file_location("specwatch_probe_under_test", PROBE)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class Allocator:
+    size, page_size = 1000, 1
+
+    def __init__(self):
+        self.free_pages = torch.arange(1000)
+        self.used = 0
+
+    def available_size(self):
+        return self.size - self.used
+
+    def get_kvcache(self):
+        return None
+
+
+class Scheduler:
+    def __init__(self):
+        self.token_to_kv_pool_allocator = Allocator()
+        self.req_to_token_pool = types.SimpleNamespace(req_to_token=torch.zeros(4, 8, dtype=torch.int32), size=4,
+                                                       free_slots=[0, 1, 2, 3])
+        self.tree_cache = None
+
+    def run_batch(self, batch):
+        return batch
+
+    def get_internal_state(self, recv_req):
+        return {}
+
+
+def test_occupancy_is_sampled_per_batch_and_reset_on_read(monkeypatch):
+    probe = _load_probe(monkeypatch)
+    probe._patch_scheduler(types.SimpleNamespace(Scheduler=Scheduler))
+    s = Scheduler()
+    for used in (100, 960, 990, 500):
+        s.token_to_kv_pool_allocator.used = used
+        assert s.run_batch("b") == "b"
+    facts = s.get_internal_state(None)["specwatch"]
+    assert facts["occupancy"] == {"batches": 4, "near_full": 2, "peak": 0.99}
+    assert facts["req_to_token"]["row_width"] == 8 and facts["allocator"]["available"] == 500
+    assert s.get_internal_state(None)["specwatch"]["occupancy"] is None     # reset: a new case starts
