@@ -17,5 +17,5 @@ R=${SPECWATCH_DEVICE_RESULTS:-/tmp/sw-results}
 timeout -s TERM -k 30 "${RUN_TIMEOUT:-86400}" python3 -m specwatch.cli run "$@" --results "$R" 2>&1 | grep -vE "^\s*$|━|Progress" | cut -c1-400
 rc=${PIPESTATUS[0]}
 tar -czf "$OUT/results.tgz" -C "$R" .
-python3 scripts/summarize_results.py "$R"/*/*/*.jsonl | tail -n "${SUMMARY_LINES:-400}"
+[ "${SUMMARY_LINES:-400}" != 0 ] && python3 scripts/summarize_results.py "$R"/*/*/*.jsonl | tail -n "${SUMMARY_LINES:-400}"
 exit $rc
