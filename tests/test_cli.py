@@ -137,3 +137,25 @@ def test_noise_writes_budgets_and_checks_a_held_out_pair(tmp_path):
     bad.write_text("[]")
     res = runner.invoke(app, ["compare", str(files[0]), str(files[1]), "--budgets", str(bad)])
     assert res.exit_code == 2 and "bad.json" in res.output and "budgets" in res.output
+
+
+def test_import_takes_a_fetched_folder_with_records_and_run_summaries(tmp_path):
+    from datetime import datetime, timezone
+
+    from records import case, record
+    from specwatch.record import RunSummary
+    from specwatch.store import append_record, append_run
+
+    fetched = tmp_path / "fetched"
+    append_record(fetched / "m" / "sglang-0.5.17" / "smoke.jsonl", record(case(page_size=64)))
+    now = datetime(2026, 11, 30, tzinfo=timezone.utc)
+    append_run(fetched, RunSummary(suites=["smoke"], faults=[None], parallel_starts=8, engine_groups=8, worker_starts=8,
+                                   records={"ok": 8}, wall_s=200.0, case_s=50.0, engine_start_s=400.0,
+                                   stopped_early=False, machine="m", sglang_version="0.5.17",
+                                   started_at=now, finished_at=now))
+    res = runner.invoke(app, ["import", str(fetched), "--results", str(tmp_path / "results")])
+    assert res.exit_code == 0 and "+1 records" in res.stdout and "+1 run summaries" in res.stdout
+    res = runner.invoke(app, ["import", str(fetched), "--results", str(tmp_path / "results")])
+    assert "nothing new" in res.stdout
+    res = runner.invoke(app, ["results", str(tmp_path / "results")])
+    assert "sweep cost" in res.stdout and "4.0" in res.stdout

@@ -151,3 +151,15 @@ def test_parallel_starts_survive_a_worker_dying_before_its_engine_is_up(tmp_path
     assert len(recs) == 8
     assert {r.status for r in recs if r.case.num_steps == 5} == {Status.crashed}
     assert {r.status for r in recs if r.case.num_steps == 3} == {Status.ok}
+
+
+def test_every_run_leaves_a_summary_of_its_cost(tmp_path):
+    from specwatch.store import RUNS_FILE, read_runs
+
+    suite = _suite(tmp_path, topks="[1, 4]")
+    out, starts = _run(tmp_path, suite, parallel_starts=2)
+    (run,) = read_runs(out.parent / RUNS_FILE)
+    assert run.suites == ["harness"] and run.faults == [None] and run.parallel_starts == 2
+    assert run.engine_groups == 4 and run.worker_starts == starts == 6      # 2 topk-4 groups crash once more
+    assert run.records == {"ok": 4, "crashed": 4} and not run.stopped_early
+    assert run.wall_s > 0 and run.case_s >= 0 and run.cost_ratio is None or run.cost_ratio > 0

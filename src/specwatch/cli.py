@@ -186,18 +186,23 @@ def overlay_cmd(repo: Path = typer.Argument(..., help="A local git repository of
 
 
 @app.command("import")
-def import_cmd(files: list[Path] = typer.Argument(..., help="JSONL record files (e.g. fetched from a GPU host)."),
+def import_cmd(files: list[Path] = typer.Argument(..., help="JSONL record files (e.g. fetched from a GPU host), "
+                                                  "or a folder of them (run summaries, runs.ndjson, too)."),
                results: Path = typer.Option(Path("results"), help="Results root.")) -> None:
     """Validate records and append them to the results store (each to its machine/version/suite file)."""
-    from specwatch.store import import_records
+    from specwatch.store import RUNS_FILE, import_records, import_runs
 
+    paths = [q for p in files for q in (sorted(p.rglob("*.jsonl")) + sorted(p.rglob(RUNS_FILE)) if p.is_dir() else [p])]
     try:
-        added = import_records(files, results)
+        added = import_records([p for p in paths if p.name != RUNS_FILE], results)
+        runs = import_runs([p for p in paths if p.name == RUNS_FILE], results)
     except SpecwatchInputError as e:
         _fail(e)
     for dest, n in added.items():
         console.print(f"{dest}: +{n} records")
-    if not added:
+    if runs:
+        console.print(f"+{runs} run summaries")
+    if not added and not runs:
         console.print("nothing new")
 
 
@@ -353,6 +358,18 @@ def results_cmd(root: Path = typer.Argument(Path("results"), help="Results root.
         return
     counts = df.groupby(["machine", "sglang_version", "suite", "status"]).size().unstack(fill_value=0)
     _print_frame("records", counts.reset_index())
+    from specwatch.store import RUNS_FILE, read_runs
+
+    runs = [r for p in sorted(Path(root).rglob(RUNS_FILE)) for r in read_runs(p)]
+    if runs:
+        import pandas as pd
+
+        _print_frame("sweep cost per run (wall / case time; goal < 2)", pd.DataFrame([{
+            "started": r.started_at.strftime("%Y-%m-%d %H:%M"), "sglang": r.sglang_version,
+            "suites": "+".join(r.suites), "K": r.parallel_starts, "groups": r.engine_groups,
+            "workers": r.worker_starts, "records": sum(r.records.values()), "wall s": round(r.wall_s),
+            "case s": round(r.case_s), "ratio": None if r.cost_ratio is None else round(r.cost_ratio, 2)}
+            for r in runs]))
     checks = [c for c in df.columns if c.startswith("check.")]
     failing = df[df[checks].eq(False).any(axis=1)] if checks else df.iloc[0:0]
     if failing.empty:

@@ -123,3 +123,32 @@ def parse_record(data: dict, source: str = "<record>") -> CaseRecord:
             field = ".".join(str(x) for x in err["loc"])
             raise SpecwatchInputError(source, err["msg"], field=field) from None
         raise SpecwatchInputError(source, str(e)) from None
+
+
+class RunSummary(BaseModel):
+    """One `specwatch run` on a GPU host: what the sweep cost (issue: sweep wall time vs generation)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: int = Field(default=SCHEMA_VERSION, description="Layout version, as for records.")
+    suites: list[str] = Field(description="Suite names run together.")
+    faults: list[Optional[str]] = Field(description="Faults each suite ran under (None: clean).")
+    parallel_starts: int = Field(description="Engines started at once (1: one after another).")
+    engine_groups: int = Field(description="Engine groups launched (each one sglang.Engine).")
+    worker_starts: int = Field(description="Worker processes started (more than groups after crashes).")
+    records: dict[str, int] = Field(description="Records written, by status.")
+    wall_s: float = Field(description="Wall time of the whole run, seconds.")
+    case_s: float = Field(description="Sum over ok cases of their own time (warm-up, prefill and timed "
+                                      "batches, leak probe): the generation the sweep exists for.")
+    engine_start_s: float = Field(description="Sum of the engine start times the ok records report.")
+    stopped_early: bool = Field(description="True when --stop-after left engine groups unstarted.")
+    specwatch_commit: Optional[str] = Field(default=None, description="git commit of specwatch.")
+    sglang_version: Optional[str] = Field(default=None, description="SGLang version run.")
+    machine: str = Field(description="Machine label, as in records.")
+    started_at: datetime = Field(description="UTC start of the run.")
+    finished_at: datetime = Field(description="UTC end of the run.")
+
+    @property
+    def cost_ratio(self) -> Optional[float]:
+        """Wall time over generation time (the issue's goal: under 2)."""
+        return self.wall_s / self.case_s if self.case_s else None

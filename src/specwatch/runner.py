@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional
 
 from specwatch.case import Case
-from specwatch.provenance import collect, host_facts, machine_label
-from specwatch.record import CaseRecord, Metric, Status, utcnow
+from specwatch.provenance import collect, host_facts, machine_label, specwatch_commit
+from specwatch.record import CaseRecord, Metric, RunSummary, Status, utcnow
 from specwatch.sglang_host import sglang_version
-from specwatch.store import append_record, finished_case_ids, results_path
+from specwatch.store import append_record, append_run, finished_case_ids, results_path
 from specwatch.suite import PlannedCase, Suite, matches
 from specwatch.timing_lock import ENV as TIMING_LOCK_ENV, HELD_EVENT, PARALLEL_ENV, WaveGate
 
@@ -38,6 +38,8 @@ POLL_S = 1.0
 """How often the parent reads the worker's finished cases."""
 _ACTIVE_WORKERS: set[int] = set()
 """Process groups of running workers (killed when the runner is stopped)."""
+STARTED_EVENT = "worker_started"
+"""Runner-side event: a worker process was launched."""
 EXITED_EVENT = "worker_exited"
 """Runner-side event: a worker process ended (it no longer starts or times anything)."""
 PROBE_DIR = Path(__file__).resolve().parent / "probe"
@@ -150,6 +152,8 @@ def run_group(suite: Suite, cases: list[Case], timeout_s: int, fault: Optional[s
                                         stdout=logf, stderr=subprocess.STDOUT, env=env,
                                         start_new_session=True)
                 _ACTIVE_WORKERS.add(proc.pid)
+                if on_event:
+                    on_event(STARTED_EVENT)
                 while True:
                     try:
                         rc = proc.wait(timeout=POLL_S)
@@ -289,35 +293,93 @@ def run_suites(suites: list[Suite], results_root: Path, faults: tuple[Optional[s
         facts["gpu_count"] = gpus
     record_lock = threading.Lock()
     outs, jobs = [], []
+    tally = _Tally()
+
+    def on_record(rec: CaseRecord) -> None:
+        tally.add(rec)
+        if progress:
+            progress(rec)
+
     for suite in suites:
         for fault in faults:
-            out, js = plan_run(suite, results_root, facts, progress, resume, shard, fault, where, record_lock)
+            out, js = plan_run(suite, results_root, facts, on_record, resume, shard, fault, where, record_lock)
             outs.append(out)
             jobs += js
     if max_groups is not None:
         jobs = jobs[:max_groups]
-    t0 = time.monotonic()
+    t0, started_at = time.monotonic(), utcnow()
     expired = lambda: stop_after_s is not None and time.monotonic() - t0 > stop_after_s  # noqa: E731
+    launched = 0
+
+    def count(ev: str) -> None:
+        tally.event(ev)
+
     with _kill_workers_on_sigterm():
         if parallel_starts <= 1:
             for job in jobs:
                 if expired():
                     break
+                launched += 1
                 run_group(job.suite, job.cases, job.suite.spec.suite.timeout_s, job.fault, job.emit, models_dir,
-                          extra_env, worker_module)
-            return outs
-        with tempfile.TemporaryDirectory(prefix="specwatch-lock-") as tmp:
-            lock_path = Path(tmp) / "timing.lock"
-            env = dict(extra_env or {}, **{TIMING_LOCK_ENV: str(lock_path), PARALLEL_ENV: str(parallel_starts)})
-            # K engines' processes share the host's cores: keep each one's CPU thread pools small
-            env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // parallel_starts)))
-            for w in range(0, len(jobs), parallel_starts):
-                if expired():
-                    break
-                run_wave(jobs[w:w + parallel_starts], lock_path, lambda job, on_event: run_group(
-                    job.suite, job.cases, job.suite.spec.suite.timeout_s, job.fault, job.emit, models_dir, env,
-                    worker_module, on_event=on_event))
+                          extra_env, worker_module, on_event=count)
+        else:
+            launched = _run_waves(jobs, parallel_starts, expired, models_dir, extra_env, worker_module, count)
+    if jobs:
+        append_run(results_root, RunSummary(
+            suites=[s.name for s in suites], faults=list(faults), parallel_starts=parallel_starts,
+            engine_groups=launched, worker_starts=tally.worker_starts, records=dict(tally.statuses),
+            wall_s=round(time.monotonic() - t0, 3), case_s=round(tally.case_s, 3),
+            engine_start_s=round(sum(tally.engine_starts.values()), 3), stopped_early=launched < len(jobs),
+            specwatch_commit=specwatch_commit(), sglang_version=sglang_version(), machine=machine_label(facts),
+            started_at=started_at, finished_at=utcnow()))
     return outs
+
+
+class _Tally:
+    """What a run produced, for its RunSummary."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.statuses: dict[str, int] = {}
+        self.case_s = 0.0
+        self.engine_starts: dict[tuple, float] = {}
+        self.worker_starts = 0
+
+    def add(self, rec: CaseRecord) -> None:
+        with self.lock:
+            self.statuses[rec.status.value] = self.statuses.get(rec.status.value, 0) + 1
+            if rec.status is Status.ok:
+                p = rec.provenance
+                self.case_s += (p.finished_at - p.started_at).total_seconds()
+                start = rec.metrics.get("engine_start_time")
+                if start is not None:
+                    self.engine_starts[(rec.case.engine_key(), p.fault)] = start.value
+
+    def event(self, ev: str) -> None:
+        if ev == STARTED_EVENT:
+            with self.lock:
+                self.worker_starts += 1
+
+
+def _run_waves(jobs: list, parallel_starts: int, expired, models_dir: Path, extra_env: Optional[dict],
+               worker_module: str, count: Callable[[str], None]) -> int:
+    """Run ``jobs`` in waves of ``parallel_starts`` (``specwatch.timing_lock``); returns how many
+    engine groups were launched before ``expired()``."""
+    launched = 0
+    with tempfile.TemporaryDirectory(prefix="specwatch-lock-") as tmp:
+        lock_path = Path(tmp) / "timing.lock"
+        env = dict(extra_env or {}, **{TIMING_LOCK_ENV: str(lock_path), PARALLEL_ENV: str(parallel_starts)})
+        # K engines' processes share the host's cores: keep each one's CPU thread pools small
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // parallel_starts)))
+        for w in range(0, len(jobs), parallel_starts):
+            if expired():
+                break
+            wave = jobs[w:w + parallel_starts]
+            launched += len(wave)
+            run_wave(wave, lock_path, lambda job, on_event: run_group(
+                job.suite, job.cases, job.suite.spec.suite.timeout_s, job.fault, job.emit, models_dir, env,
+                worker_module, on_event=lambda ev: (count(ev), on_event(ev))))
+    return launched
 
 
 def run_suite(suite: Suite, results_root: Path, fault: Optional[str] = None, **kw) -> Path:

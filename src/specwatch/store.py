@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Optional
 
 if TYPE_CHECKING:
     import pandas as pd
+    from specwatch.record import RunSummary
 
+from specwatch.errors import SpecwatchInputError
 from specwatch.record import CaseRecord, Status, parse_record
 
 
@@ -124,3 +126,47 @@ def import_records(paths: Iterable[Path], root: Path) -> dict[Path, int]:
 
 def _identity(r: CaseRecord) -> tuple:
     return (r.case_id, r.provenance.hostname, r.provenance.started_at.isoformat(), r.provenance.fault)
+
+
+RUNS_FILE = "runs.ndjson"
+"""Per (machine, SGLang version): one RunSummary per `specwatch run` (not a records file)."""
+
+
+def runs_path(root: Path, machine: str, sglang_version: Optional[str]) -> Path:
+    return Path(root) / machine / f"sglang-{sglang_version or 'none'}" / RUNS_FILE
+
+
+def append_run(root: Path, summary: "RunSummary") -> Path:
+    path = runs_path(root, summary.machine, summary.sglang_version)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(summary.model_dump_json() + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    return path
+
+
+def read_runs(path: Path) -> list["RunSummary"]:
+    from specwatch.record import RunSummary
+
+    out = []
+    for i, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                out.append(RunSummary.model_validate_json(line))
+            except Exception as e:
+                raise SpecwatchInputError(path, f"line {i}: not a run summary ({type(e).__name__})") from None
+    return out
+
+
+def import_runs(paths: Iterable[Path], root: Path) -> int:
+    """Append run summaries fetched from a GPU host to the store (each once)."""
+    added = 0
+    for p in paths:
+        for run in read_runs(Path(p)):
+            dest = runs_path(root, run.machine, run.sglang_version)
+            have = {r.started_at for r in read_runs(dest)} if dest.exists() else set()
+            if run.started_at not in have:
+                append_run(root, run)
+                added += 1
+    return added
