@@ -57,6 +57,9 @@ class ModelSize(str, Enum):
     tiny = "tiny"
     llama_1b = "1b"
     llama_8b = "8b"
+    tiny_attn = "tiny-attn"
+    """tiny shapes with an attention-sensitive layer 0: the next token also depends on the KV read
+    at the previous position, so wrong KV reads (pages, masks, stale slots) change outputs."""
 
 
 class Case(BaseModel):

@@ -23,6 +23,18 @@ output is ``M @ embed(x)``, its logits ``lm_head(M @ embed(x))``.
 
 STANDALONE draft: an oracle ``LlamaForCausalLM`` with the same sigma and fewer layers.
 
+Attention-sensitive variant (``tiny-attn``; ``Shape.attn_copy``): the oracles above never let
+attention output reach the logits, so a wrong KV read cannot change anything. Here layer 0 of the
+target (and of the ``perfect`` EAGLE draft) attends, through RoPE alone, to the previous position
+and copies that token into residual dims [A, 2A) (A = kv_heads x head_dim = 256 active tokens);
+``lm_head`` adds a vote of weight 2 for sigma^2(previous) to the current token's vote of 1 for
+sigma(current). With correct KV both name the same token, so the chain and the acceptance are the
+ones above; if layer 0 reads a wrong token x at the previous position (a wrong page, mask or stale
+slot), sigma^2(x) wins: a lossless mismatch in the target, a rejected draft token in the draft.
+Checked on the CPU with Hugging Face's Llama (fp32 and bf16, 7000 positions: exact). Limits: only
+layer 0's KV matters; imperfect draft profiles keep a KV-blind draft (a previous-token vote would
+overrule their deliberately wrong first choice).
+
 NGRAM has no draft model: it proposes continuations of n-grams seen earlier in the context. The
 chain repeats with period A, so a prompt longer than A (plus the match length) holds every
 continuation the target will produce; its expected acceptance is measured, not derived.
@@ -61,16 +73,26 @@ class Shape:
     kv_heads: int
     vocab: int
     max_position: int = 8192
+    attn_copy: bool = False
+    """Layer 0 copies the previous position's token into the residual stream (attention-sensitive)."""
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
 
     @property
     def active(self) -> int:
-        return self.hidden
+        """Active tokens: one residual dimension each (two with ``attn_copy``: current and previous,
+        the previous one carried by the values, kv_heads x head_dim wide)."""
+        return self.kv_heads * self.head_dim if self.attn_copy else self.hidden
 
 
 SHAPES = {
     ModelSize.tiny: Shape(hidden=1024, layers=4, intermediate=2816, heads=16, kv_heads=4, vocab=32000),
     ModelSize.llama_1b: Shape(hidden=2048, layers=16, intermediate=8192, heads=32, kv_heads=8, vocab=128256),
     ModelSize.llama_8b: Shape(hidden=4096, layers=32, intermediate=14336, heads=32, kv_heads=8, vocab=128256),
+    ModelSize.tiny_attn: Shape(hidden=1024, layers=4, intermediate=2816, heads=16, kv_heads=4, vocab=32000,
+                               attn_copy=True),
 }
 
 
@@ -222,6 +244,9 @@ def count_verifies(succ: np.ndarray, first_output_token: int, output_len: int, a
     return verifies
 
 
+ROPE_THETA = 500000.0
+
+
 def _config(shape: Shape, layers: int, architecture: str) -> dict:
     return {
         "architectures": [architecture],
@@ -235,7 +260,7 @@ def _config(shape: Shape, layers: int, architecture: str) -> dict:
         "vocab_size": shape.vocab,
         "max_position_embeddings": shape.max_position,
         "rms_norm_eps": 1e-5,
-        "rope_theta": 500000.0,
+        "rope_theta": ROPE_THETA,
         "hidden_act": "silu",
         "tie_word_embeddings": False,
         "torch_dtype": "bfloat16",
@@ -320,11 +345,57 @@ def write_target(folder: Path, oracle: Oracle, layers: Optional[int] = None, dev
     head = torch.zeros(s.vocab, s.hidden, dtype=bf, device=device)
     succ = torch.as_tensor(oracle.successor_index(), device=device)
     head[FIRST_ACTIVE + succ, ids] = 1.0
+    if s.attn_copy:
+        # previous token p (residual dim A + p) votes PREV_WEIGHT for sigma^2(p)
+        head[FIRST_ACTIVE + succ[succ], s.active + ids] = PREV_WEIGHT
     w = {"model.embed_tokens.weight": embed, "lm_head.weight": head,
          "model.norm.weight": torch.ones(s.hidden, dtype=bf, device=device)}
     for i in range(layers):
         w.update(_layer_weights(torch, s, f"model.layers.{i}.", gen, device))
+    if s.attn_copy:
+        w.update(attention_copy_weights(torch, s, "model.layers.0.", device))
     _save(torch, folder, _config(s, layers, "LlamaForCausalLM"), w)
+
+
+PREV_WEIGHT = 2.0
+"""lm_head weight of the previous-token vote (the current token's vote is 1): with the right
+previous token both votes name the chain's next token (3 vs 0); with a wrong one x the vote for
+sigma^2(x) (2) beats the current token's (1), so a wrong KV read changes the output."""
+COPY_SCALE = 17.0
+"""Per-plane |q| = |k| of the previous-position attention: the score gap between the previous
+position and any other (rope_theta 500000, head_dim 64: at least 0.843 * 17^2 / sqrt(64) = 30)
+keeps softmax weight off every other position below e^-30 per position."""
+
+
+def attention_copy_weights(torch, s: Shape, prefix: str, device, rope_theta: float = ROPE_THETA) -> dict:
+    """q/k/v/o of an attention layer that copies the previous position's token into residual dims
+    [A, 2A): every token has the same q and k, chosen per rotary plane so that RoPE makes the score
+    peak at relative position -1; v is the token's one-hot (A = kv_heads x head_dim wide); o_proj
+    takes the first query head of each KV group into the residual (the rest stay zero)."""
+    h, hd, a = s.hidden, s.head_dim, s.active
+    half = hd // 2
+    theta = rope_theta ** (-torch.arange(half, dtype=torch.float64) * 2 / hd)
+    k_head = torch.zeros(hd, dtype=torch.float64)
+    k_head[:half] = COPY_SCALE                         # each plane (i, i + hd/2) at angle 0
+    q_head = torch.zeros(hd, dtype=torch.float64)
+    q_head[:half] = COPY_SCALE * torch.cos(theta)      # angle -theta_i: the score peaks at j - i = -1
+    q_head[half:] = -COPY_SCALE * torch.sin(theta)
+    norm = math.sqrt(h)                                # the layer sees RMS-normalised sqrt(H) * e_t
+    act = torch.zeros(h, dtype=torch.float64)
+    act[:a] = 1.0 / norm                               # same q, k for every active (current) token
+    q = torch.outer(q_head.repeat(s.heads), act)
+    k = torch.outer(k_head.repeat(s.kv_heads), act)
+    v = torch.zeros(s.kv_heads * hd, h, dtype=torch.float64)
+    v[torch.arange(a), torch.arange(a)] = 1.0 / norm   # value of token t: e_t in value space
+    o = torch.zeros(h, s.heads * hd, dtype=torch.float64)
+    group = s.heads // s.kv_heads
+    for g in range(s.kv_heads):
+        rows = a + g * hd + torch.arange(hd)
+        cols = g * group * hd + torch.arange(hd)
+        o[rows, cols] = norm                           # previous token p -> sqrt(H) * e_{A + p}
+    bf = torch.bfloat16
+    return {f"{prefix}self_attn.{n}_proj.weight": t.to(device=device, dtype=bf)
+            for n, t in (("q", q), ("k", k), ("v", v), ("o", o))}
 
 
 def write_eagle_draft(folder: Path, oracle: Oracle, device: str = "cpu") -> None:
@@ -350,6 +421,11 @@ def write_eagle_draft(folder: Path, oracle: Oracle, device: str = "cpu") -> None
     fc = torch.cat([m, torch.zeros_like(m)], dim=1).to(bf)
     w = {"fc.weight": fc, "fc.bias": torch.zeros(s.hidden, dtype=bf, device=device)}
     w.update(_layer_weights(torch, s, "layers.0.", gen, device, skip_input_norm=True))
+    if s.attn_copy and oracle.profile is Profile.perfect:
+        # the perfect draft reads its KV like the target: a wrong read there lowers acceptance.
+        # Imperfect profiles keep a KV-blind draft: a previous-token vote would overrule their
+        # deliberately wrong first choice.
+        w.update(attention_copy_weights(torch, s, "layers.0.", device))
     _save(torch, folder, config, w)
 
 
