@@ -31,13 +31,14 @@ def test_shipped_suites_expand():
     # 4 pages x 4 topk x 3 backends x 2 batch sizes x 2 profiles
     assert counts["tree-page"] == (192, 192)
     # 3 algos x 3 backends x 2 pages x 2 topk x 2 dcp x 2 workloads; NGRAM topk>1 page>1 off flashinfer
-    assert counts["dcp"][0] == 144
-    assert counts["dcp"][0] - counts["dcp"][1] == 8
+    assert counts["dcp"][0] == 144 + 64                   # Llama (MHA) cases + the MLA matrix
+    assert counts["dcp"][0] - counts["dcp"][1] == 8 + 12
 
 
 def test_ngram_skip_reason_is_sglangs():
     plan = load_suite(SUITES / "dcp.toml").plan()
-    skipped = [p for p in plan if p.skip]
+    skipped = [p for p in plan if p.skip and p.case.algorithm is Algorithm.NGRAM]
+    assert len(skipped) == 8
     assert all(p.case.algorithm is Algorithm.NGRAM and p.case.page_size > 1 and p.case.topk > 1
                and p.case.attention_backend is not Backend.flashinfer for p in skipped)
     assert "only supported for the 'flashinfer' backend" in skipped[0].skip
@@ -71,7 +72,7 @@ def test_case_id_is_stable():
 
 
 @pytest.mark.parametrize("text,field,msg", [
-    (BASE.replace('"triton"', '"cutlass"'), "matrix[0].attention_backend[0]", "'triton', 'flashinfer' or 'fa3'"),
+    (BASE.replace('"triton"', '"cutlass"'), "matrix[0].attention_backend[0]", "'triton', 'flashinfer', 'fa3' or 'flashmla'"),
     (BASE + "bogus = [1]\n", "matrix[0].bogus", "Extra inputs are not permitted"),
     (BASE.replace("page_size = [1, 64]", "page_size = [0]"), "matrix[0].page_size", ">= 1"),
     ("[suite]\nname = \"t\"\n", "matrix", "Field required"),

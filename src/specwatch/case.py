@@ -28,6 +28,8 @@ class Backend(str, Enum):
     triton = "triton"
     flashinfer = "flashinfer"
     fa3 = "fa3"
+    flashmla = "flashmla"
+    """MLA models only (DeepSeek family); SGLang runs it at page_size 64."""
 
 
 class Profile(str, Enum):
@@ -57,6 +59,9 @@ class ModelSize(str, Enum):
     tiny = "tiny"
     llama_1b = "1b"
     llama_8b = "8b"
+    tiny_mla = "tiny-mla"
+    """DeepSeek-V3 architecture (MLA attention, an MTP/NextN layer as the EAGLE draft), tiny sizes:
+    for the MLA attention backends and DCP."""
     tiny_attn = "tiny-attn"
     """tiny shapes with an attention-sensitive layer 0: the next token also depends on the KV read
     at the previous position, so wrong KV reads (pages, masks, stale slots) change outputs."""

@@ -29,7 +29,7 @@ from specwatch.memory_model import SizingInput, reference_sizing
 from specwatch.oracle import SHAPES, Oracle, ensure_models
 from specwatch.timing_lock import PARALLEL_ENV, WorkerTimingLock
 
-KV_TOKENS = {ModelSize.tiny: 1 << 18, ModelSize.tiny_attn: 1 << 18, ModelSize.llama_1b: 1 << 17,
+KV_TOKENS = {ModelSize.tiny: 1 << 18, ModelSize.tiny_attn: 1 << 18, ModelSize.tiny_mla: 1 << 18, ModelSize.llama_1b: 1 << 17,
              ModelSize.llama_8b: 1 << 16}
 """KV pool size per model for standard workloads (keeps start fast, memory numbers comparable
 within a model, and several engines on one GPU under ``--parallel-starts``)."""

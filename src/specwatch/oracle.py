@@ -23,6 +23,12 @@ output is ``M @ embed(x)``, its logits ``lm_head(M @ embed(x))``.
 
 STANDALONE draft: an oracle ``LlamaForCausalLM`` with the same sigma and fewer layers.
 
+MLA variant (``tiny-mla``; ``write_deepseek_target``): a DeepSeek-V3 checkpoint (MLA attention with
+DeepSeek-V3's 512/64/128/128 dims, dense MLPs) built the same way, whose MTP layer
+``model.layers.<L>`` (``eh_proj = [I, 0]``) is what SGLang loads as the EAGLE (NextN) draft when the
+draft path is the target's: acceptance steps + 1 at topk 1. For the MLA backends and DCP. Checked on
+the CPU with Hugging Face's DeepseekV3 (target chain) and a written-out NextN forward (draft).
+
 Attention-sensitive variant (``tiny-attn``; ``Shape.attn_copy``): the oracles above never let
 attention output reach the logits, so a wrong KV read cannot change anything. Here layer 0 of the
 target (and of the ``perfect`` EAGLE draft) attends, through RoPE alone, to the previous position
@@ -75,6 +81,8 @@ class Shape:
     max_position: int = 8192
     attn_copy: bool = False
     """Layer 0 copies the previous position's token into the residual stream (attention-sensitive)."""
+    arch: str = "llama"
+    """``llama`` (LlamaForCausalLM) or ``deepseek-v3`` (DeepseekV3ForCausalLM: MLA, MTP draft layer)."""
 
     @property
     def head_dim(self) -> int:
@@ -91,6 +99,8 @@ SHAPES = {
     ModelSize.tiny: Shape(hidden=1024, layers=4, intermediate=2816, heads=16, kv_heads=4, vocab=32000),
     ModelSize.llama_1b: Shape(hidden=2048, layers=16, intermediate=8192, heads=32, kv_heads=8, vocab=128256),
     ModelSize.llama_8b: Shape(hidden=4096, layers=32, intermediate=14336, heads=32, kv_heads=8, vocab=128256),
+    ModelSize.tiny_mla: Shape(hidden=1024, layers=2, intermediate=2816, heads=16, kv_heads=16, vocab=32000,
+                              arch="deepseek-v3"),
     ModelSize.tiny_attn: Shape(hidden=1024, layers=4, intermediate=2816, heads=16, kv_heads=4, vocab=32000,
                                attn_copy=True),
 }
@@ -434,6 +444,8 @@ def model_dirs(root: Path, size: ModelSize, profile: Profile, algorithm: Algorit
     target = root / f"{size.value}-seed{seed}" / "target"
     if algorithm is Algorithm.NGRAM:
         return target, None
+    if SHAPES[size].arch == "deepseek-v3":
+        return target, target   # the MTP layer ships inside the target checkpoint (SGLang loads it as NextN)
     if algorithm is Algorithm.STANDALONE:
         return target, root / f"{size.value}-seed{seed}" / "standalone-draft"
     return target, root / f"{size.value}-seed{seed}" / f"eagle-draft-{profile.value}"
@@ -456,6 +468,10 @@ def ensure_models(root: Path, size: ModelSize, profile: Profile, algorithm: Algo
 
 def _write_missing(target: Path, draft: Optional[Path], oracle: "Oracle", size: ModelSize, seed: int,
                    algorithm: Algorithm, device: str) -> None:
+    if SHAPES[size].arch == "deepseek-v3":
+        if not (target / "config.json").exists():
+            write_deepseek_target(target, Oracle(SHAPES[size], seed, Profile.perfect), device=device)
+        return
     if not (target / "config.json").exists():
         write_target(target, Oracle(SHAPES[size], seed, Profile.perfect), device=device)
     if draft is not None and not (draft / "config.json").exists():
@@ -463,3 +479,71 @@ def _write_missing(target: Path, draft: Optional[Path], oracle: "Oracle", size: 
             write_target(draft, Oracle(SHAPES[size], seed, Profile.perfect), layers=1, device=device)
         else:
             write_eagle_draft(draft, oracle, device=device)
+
+
+MLA = {"kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128}
+"""DeepSeek-V3's MLA dimensions (what FlashMLA and the other MLA kernels are built for)."""
+
+
+def _deepseek_config(s: Shape) -> dict:
+    return {
+        "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+        "hidden_size": s.hidden, "intermediate_size": s.intermediate, "moe_intermediate_size": 256,
+        "num_hidden_layers": s.layers, "num_nextn_predict_layers": 1,
+        "num_attention_heads": s.heads, "num_key_value_heads": s.heads, "q_lora_rank": None, **MLA,
+        # dense MLP everywhere, the MTP layer included (experts are declared, never built)
+        "first_k_dense_replace": s.layers + 1, "moe_layer_freq": 1, "n_routed_experts": 8,
+        "n_shared_experts": 1, "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1,
+        "routed_scaling_factor": 1.0, "scoring_func": "sigmoid", "topk_method": "noaux_tc",
+        "norm_topk_prob": True, "vocab_size": s.vocab, "max_position_embeddings": s.max_position,
+        "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "rope_scaling": None, "hidden_act": "silu",
+        "tie_word_embeddings": False, "attention_bias": False, "attention_dropout": 0.0,
+        "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": EOS_TOKEN_ID,
+    }
+
+
+def write_deepseek_target(folder: Path, oracle: Oracle, device: str = "cpu") -> None:
+    """DeepSeek-V3 oracle: MLA layers with zero ``o_proj`` and ``down_proj`` (the residual stream stays
+    the token embedding, as in the Llama oracle), ``lm_head`` = sigma, plus the MTP layer
+    ``model.layers.<L>`` that SGLang loads as the EAGLE (NextN) draft: ``eh_proj = [I, 0]`` over
+    [enorm(embed(next token)), hnorm(hidden)], zero decoder outputs, so it predicts sigma(next
+    token) exactly (acceptance = steps + 1 at topk 1)."""
+    import torch
+
+    s = oracle.shape
+    gen = torch.Generator(device=device).manual_seed(oracle.seed)
+    bf = torch.bfloat16
+    h, heads = s.hidden, s.heads
+
+    def rnd(*shape):
+        return (torch.randn(*shape, generator=gen, device=device) * 0.02).to(bf)
+
+    def ones(n):
+        return torch.ones(n, dtype=bf, device=device)
+
+    ids = torch.arange(s.active, device=device)
+    embed = torch.zeros(s.vocab, h, dtype=bf, device=device)
+    embed[FIRST_ACTIVE + ids, ids] = math.sqrt(h)
+    head = torch.zeros(s.vocab, h, dtype=bf, device=device)
+    head[FIRST_ACTIVE + torch.as_tensor(oracle.successor_index(), device=device), ids] = 1.0
+    w = {"model.embed_tokens.weight": embed, "lm_head.weight": head, "model.norm.weight": ones(h)}
+    qk = MLA["qk_nope_head_dim"] + MLA["qk_rope_head_dim"]
+    for i in range(s.layers + 1):                      # layer L is the MTP layer
+        p = f"model.layers.{i}."
+        w.update({
+            p + "self_attn.q_proj.weight": rnd(heads * qk, h),
+            p + "self_attn.kv_a_proj_with_mqa.weight": rnd(MLA["kv_lora_rank"] + MLA["qk_rope_head_dim"], h),
+            p + "self_attn.kv_a_layernorm.weight": ones(MLA["kv_lora_rank"]),
+            p + "self_attn.kv_b_proj.weight": rnd(heads * (MLA["qk_nope_head_dim"] + MLA["v_head_dim"]),
+                                                  MLA["kv_lora_rank"]),
+            p + "self_attn.o_proj.weight": torch.zeros(h, heads * MLA["v_head_dim"], dtype=bf, device=device),
+            p + "mlp.gate_proj.weight": rnd(s.intermediate, h),
+            p + "mlp.up_proj.weight": rnd(s.intermediate, h),
+            p + "mlp.down_proj.weight": torch.zeros(h, s.intermediate, dtype=bf, device=device),
+            p + "input_layernorm.weight": ones(h), p + "post_attention_layernorm.weight": ones(h),
+        })
+    mtp = f"model.layers.{s.layers}."
+    eye = torch.eye(h, dtype=bf, device=device)
+    w.update({mtp + "eh_proj.weight": torch.cat([eye, torch.zeros_like(eye)], dim=1),
+              mtp + "enorm.weight": ones(h), mtp + "hnorm.weight": ones(h), mtp + "shared_head.norm.weight": ones(h)})
+    _save(torch, folder, _deepseek_config(s), w)

@@ -82,7 +82,32 @@ def _fits_context(c: Case) -> Optional[str]:
     return None
 
 
+def _mla_backend(c: Case) -> Optional[str]:
+    from specwatch.oracle import SHAPES
+
+    mla = SHAPES[c.model].arch == "deepseek-v3"
+    if c.attention_backend.value == "flashmla" and not mla:
+        return "attention_backend='flashmla' is an MLA backend; the model has no MLA attention"
+    if c.attention_backend.value == "flashmla" and c.page_size != 64:
+        return ("FlashMLA only supports a page_size of 64, change page_size to 64 (SGLang rewrites the case; "
+                "the page-64 case covers it)")
+    return None
+
+
+def _mla_oracle(c: Case) -> Optional[str]:
+    from specwatch.case import Profile
+    from specwatch.oracle import SHAPES
+
+    if SHAPES[c.model].arch == "deepseek-v3" and (c.algorithm is not Algorithm.EAGLE
+                                                   or c.profile is not Profile.perfect):
+        return ("specwatch: the MLA oracle's draft is its MTP (NextN) layer, which predicts perfectly; "
+                "only EAGLE with profile 'perfect' is built for it")
+    return None
+
+
 RULES: tuple[Rule, ...] = (
+    Rule("mla-backend", "sglang/srt/arg_groups/overrides.py:_mla_backend_page_constraints", _mla_backend),
+    Rule("mla-oracle", "specwatch/oracle.py: write_deepseek_target", _mla_oracle),
     Rule("dcp-divides-tp", "sglang/srt/server_args.py (DCP groups split TP ranks)", _dcp_divides_tp),
     Rule("tree-on-paged-kv", "sglang/srt/arg_groups/speculative_hook.py:_handle_eagle", _tree_on_paged_kv),
     Rule("ngram-tree-on-paged-kv", "sglang/srt/arg_groups/speculative_hook.py:_handle_ngram",
