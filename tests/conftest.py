@@ -3,6 +3,12 @@ from pathlib import Path
 
 import pytest
 
+from specwatch.sglang_host import ensure_import_stubs
+
+# Tests that import transformers (the HF oracle checks) must see the same torchvision stub SGLang
+# sees, or transformers caches "no torchvision" and SGLang's later import fails (CI's CPU venv).
+ensure_import_stubs()
+
 ROOT = Path(__file__).resolve().parents[1]
 SUITES = ROOT / "suites"
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

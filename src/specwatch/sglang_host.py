@@ -21,9 +21,15 @@ STUBS_DIR = Path(__file__).resolve().parent / "_stubs"
 (``torchvision``: its PyPI wheels need a CUDA torch). Used only where the real one is absent."""
 
 
-def _ensure_import_stubs() -> None:
+def ensure_import_stubs() -> None:
+    """Put the stubs on sys.path where the real packages are absent. Call it before anything imports
+    ``transformers``: transformers decides once, at import, whether torchvision exists, and SGLang's
+    module-level image-processor imports fail if it decided "no"."""
     if importlib.util.find_spec("torchvision") is None and str(STUBS_DIR) not in sys.path:
         sys.path.append(str(STUBS_DIR))
+
+
+_ensure_import_stubs = ensure_import_stubs
 
 
 def _quiet_import(name: str):
