@@ -291,11 +291,17 @@ def dashboard(results: Path = typer.Option(Path("results"), help="Results root."
     from specwatch.dashboard import build
     from specwatch.store import load_records, records_frame, result_files
 
+    from specwatch.roofline import roofline_frame
+
     try:
-        df = records_frame(load_records(result_files(results)))
+        records = load_records(result_files(results))
+        df = records_frame(records)
     except SpecwatchInputError as e:
         _fail(e)
-    console.print(f"wrote {build(df, out)}")
+    roof = roofline_frame([r for r in records if r.provenance.fault is None])
+    tables = {"Roofline, batch 1 (bound = accept_length x 4.8 TB/s / bytes per verify cycle; specwatch roofline)":
+              roof.drop(columns=["case_id"]) if not roof.empty else roof}
+    console.print(f"wrote {build(df, out, tables)}")
 
 
 @app.command()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 from pathlib import Path
+from typing import Optional
 
 import pandas as pd
 
@@ -42,7 +43,8 @@ def fault_table(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def build(df: pd.DataFrame, out: Path) -> Path:
+def build(df: pd.DataFrame, out: Path, tables: Optional[dict[str, pd.DataFrame]] = None) -> Path:
+    """``tables``: further titled tables (roofline, sweep cost) shown after the fault table."""
     faults = fault_table(df)
     if "fault" in df:
         df = df[df.fault.isna()]          # plots and the case table show clean runs only
@@ -62,6 +64,9 @@ def build(df: pd.DataFrame, out: Path) -> Path:
                   .to_html(index=False, float_format=lambda v: f"{v:.4g}", classes="cases")]
     if not faults.empty:
         parts += ["<h2>Fault injection (specwatch inject)</h2>", faults.to_html(index=False, classes="faults")]
+    for title, t in (tables or {}).items():
+        if t is not None and not t.empty:
+            parts += [f"<h2>{html.escape(title)}</h2>", t.to_html(index=False, classes="extra")]
     parts.append("<h2>Plots</h2>")
     for n in names:
         parts.append(f"<h3>{html.escape(PLOT_TITLES.get(n, n))}</h3><img src='plots/{n}.png' alt='{n}'>")

@@ -75,7 +75,8 @@ def roofline_frame(records) -> "pd.DataFrame":
 
     rows = []
     for r in records:
-        if r.status.value != "ok" or r.case.batch_size != 1 or r.case.algorithm is not Algorithm.EAGLE:
+        if r.status.value != "ok" or r.case.batch_size != 1 or r.case.algorithm is not Algorithm.EAGLE \
+                or SHAPES[r.case.model].arch != "llama":     # the byte count is Llama's (MLA: not modelled)
             continue
         m = r.metrics
         tput = m.get("decode_throughput") or m.get("output_throughput")
