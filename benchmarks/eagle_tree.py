@@ -18,7 +18,7 @@ def _records():
     from specwatch.store import load_records, result_files
 
     root = Path(os.environ.get("SPECWATCH_RESULTS", Path(__file__).resolve().parents[1] / "results"))
-    version = os.environ.get("SPECWATCH_SGLANG_VERSION") or sglang_version()
+    version = sglang_version()   # honours SPECWATCH_SGLANG_VERSION
     machine = os.environ.get("SPECWATCH_MACHINE")
     return {(r.case.attention_backend.value, r.case.page_size, r.case.topk, r.case.batch_size, r.case.profile.value): r
             for r in load_records(result_files(root))

@@ -18,20 +18,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from packaging.version import InvalidVersion, Version
-
 from specwatch.record import CaseRecord
+from specwatch.sglang_host import VERSION_ENV, version_key
 
 ROOT = Path(__file__).resolve().parents[2]
 EPOCH = 1735689600
 """2025-01-01 UTC: the ledger's first version is dated here, each next one a day later."""
-
-
-def _version_key(v: str):
-    try:
-        return (0, Version(v))
-    except InvalidVersion:
-        return (1, v)
 
 
 def _git(repo: Path, *args: str, env: dict | None = None) -> str:
@@ -53,8 +45,8 @@ def version_ledger(repo: Path, versions: list[str]) -> dict[str, str]:
         for line in _git(repo, "log", "--format=%H %s", "main").splitlines():
             h, _, subject = line.partition(" ")
             known[subject.removeprefix("sglang ")] = h
-    new = sorted((v for v in set(versions) if v not in known), key=_version_key)
-    if known and new and _version_key(new[0]) < max(map(_version_key, known)):
+    new = sorted((v for v in set(versions) if v not in known), key=version_key)
+    if known and new and version_key(new[0]) < max(map(version_key, known)):
         raise OutOfOrderVersion(f"version {new[0]} is older than the ledger's newest; delete {repo} to rebuild it")
     for i, v in enumerate(new, start=len(known)):
         when = f"@{EPOCH + 86400 * i} +0000"   # one day per version: asv orders commits by date
@@ -106,7 +98,7 @@ def asv_import(records: list[CaseRecord], results_root: Path, work: Path = Path(
     cfg = offline_config(work, work / "sglang-versions", html_dir)
     done: dict[tuple[str, str], str] = {}
     for machine, version in pairs:
-        env = {"SPECWATCH_SGLANG_VERSION": version, "SPECWATCH_MACHINE": machine,
+        env = {VERSION_ENV: version, "SPECWATCH_MACHINE": machine,
                "SPECWATCH_RESULTS": str(Path(results_root).resolve())}
         _asv(cfg, "machine", "--yes", "--machine", machine, env=env)
         _asv(cfg, "run", "-E", f"existing:{sys.executable}", "--set-commit-hash", hashes[version],

@@ -27,7 +27,7 @@ def fault_table(df: pd.DataFrame) -> pd.DataFrame:
     checks = [c for c in df.columns if c.startswith("check.")]
 
     def verdict(row) -> str:
-        bad = [c[len("check."):] for c in checks if row.get(c) is False or row.get(c) == False]  # noqa: E712
+        bad = [c[len("check."):] for c in checks if row.get(c) == False]  # noqa: E712 (numpy bools, NaN)
         if row.status != "ok":
             return f"{row.status}: {str(row.reason)[:140]}"
         return "failed: " + ", ".join(bad) if bad else "all checks pass"

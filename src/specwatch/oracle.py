@@ -340,6 +340,17 @@ def _publish(tmp: Path, final: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _embed_and_head(torch, oracle: Oracle, device) -> tuple:
+    """Embedding rows sqrt(H) * e_j for the active tokens; lm_head row sigma(t_j) = e_j."""
+    s = oracle.shape
+    ids = torch.arange(s.active, device=device)
+    embed = torch.zeros(s.vocab, s.hidden, dtype=torch.bfloat16, device=device)
+    embed[FIRST_ACTIVE + ids, ids] = math.sqrt(s.hidden)
+    head = torch.zeros(s.vocab, s.hidden, dtype=torch.bfloat16, device=device)
+    head[FIRST_ACTIVE + torch.as_tensor(oracle.successor_index(), device=device), ids] = 1.0
+    return embed, head
+
+
 def write_target(folder: Path, oracle: Oracle, layers: Optional[int] = None, device: str = "cpu") -> None:
     """The oracle target (or, with fewer ``layers``, a STANDALONE draft with the same sigma)."""
     import torch
@@ -348,16 +359,11 @@ def write_target(folder: Path, oracle: Oracle, layers: Optional[int] = None, dev
     layers = layers or s.layers
     gen = torch.Generator(device=device).manual_seed(oracle.seed)
     bf = torch.bfloat16
-    scale = math.sqrt(s.hidden)
-    ids = torch.arange(s.active, device=device)
-    embed = torch.zeros(s.vocab, s.hidden, dtype=bf, device=device)
-    embed[FIRST_ACTIVE + ids, ids] = scale
-    head = torch.zeros(s.vocab, s.hidden, dtype=bf, device=device)
-    succ = torch.as_tensor(oracle.successor_index(), device=device)
-    head[FIRST_ACTIVE + succ, ids] = 1.0
+    embed, head = _embed_and_head(torch, oracle, device)
     if s.attn_copy:
         # previous token p (residual dim A + p) votes PREV_WEIGHT for sigma^2(p)
-        head[FIRST_ACTIVE + succ[succ], s.active + ids] = PREV_WEIGHT
+        succ = torch.as_tensor(oracle.successor_index(), device=device)
+        head[FIRST_ACTIVE + succ[succ], s.active + torch.arange(s.active, device=device)] = PREV_WEIGHT
     w = {"model.embed_tokens.weight": embed, "lm_head.weight": head,
          "model.norm.weight": torch.ones(s.hidden, dtype=bf, device=device)}
     for i in range(layers):
@@ -521,11 +527,7 @@ def write_deepseek_target(folder: Path, oracle: Oracle, device: str = "cpu") -> 
     def ones(n):
         return torch.ones(n, dtype=bf, device=device)
 
-    ids = torch.arange(s.active, device=device)
-    embed = torch.zeros(s.vocab, h, dtype=bf, device=device)
-    embed[FIRST_ACTIVE + ids, ids] = math.sqrt(h)
-    head = torch.zeros(s.vocab, h, dtype=bf, device=device)
-    head[FIRST_ACTIVE + torch.as_tensor(oracle.successor_index(), device=device), ids] = 1.0
+    embed, head = _embed_and_head(torch, oracle, device)
     w = {"model.embed_tokens.weight": embed, "lm_head.weight": head, "model.norm.weight": ones(h)}
     qk = MLA["qk_nope_head_dim"] + MLA["qk_rope_head_dim"]
     for i in range(s.layers + 1):                      # layer L is the MTP layer

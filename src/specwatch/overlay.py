@@ -27,11 +27,8 @@ from pathlib import Path
 from typing import Optional
 
 from specwatch.errors import SpecwatchInputError
+from specwatch.sglang_host import COMMIT_ENV, VERSION_ENV
 
-VERSION_ENV = "SPECWATCH_SGLANG_VERSION"
-"""Overrides the recorded SGLang version (an overlay run: ``<release>+g<commit12>``)."""
-COMMIT_ENV = "SPECWATCH_SGLANG_COMMIT"
-"""The recorded SGLang commit."""
 META = "overlay.json"
 
 

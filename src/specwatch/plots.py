@@ -17,6 +17,7 @@ from matplotlib.ticker import NullFormatter  # noqa: E402
 
 from specwatch.case import Algorithm  # noqa: E402
 from specwatch.memory_model import SizingInput, reference_sizing  # noqa: E402
+from specwatch.sglang_host import version_key  # noqa: E402
 
 PAGES = (1, 16, 64, 256)
 TOPKS = (1, 2, 4, 8)
@@ -79,10 +80,6 @@ VERSION_METRICS = (("output_throughput", "tokens/s"), ("accept_length", "tokens/
                    ("req_to_token_bytes", "bytes"))
 
 
-def _version_key(v: str):
-    return tuple(int(x) if x.isdigit() else x for x in str(v).split("."))
-
-
 def across_versions(df: pd.DataFrame, out: Path, metrics=VERSION_METRICS) -> list[Path]:
     """One line per case present (ok) in every SGLang version, so a change in the case mix can never
     look like a change in SGLang; the latest record of each case per version."""
@@ -90,7 +87,7 @@ def across_versions(df: pd.DataFrame, out: Path, metrics=VERSION_METRICS) -> lis
     ok = df[df.status == "ok"] if not df.empty else df
     common: list = []
     if not ok.empty:
-        versions = sorted(ok.sglang_version.dropna().unique(), key=_version_key)
+        versions = sorted(ok.sglang_version.dropna().unique(), key=version_key)
         per_version = [set(ok[ok.sglang_version == v].case_id) for v in versions]
         common = sorted(set.intersection(*per_version)) if per_version else []
         latest = (ok[ok.case_id.isin(common)].sort_values("started_at")

@@ -66,7 +66,9 @@ def machine_label(facts: Optional[dict] = None) -> str:
 
 def sglang_commit() -> Optional[str]:
     """SGLang commit when known: ``SPECWATCH_SGLANG_COMMIT`` (commit overlays set it)."""
-    return os.environ.get("SPECWATCH_SGLANG_COMMIT")
+    from specwatch.sglang_host import COMMIT_ENV
+
+    return os.environ.get(COMMIT_ENV)
 
 
 def collect(started_at: datetime, finished_at: datetime, suite_path: Optional[str] = None,

@@ -31,7 +31,7 @@ from specwatch.record import CaseRecord, Metric, RunSummary, Status, utcnow
 from specwatch.sglang_host import sglang_version
 from specwatch.store import append_record, append_run, finished_case_ids, results_path
 from specwatch.suite import PlannedCase, Suite, matches
-from specwatch.timing_lock import ENV as TIMING_LOCK_ENV, HELD_EVENT, PARALLEL_ENV, WaveGate
+from specwatch.timing_lock import ENV as TIMING_LOCK_ENV, HELD_EVENT, PARALLEL_ENV, TimingLock, WaveGate
 
 LOG_TAIL_LINES = 60
 POLL_S = 1.0
@@ -202,10 +202,9 @@ def teardown(pgid: int, lock_path: Optional[str]) -> None:
     if not lock_path:
         finally_kill(pgid)
         return
-    import fcntl
-
-    with open(lock_path, "a") as fd:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    lock = TimingLock(lock_path)
+    lock.exclusive()
+    try:
         finally_kill(pgid)
         deadline = time.monotonic() + TEARDOWN_WAIT_S
         while time.monotonic() < deadline:
@@ -214,6 +213,8 @@ def teardown(pgid: int, lock_path: Optional[str]) -> None:
             except (ProcessLookupError, PermissionError):
                 break
             time.sleep(0.1)
+    finally:
+        lock.release()
 
 
 def finally_kill(pgid: int) -> None:
@@ -240,6 +241,11 @@ class GroupJob:
     fault: Optional[str]
     cases: list[Case]
     emit: Callable[[CaseRecord], None]
+
+    def run(self, models_dir: Path, env: Optional[dict], worker_module: str,
+            on_event: Callable[[str], None]) -> None:
+        run_group(self.suite, self.cases, self.suite.spec.suite.timeout_s, self.fault, self.emit, models_dir, env,
+                  worker_module, on_event=on_event)
 
 
 def plan_run(suite: Suite, results_root: Path, facts: dict, emit_progress: Optional[Callable[[CaseRecord], None]],
@@ -310,20 +316,15 @@ def run_suites(suites: list[Suite], results_root: Path, faults: tuple[Optional[s
     t0, started_at = time.monotonic(), utcnow()
     expired = lambda: stop_after_s is not None and time.monotonic() - t0 > stop_after_s  # noqa: E731
     launched = 0
-
-    def count(ev: str) -> None:
-        tally.event(ev)
-
     with _kill_workers_on_sigterm():
         if parallel_starts <= 1:
             for job in jobs:
                 if expired():
                     break
                 launched += 1
-                run_group(job.suite, job.cases, job.suite.spec.suite.timeout_s, job.fault, job.emit, models_dir,
-                          extra_env, worker_module, on_event=count)
+                job.run(models_dir, extra_env, worker_module, tally.event)
         else:
-            launched = _run_waves(jobs, parallel_starts, expired, models_dir, extra_env, worker_module, count)
+            launched = _run_waves(jobs, parallel_starts, expired, models_dir, extra_env, worker_module, tally.event)
     if jobs:
         append_run(results_root, RunSummary(
             suites=[s.name for s in suites], faults=list(faults), parallel_starts=parallel_starts,
@@ -376,9 +377,8 @@ def _run_waves(jobs: list, parallel_starts: int, expired, models_dir: Path, extr
                 break
             wave = jobs[w:w + parallel_starts]
             launched += len(wave)
-            run_wave(wave, lock_path, lambda job, on_event: run_group(
-                job.suite, job.cases, job.suite.spec.suite.timeout_s, job.fault, job.emit, models_dir, env,
-                worker_module, on_event=lambda ev: (count(ev), on_event(ev))))
+            run_wave(wave, lock_path, lambda job, on_event: job.run(
+                models_dir, env, worker_module, lambda ev: (count(ev), on_event(ev))))
     return launched
 
 

@@ -68,13 +68,20 @@ def get_num_new_pages():
     return _quiet_import("sglang.srt.utils.common").get_num_new_pages
 
 
+VERSION_ENV = "SPECWATCH_SGLANG_VERSION"
+"""The SGLang version in question when it is not the installed one: a commit overlay's recorded
+version (``0.5.17+g0123456789ab``), or the version whose records asv benchmarks read."""
+COMMIT_ENV = "SPECWATCH_SGLANG_COMMIT"
+"""The SGLang commit recorded in provenance (commit overlays set it)."""
+
+
 def sglang_version() -> Optional[str]:
-    """Installed sglang version without importing it (None when not installed); under a commit
-    overlay (``specwatch.overlay``) the overlay's recorded version, e.g. ``0.5.17+g0123456789ab``."""
+    """``VERSION_ENV`` when set, else the installed sglang version without importing it (None when
+    not installed)."""
     from importlib.metadata import PackageNotFoundError, version
 
-    if os.environ.get("SPECWATCH_SGLANG_VERSION"):
-        return os.environ["SPECWATCH_SGLANG_VERSION"]
+    if os.environ.get(VERSION_ENV):
+        return os.environ[VERSION_ENV]
 
     try:
         return version("sglang")
@@ -88,3 +95,13 @@ def sglang_importable() -> bool:
         return True
     except Exception:
         return False
+
+
+def version_key(v: str):
+    """Sort key for SGLang versions (PEP 440; anything else after every valid version)."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return (0, Version(str(v)))
+    except InvalidVersion:
+        return (1, str(v))

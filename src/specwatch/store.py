@@ -31,13 +31,21 @@ def results_path(root: Path, machine: str, sglang_version: Optional[str], suite:
     """Where records of (machine, sglang version, suite) live; a fault run's records apart from the
     clean ones, in ``SUITE+fault-NAME.jsonl``."""
     name = suite if fault is None else f"{suite}+fault-{fault}"
-    return Path(root) / machine / f"sglang-{sglang_version or 'none'}" / f"{name}.jsonl"
+    return _version_dir(root, machine, sglang_version) / f"{name}.jsonl"
+
+
+def _version_dir(root: Path, machine: str, sglang_version: Optional[str]) -> Path:
+    return Path(root) / machine / f"sglang-{sglang_version or 'none'}"
 
 
 def append_record(path: Path, record: CaseRecord) -> None:
     """Append one record durably (flush + fsync); starts a new line after a torn tail."""
+    _append_line(path, record.model_dump_json())
+
+
+def _append_line(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    line = record.model_dump_json() + "\n"
+    line = text + "\n"
     with open(path, "ab+") as f:
         f.seek(0, os.SEEK_END)
         if f.tell() > 0:
@@ -133,16 +141,12 @@ RUNS_FILE = "runs.ndjson"
 
 
 def runs_path(root: Path, machine: str, sglang_version: Optional[str]) -> Path:
-    return Path(root) / machine / f"sglang-{sglang_version or 'none'}" / RUNS_FILE
+    return _version_dir(root, machine, sglang_version) / RUNS_FILE
 
 
 def append_run(root: Path, summary: "RunSummary") -> Path:
     path = runs_path(root, summary.machine, summary.sglang_version)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        f.write(summary.model_dump_json() + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    _append_line(path, summary.model_dump_json())
     return path
 
 
@@ -162,11 +166,14 @@ def read_runs(path: Path) -> list["RunSummary"]:
 def import_runs(paths: Iterable[Path], root: Path) -> int:
     """Append run summaries fetched from a GPU host to the store (each once)."""
     added = 0
+    have: dict[Path, set] = {}
     for p in paths:
         for run in read_runs(Path(p)):
             dest = runs_path(root, run.machine, run.sglang_version)
-            have = {r.started_at for r in read_runs(dest)} if dest.exists() else set()
-            if run.started_at not in have:
+            if dest not in have:
+                have[dest] = {r.started_at for r in read_runs(dest)} if dest.exists() else set()
+            if run.started_at not in have[dest]:
                 append_run(root, run)
+                have[dest].add(run.started_at)
                 added += 1
     return added

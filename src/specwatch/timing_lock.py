@@ -32,28 +32,26 @@ HELD_EVENT = "start_lock_held"
 """Worker results-file event: the worker holds the lock shared (it may start its engine)."""
 
 
-class WorkerTimingLock:
-    """The worker's side: shared while starting, exclusive while timing. No-op without ``ENV``."""
+class TimingLock:
+    """One open description of the lock file (``flock`` locks belong to it). No-op without a path."""
 
-    def __init__(self, path: Optional[str] = None):
-        path = path if path is not None else os.environ.get(ENV)
+    def __init__(self, path: Optional[str | Path]):
         self._fd = open(path, "a") if path else None
 
     @property
     def enabled(self) -> bool:
         return self._fd is not None
 
-    def starting(self, emit: Callable[[dict], None]) -> None:
+    def shared(self) -> None:
         if self._fd:
             fcntl.flock(self._fd, fcntl.LOCK_SH)
-            emit({"event": HELD_EVENT})
 
-    def timing(self) -> float:
-        """Wait until no other worker is starting or timing; returns the seconds waited."""
+    def exclusive(self) -> float:
+        """Wait until nobody else holds the lock; returns the seconds waited."""
         if not self._fd:
             return 0.0
         t = time.perf_counter()
-        fcntl.flock(self._fd, fcntl.LOCK_EX)  # drops the shared lock first (flock(2)), then waits
+        fcntl.flock(self._fd, fcntl.LOCK_EX)  # drops a shared lock first (flock(2)), then waits
         return time.perf_counter() - t
 
     def release(self) -> None:
@@ -63,23 +61,31 @@ class WorkerTimingLock:
             self._fd = None
 
 
-class WaveGate:
+class WorkerTimingLock(TimingLock):
+    """The worker's side: shared while starting, exclusive while timing. No-op without ``ENV``."""
+
+    def __init__(self, path: Optional[str] = None):
+        super().__init__(path if path is not None else os.environ.get(ENV))
+
+    def starting(self, emit: Callable[[dict], None]) -> None:
+        if self.enabled:
+            self.shared()
+            emit({"event": HELD_EVENT})
+
+    def timing(self) -> float:
+        """Wait until no other worker is starting or timing; returns the seconds waited."""
+        return self.exclusive()
+
+
+class WaveGate(TimingLock):
     """The runner's side: hold the lock shared until every worker of a wave holds it."""
 
-    def __init__(self, path: Path):
-        self.path = path
-        self._fd = None
-
     def __enter__(self) -> "WaveGate":
-        self._fd = open(self.path, "a")
-        fcntl.flock(self._fd, fcntl.LOCK_SH)
+        self.shared()
         return self
 
     def open(self) -> None:
-        if self._fd:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            self._fd.close()
-            self._fd = None
+        self.release()
 
     def __exit__(self, *exc) -> None:
-        self.open()
+        self.release()
