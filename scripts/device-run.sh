@@ -3,7 +3,7 @@
 #   bash scripts/device-run.sh COMMIT SUITE [SUITE...] [specwatch run options...]
 # COMMIT is this checkout's commit (the copy on the GPU host has no .git). Results accumulate in
 # /tmp/sw-results (kept while the host stays warm, so --resume works across calls) and come back
-# packed in $OUT/results.tgz (at most 8 files come back; logs only with KEEP_LOGS=1).
+# packed in $OUT/results.tgz (at most 8 files come back; engine logs, packed in $OUT/logs.tgz, only with KEEP_LOGS=1).
 # RUN_TIMEOUT bounds the run (seconds); SUMMARY_LINES bounds the summary printed at the end.
 # SPECWATCH_SITE selects an installed kit (default /tmp/specwatch-site), e.g. another SGLang version.
 set -uo pipefail
@@ -11,11 +11,12 @@ commit=${1:?commit}; shift
 site=${SPECWATCH_SITE:-/tmp/specwatch-site}
 source "$site/env.sh"
 export PYTHONPATH=$PWD/src:$PYTHONPATH SPECWATCH_COMMIT=$commit PYTHONUNBUFFERED=1
-[ "${KEEP_LOGS:-0}" = 1 ] && export SPECWATCH_LOG_DIR=$OUT/logs
+[ "${KEEP_LOGS:-0}" = 1 ] && export SPECWATCH_LOG_DIR=/tmp/sw-logs
 R=${SPECWATCH_DEVICE_RESULTS:-/tmp/sw-results}
 # RUN_TIMEOUT (s): SIGTERM the runner, which kills its engines; finished cases stay recorded.
 timeout -s TERM -k 30 "${RUN_TIMEOUT:-86400}" python3 -m specwatch.cli run "$@" --results "$R" 2>&1 | grep -vE "^\s*$|━|Progress" | cut -c1-400
 rc=${PIPESTATUS[0]}
 tar -czf "$OUT/results.tgz" -C "$R" .
+[ "${KEEP_LOGS:-0}" = 1 ] && tar -czf "$OUT/logs.tgz" -C /tmp/sw-logs .
 [ "${SUMMARY_LINES:-400}" != 0 ] && python3 scripts/summarize_results.py "$R"/*/*/*.jsonl | tail -n "${SUMMARY_LINES:-400}"
 exit $rc

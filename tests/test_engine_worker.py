@@ -2,16 +2,20 @@
 oracle, leak and memory checks from the probe's facts."""
 
 from specwatch.case import Algorithm, Backend, Case, ModelSize, Profile
-from specwatch.engine_worker import engine_kwargs, memory_and_leaks, prompt_starts, run_case
+import pytest
+
+from specwatch.engine_worker import engine_kwargs, memory_and_leaks, pool_coverage, prompt_starts, run_case
 from specwatch.oracle import FIRST_ACTIVE, SHAPES, Oracle
 
 
 class FakeEngine:
     """Greedy oracle chain with a fixed acceptance length; optional corruption and leak."""
 
-    def __init__(self, case: Case, corrupt_every: int = 0, leaked_pages: int = 0, row_width: int = None):
+    def __init__(self, case: Case, corrupt_every: int = 0, leaked_pages: int = 0, row_width: int = None,
+                 draft_page_scaled: bool = True):
         self.case, self.corrupt_every, self.leaked_pages = case, corrupt_every, leaked_pages
         self.row_width = row_width
+        self.draft_page_scaled = draft_page_scaled  # False: seed 004's draft pool paged by the server page
         self.oracle = Oracle(SHAPES[case.model], 0, Profile.perfect)
 
     def generate(self, input_ids, sampling_params):
@@ -36,12 +40,16 @@ class FakeEngine:
 
         model = reference_sizing(SizingInput.for_case(c, SHAPES[c.model].max_position, 8))
         row = self.row_width or model.req_to_token_row_width
-        pages = 4096
+        pages, p, d = 4096, c.page_size, c.dcp
+        # SGLang 0.5.17's layout: allocator over max_total * dcp virtual slots paged p * dcp; the target
+        # pool sharded per rank (max_total slots, page p); the draft pool replicated over the virtual slots.
+        draft_page = p * d if self.draft_page_scaled else p
         facts = {"req_to_token": {"row_width": row, "bytes": 9 * row * 4, "size": 8, "free_slots": 8},
-                 "allocator": {"page_size": c.page_size, "num_pages": pages, "free_pages": pages - self.leaked_pages,
-                               "unique_free_pages": pages - self.leaked_pages},
-                 "target_kv_pool": {"size": pages * c.page_size, "page_size": c.page_size, "bytes": 1 << 30},
-                 "draft_kv_pool": {"size": pages * c.page_size, "page_size": c.page_size, "bytes": 1 << 28},
+                 "allocator": {"size": pages * p * d, "page_size": p * d, "num_pages": pages,
+                               "free_pages": pages - self.leaked_pages, "unique_free_pages": pages - self.leaked_pages},
+                 "target_kv_pool": {"size": pages * p, "page_size": p, "bytes": 1 << 30, "rows": pages * p + p},
+                 "draft_kv_pool": {"size": pages * p * d, "page_size": draft_page, "bytes": 1 << 28,
+                                   "rows": pages * p * d + draft_page},
                  "cuda": {"max_allocated": 1 << 31}}
         return {"internal_states": [{"specwatch": facts}], "version": "fake"}
 
@@ -72,6 +80,37 @@ def test_corruption_leak_and_row_mismatch_are_flagged():
 def test_prompts_are_seeded_and_distinct():
     assert prompt_starts(CASE, "timed0", 4) == prompt_starts(CASE, "timed0", 4)
     assert prompt_starts(CASE, "timed0", 4) != prompt_starts(CASE, "timed1", 4)
+
+
+def test_dcp_case_shares_prompts_with_its_dcp1_twin_and_records_an_output_digest():
+    tp2 = CASE.model_copy(update={"tp": 2})
+    dcp2 = tp2.model_copy(update={"dcp": 2})
+    assert dcp2.case_id != tp2.case_id and dcp2.dcp_twin_id() == tp2.case_id
+    assert prompt_starts(dcp2, "timed0", 4) == prompt_starts(tp2, "timed0", 4)
+    assert prompt_starts(CASE, "timed0", 4) != prompt_starts(tp2, "timed0", 4)
+    a = run_case(FakeEngine(tp2), tp2, repeats=1, warmup=False)["details"]["output_digest"]
+    b = run_case(FakeEngine(dcp2), dcp2, repeats=1, warmup=False)["details"]["output_digest"]
+    c = run_case(FakeEngine(dcp2, corrupt_every=50), dcp2, repeats=1, warmup=False)["details"]["output_digest"]
+    assert a == b != c
+
+
+@pytest.mark.parametrize("page,dcp,missing", [(64, 2, 64), (64, 8, 448), (1, 2, 1), (16, 4, 48)])
+def test_draft_pool_paged_by_the_server_page_misses_rows_under_dcp(page, dcp, missing):
+    """Seed 004: a draft pool paged p instead of p*dcp ends p*(dcp-1) slots before the allocator."""
+    case = CASE.model_copy(update={"page_size": page, "tp": dcp, "dcp": dcp})
+    metrics, checks, details = memory_and_leaks(FakeEngine(case), case)
+    assert checks["draft_pool_covers_allocator"] and checks["target_pool_covers_allocator"]
+    assert details["pool_coverage"]["target"]["scale"] == dcp and details["pool_coverage"]["draft"]["scale"] == 1
+    metrics, checks, details = memory_and_leaks(FakeEngine(case, draft_page_scaled=False), case)
+    assert not checks["draft_pool_covers_allocator"] and not checks["draft_pool_page_matches_allocator"]
+    assert metrics["draft_pool_missing_rows"]["value"] == missing
+    assert details["pool_coverage"]["draft"]["missing_buffer_rows"] == missing
+    assert checks["target_pool_covers_allocator"]
+
+
+def test_pool_coverage_without_a_common_slot_space_is_not_judged():
+    assert pool_coverage({"size": 1000, "page_size": 64}, {"size": 300, "page_size": 64})["scale"] is None
+    assert pool_coverage({"size": 1000, "page_size": 64}, None) is None
 
 
 def test_engine_kwargs_map_case_fields():

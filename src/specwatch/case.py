@@ -102,6 +102,10 @@ class Case(BaseModel):
         p = self.params()
         return tuple(p[f] for f in ENGINE_FIELDS)
 
+    def dcp_twin_id(self) -> str:
+        """Case id of the same case at dcp 1: DCP and its twin share prompts (equivalence check)."""
+        return self.case_id if self.dcp == 1 else self.model_copy(update={"dcp": 1}).case_id
+
     def label(self) -> str:
         """Short human label used in tables and plots."""
         return (

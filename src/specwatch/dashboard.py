@@ -9,6 +9,7 @@ from typing import Optional
 
 import pandas as pd
 
+from specwatch.case import CASE_FIELDS, Case
 from specwatch.plots import make_all
 
 PLOT_TITLES = {
@@ -43,9 +44,56 @@ def fault_table(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def dcp_matrix(df: pd.DataFrame) -> pd.DataFrame:
+    """DCP support matrix: one row per engine configuration of the ``dcp`` suite (latest record per
+    case and SGLang version) with its status or SGLang's reason, acceptance against the oracle,
+    lossless mismatches, whether each KV pool covers every slot the allocator hands out (seed 004),
+    and, for dcp > 1, whether the greedy outputs equal those of the same case at dcp 1 (the two
+    share prompts by construction)."""
+    if df.empty or "dcp" not in df or "suite" not in df:
+        return pd.DataFrame()
+    d = df[df.suite == "dcp"]
+    if d.empty:
+        return pd.DataFrame()
+    d = d.sort_values("started_at").groupby(["sglang_version", "case_id"], as_index=False).last()
+    by_id = {(r.sglang_version, r.case_id): r for r in d.itertuples()}
+
+    def col(r, name):
+        v = getattr(r, name, None)
+        return None if v is None or (isinstance(v, float) and pd.isna(v)) else v
+
+    rows = []
+    for r in d.sort_values(["model", "algorithm", "attention_backend", "page_size", "topk", "workload", "dcp"]).itertuples():
+        outcome = r.status if r.status == "ok" else f"{r.status}: {str(r.reason)[:160]}"
+        equiv = ""
+        if r.dcp > 1 and r.status == "ok":
+            twin = Case(**{f: getattr(r, f) for f in CASE_FIELDS}).dcp_twin_id()
+            t = by_id.get((r.sglang_version, twin))
+            if t is None or t.status != "ok":
+                equiv = "no dcp 1 run" if t is None else f"dcp 1 {t.status}"
+            else:
+                equiv = "identical" if r.output_digest and r.output_digest == t.output_digest else "DIFFERENT"
+        covers = [c for c in ("check.target_pool_covers_allocator", "check.draft_pool_covers_allocator")
+                  if col(r, c) is not None]
+        rows.append({
+            "sglang": r.sglang_version, "model": r.model, "algo": r.algorithm, "backend": r.attention_backend,
+            "page": r.page_size, "topk": r.topk, "dcp": r.dcp, "workload": r.workload, "outcome": outcome,
+            "accept length (oracle)": "" if col(r, "accept_length") is None else
+            f"{r.accept_length:.3f} ({'=' if col(r, 'check.accept_length_matches_oracle') else '≠'})",
+            "lossless mismatches": col(r, "lossless_mismatches"),
+            "peak token usage": col(r, "peak_token_usage"),
+            "pools cover allocator": ", ".join(("yes" if col(r, c) else "NO") for c in covers),
+            "draft pool missing rows": col(r, "draft_pool_missing_rows"),
+            "same outputs as dcp 1": equiv,
+        })
+    return pd.DataFrame(rows)
+
+
 def build(df: pd.DataFrame, out: Path, tables: Optional[dict[str, pd.DataFrame]] = None) -> Path:
     """``tables``: further titled tables (roofline, sweep cost) shown after the fault table."""
     faults = fault_table(df)
+    tables = {"DCP support matrix (suites/dcp.toml)": dcp_matrix(df[df.fault.isna()] if "fault" in df else df),
+              **(tables or {})}
     if "fault" in df:
         df = df[df.fault.isna()]          # plots and the case table show clean runs only
     plots = make_all(df, out / "plots")

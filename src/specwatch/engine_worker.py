@@ -83,11 +83,12 @@ def engine_kwargs(case: Case, target: Path, draft, max_bs: int, kv_tokens: int |
 
 
 def prompt_starts(case: Case, tag: str, n: int) -> list[int]:
-    """Seeded start indices of the oracle chain: distinct per case, purpose and request."""
+    """Seeded start indices of the oracle chain: distinct per case, purpose and request (a DCP case
+    uses its dcp-1 twin's, so the two must give identical outputs)."""
     a = SHAPES[case.model].active
     out = []
     for i in range(n):
-        h = hashlib.sha256(f"{case.case_id}/{tag}/{i}".encode()).digest()
+        h = hashlib.sha256(f"{case.dcp_twin_id()}/{tag}/{i}".encode()).digest()
         out.append(int.from_bytes(h[:4], "little") % a)
     return out
 
@@ -119,6 +120,7 @@ def run_case(engine, case: Case, repeats: int, warmup: bool) -> dict:
 
     tps, decode_tps, als, rates, step_ms, itl_ms, walls, mismatches, verify = [], [], [], [], [], [], [], 0, []
     prefills: list[float] = []
+    digest = hashlib.sha256()
     expected_per_repeat: list[float] = []
     hist = None
     for r in range(repeats):
@@ -140,6 +142,8 @@ def run_case(engine, case: Case, repeats: int, warmup: bool) -> dict:
             decode_s = None  # prefill-dominated or a noisy prefill sample: no decode split this repeat
         else:
             decode_tps.append(sum(len(o["output_ids"]) - 1 for o in outs) / decode_s)
+        for o in outs:
+            digest.update(json.dumps(o["output_ids"]).encode())
         for o, exp in zip(outs, expected):
             mismatches += sum(1 for a, b in zip(o["output_ids"], exp) if a != b) + abs(len(o["output_ids"]) - len(exp))
         metas = [o["meta_info"] for o in outs]
@@ -187,14 +191,40 @@ def run_case(engine, case: Case, repeats: int, warmup: bool) -> dict:
             abs(m - e) <= 1e-6 * e for m, e in zip(als, expected_per_repeat, strict=True))
     return {"metrics": metrics, "checks": checks,
             "details": {"accept_histogram": hist, "prefill_s": prefills,
+                        # identical prompts (seeded by dcp_twin_id) must give identical outputs
+                        "output_digest": digest.hexdigest()[:16],
                         "decode_split_repeats": len(decode_tps)}}
+
+
+def pool_coverage(allocator: dict, pool: dict | None) -> dict | None:
+    """Does ``pool`` hold every slot the shared allocator can hand out (seed 004)?
+
+    The allocator's pages are 1..num_pages, so its last page ends at ``size + page_size`` (virtual
+    slots; with DCP the allocator is ``max_total * dcp`` slots paged ``page * dcp``). A pool is valid
+    to ``size + page_size`` in its own slot space, which is the allocator's divided by
+    ``scale = allocator.size / pool.size`` (DCP's sharded target pool: dcp; a replicated draft
+    pool: 1). ``missing_rows`` counts allocator slots past the pool's end, by that definition and,
+    where the probe saw the buffer, by the buffer's real row count (``missing_buffer_rows``)."""
+    if not pool or not pool.get("size") or pool.get("page_size") is None:
+        return None
+    scale = allocator["size"] // pool["size"]
+    if scale < 1 or scale * pool["size"] != allocator["size"]:
+        return {"scale": None, "reason": f"allocator size {allocator['size']} is not a multiple of pool size {pool['size']}"}
+    needed = -(-(allocator["size"] + allocator["page_size"]) // scale)
+    valid = pool["size"] + pool["page_size"]
+    out = {"scale": scale, "allocator_slot_end": needed, "pool_valid_end": valid, "pool_page_size": pool["page_size"],
+           "allocator_page_in_pool_slots": allocator["page_size"] // scale, "missing_rows": max(0, needed - valid)}
+    if pool.get("rows") is not None:
+        out["buffer_rows"] = pool["rows"]
+        out["missing_buffer_rows"] = max(0, needed - pool["rows"])
+    return out
 
 
 def memory_and_leaks(engine, case: Case) -> tuple[dict, dict, dict]:
     ok_flush = engine.flush_cache()
     facts = server_facts(engine)
     sw = facts["specwatch"]
-    metrics, checks = {}, {}
+    metrics, checks, coverage = {}, {}, {}
     if "allocator" in sw:
         a, r = sw["allocator"], sw["req_to_token"]
         capacity_pages = a["num_pages"]
@@ -218,6 +248,14 @@ def memory_and_leaks(engine, case: Case) -> tuple[dict, dict, dict]:
                 metrics["draft_kv_pool_bytes"] = metric(dp["bytes"], "bytes", exact=True, higher_is_better=False)
             if dp.get("page_size") is not None:
                 checks["draft_pool_page_matches_allocator"] = dp["page_size"] == a["page_size"]
+        for role, pool in (("target", sw.get("target_kv_pool")), ("draft", dp)):
+            cov = pool_coverage(a, pool)
+            if cov and cov.get("scale"):
+                coverage[role] = cov
+                metrics[f"{role}_pool_missing_rows"] = metric(cov["missing_rows"], "slots", exact=True,
+                                                              higher_is_better=False)
+                checks[f"{role}_pool_covers_allocator"] = (cov["missing_rows"] == 0
+                                                           and cov.get("missing_buffer_rows", 0) == 0)
         occ = sw.get("occupancy")
         if occ and occ.get("batches"):
             metrics["peak_token_usage"] = metric(occ["peak"], "1", exact=False, higher_is_better=None)
@@ -234,7 +272,7 @@ def memory_and_leaks(engine, case: Case) -> tuple[dict, dict, dict]:
         checks["req_to_token_matches_model"] = (model.req_to_token_row_width == r["row_width"]
                                                 and model.req_to_token_bytes == r["bytes"])
     checks["flush_cache"] = bool(ok_flush)
-    return metrics, checks, {"probe": sw, "engine_memory_usage": facts.get("memory_usage")}
+    return metrics, checks, {"probe": sw, "pool_coverage": coverage, "engine_memory_usage": facts.get("memory_usage")}
 
 
 def main(spec_path: str) -> int:

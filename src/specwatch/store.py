@@ -108,6 +108,7 @@ def records_frame(records: Iterable[CaseRecord]) -> "pd.DataFrame":
             row[name] = m.value
         for name, ok in r.checks.items():
             row[f"check.{name}"] = ok
+        row["output_digest"] = (r.details or {}).get("output_digest")
         rows.append(row)
     return pd.DataFrame(rows)
 

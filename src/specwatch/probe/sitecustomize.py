@@ -56,11 +56,24 @@ def _nbytes(t):
         return None
 
 
+def _buffer_rows(pool):
+    """Rows (slots) of the pool's first per-layer KV buffer: the slot indices that exist."""
+    for name in ("kv_buffer", "k_buffer"):
+        bufs = getattr(pool, name, None)
+        try:
+            if bufs is not None and len(bufs):
+                return int(bufs[0].shape[0])
+        except Exception:
+            pass
+    return None
+
+
 def _pool_facts(pool):
     if pool is None:
         return None
     out = {"class": type(pool).__name__, "size": getattr(pool, "size", None),
-           "page_size": getattr(pool, "page_size", None), "dtype": str(getattr(pool, "dtype", ""))}
+           "page_size": getattr(pool, "page_size", None), "dtype": str(getattr(pool, "dtype", "")),
+           "rows": _buffer_rows(pool)}
     try:
         k, v = pool.get_kv_size_bytes()
         out["bytes"] = int(k + v)
@@ -116,6 +129,8 @@ def scheduler_facts(sched):
                           "unique_free_pages": unique_free,
                           "num_pages": getattr(a, "num_pages", a.size // max(a.page_size, 1))}
     facts["target_kv_pool"] = _pool_facts(a.get_kvcache())
+    args = getattr(sched, "server_args", None)
+    facts["dcp_size"] = int(getattr(args, "dcp_size", 1) or 1)
     draft = getattr(sched, "draft_worker", None)
     facts["draft_kv_pool"] = _pool_facts(_find(draft, "token_to_kv_pool")) if draft is not None else None
     tc = getattr(sched, "tree_cache", None)
