@@ -246,8 +246,10 @@ def memory_and_leaks(engine, case: Case) -> tuple[dict, dict, dict]:
         if dp:
             if dp.get("bytes"):
                 metrics["draft_kv_pool_bytes"] = metric(dp["bytes"], "bytes", exact=True, higher_is_better=False)
-            if dp.get("page_size") is not None:
-                checks["draft_pool_page_matches_allocator"] = dp["page_size"] == a["page_size"]
+            cov = pool_coverage(a, dp)
+            if cov and cov.get("scale"):
+                # the allocator's page, in the pool's own slot space (a DCP-sharded pool: page / dcp)
+                checks["draft_pool_page_matches_allocator"] = dp["page_size"] == cov["allocator_page_in_pool_slots"]
         for role, pool in (("target", sw.get("target_kv_pool")), ("draft", dp)):
             cov = pool_coverage(a, pool)
             if cov and cov.get("scale"):

@@ -497,7 +497,7 @@ def _deepseek_config(s: Shape) -> dict:
         "hidden_size": s.hidden, "intermediate_size": s.intermediate, "moe_intermediate_size": 256,
         "num_hidden_layers": s.layers, "num_nextn_predict_layers": 1,
         "num_attention_heads": s.heads, "num_key_value_heads": s.heads, "q_lora_rank": None, **MLA,
-        # dense MLP everywhere, the MTP layer included (experts are declared, never built)
+        # dense MLP in the target layers; SGLang builds the MTP (NextN) layer's MLP as MoE always
         "first_k_dense_replace": s.layers + 1, "moe_layer_freq": 1, "n_routed_experts": 8,
         "n_shared_experts": 1, "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1,
         "routed_scaling_factor": 1.0, "scoring_func": "sigmoid", "topk_method": "noaux_tc",
@@ -545,7 +545,19 @@ def write_deepseek_target(folder: Path, oracle: Oracle, device: str = "cpu") -> 
             p + "input_layernorm.weight": ones(h), p + "post_attention_layernorm.weight": ones(h),
         })
     mtp = f"model.layers.{s.layers}."
+    # SGLang builds the NextN layer's MLP as MoE whatever first_k_dense_replace says
+    # (DeepseekV2DecoderLayer._is_layer_sparse: is_nextn or ...): routed and shared experts with zero
+    # down projections, so the MTP layer's MLP still adds nothing.
+    for name in ("gate_proj", "up_proj", "down_proj"):
+        del w[mtp + "mlp." + name + ".weight"]
+    cfg = _deepseek_config(s)
+    moe, n_exp, n_shared = cfg["moe_intermediate_size"], cfg["n_routed_experts"], cfg["n_shared_experts"]
+    w[mtp + "mlp.gate.weight"] = rnd(n_exp, h)
+    w[mtp + "mlp.gate.e_score_correction_bias"] = torch.zeros(n_exp, dtype=torch.float32, device=device)
+    for e, inter in [(f"experts.{i}.", moe) for i in range(n_exp)] + [("shared_experts.", moe * n_shared)]:
+        w.update({mtp + "mlp." + e + "gate_proj.weight": rnd(inter, h), mtp + "mlp." + e + "up_proj.weight": rnd(inter, h),
+                  mtp + "mlp." + e + "down_proj.weight": torch.zeros(h, inter, dtype=bf, device=device)})
     eye = torch.eye(h, dtype=bf, device=device)
     w.update({mtp + "eh_proj.weight": torch.cat([eye, torch.zeros_like(eye)], dim=1),
               mtp + "enorm.weight": ones(h), mtp + "hnorm.weight": ones(h), mtp + "shared_head.norm.weight": ones(h)})
-    _save(torch, folder, _deepseek_config(s), w)
+    _save(torch, folder, cfg, w)

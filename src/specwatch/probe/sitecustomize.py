@@ -132,7 +132,9 @@ def scheduler_facts(sched):
     args = getattr(sched, "server_args", None)
     facts["dcp_size"] = int(getattr(args, "dcp_size", 1) or 1)
     draft = getattr(sched, "draft_worker", None)
-    facts["draft_kv_pool"] = _pool_facts(_find(draft, "token_to_kv_pool")) if draft is not None else None
+    draft_pool = _find(draft, "token_to_kv_pool") if draft is not None else None
+    # NGRAM's worker has no pool of its own: what it finds is the target's (not a draft pool)
+    facts["draft_kv_pool"] = None if draft_pool is None or draft_pool is a.get_kvcache() else _pool_facts(draft_pool)
     tc = getattr(sched, "tree_cache", None)
     if tc is not None:
         for name in ("evictable_size", "protected_size"):
