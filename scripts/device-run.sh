@@ -11,11 +11,14 @@ commit=${1:?commit}; shift
 site=${SPECWATCH_SITE:-/tmp/specwatch-site}
 source "$site/env.sh"
 export PYTHONPATH=$PWD/src:$PYTHONPATH SPECWATCH_COMMIT=$commit PYTHONUNBUFFERED=1
-[ "${KEEP_LOGS:-0}" = 1 ] && export SPECWATCH_LOG_DIR=/tmp/sw-logs
+[ "${KEEP_LOGS:-0}" = 1 ] && export SPECWATCH_LOG_DIR=/tmp/sw-logs && mkdir -p /tmp/sw-logs
 R=${SPECWATCH_DEVICE_RESULTS:-/tmp/sw-results}
 # RUN_TIMEOUT (s): SIGTERM the runner, which kills its engines; finished cases stay recorded.
 timeout -s TERM -k 30 "${RUN_TIMEOUT:-86400}" python3 -m specwatch.cli run "$@" --results "$R" 2>&1 | grep -vE "^\s*$|━|Progress" | cut -c1-400
 rc=${PIPESTATUS[0]}
+if [ "${KEEP_LOGS:-0}" = 1 ]; then  # what the GPUs and processes looked like when the run ended
+  { date; nvidia-smi; ps -eo pid,ppid,etime,pcpu,rss,args --sort=-pcpu | head -40; } >> /tmp/sw-logs/host-state.txt 2>&1
+fi
 tar -czf "$OUT/results.tgz" -C "$R" .
 [ "${KEEP_LOGS:-0}" = 1 ] && tar -czf "$OUT/logs.tgz" -C /tmp/sw-logs .
 [ "${SUMMARY_LINES:-400}" != 0 ] && python3 scripts/summarize_results.py "$R"/*/*/*.jsonl | tail -n "${SUMMARY_LINES:-400}"

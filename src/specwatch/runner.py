@@ -110,6 +110,11 @@ def run_group(suite: Suite, cases: list[Case], timeout_s: int, fault: Optional[s
             spec = Path(tmp) / "spec.json"
             results = Path(tmp) / "results.jsonl"
             log = Path(tmp) / "log.txt"
+            if os.environ.get("SPECWATCH_LOG_DIR"):
+                # written there directly, so a run stopped mid-start (SIGTERM, device timeout) keeps it
+                keep = Path(os.environ["SPECWATCH_LOG_DIR"])
+                keep.mkdir(parents=True, exist_ok=True)
+                log = keep / f"{suite.name}-{remaining[0].case_id}{'-' + fault if fault else ''}.log"
             spec.write_text(json.dumps({
                 "cases": [c.params() for c in remaining], "repeats": suite.spec.suite.repeats,
                 "warmup": suite.spec.suite.warmup, "models_dir": str(models_dir), "fault": fault,
@@ -169,10 +174,6 @@ def run_group(suite: Suite, cases: list[Case], timeout_s: int, fault: Optional[s
             teardown(proc.pid, env.get(TIMING_LOCK_ENV))
             _ACTIVE_WORKERS.discard(proc.pid)
             collect_new_lines()
-            if os.environ.get("SPECWATCH_LOG_DIR"):
-                keep = Path(os.environ["SPECWATCH_LOG_DIR"])
-                keep.mkdir(parents=True, exist_ok=True)
-                (keep / f"{suite.name}-{remaining[0].case_id}.log").write_bytes(log.read_bytes())
             remaining = [c for c in remaining if c.case_id not in done]
             if not remaining:
                 break
