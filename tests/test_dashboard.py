@@ -63,3 +63,45 @@ def test_fault_table_puts_each_fault_run_beside_the_clean_run():
     assert rows["accept-off-by-one"]["clean run"] == "all checks pass"
     assert rows["row-widen-revert"]["fault run"].startswith("crashed: AssertionError")
     assert rows["row-widen-revert"]["clean run"] == "no clean run"
+
+
+def test_dcp_matrix_shows_outcomes_and_compares_outputs_with_the_dcp1_twin():
+    from specwatch.dashboard import dcp_matrix
+    from specwatch.record import Metric, Status
+
+    def dcp_record(dcp, digest, status=Status.ok, reason=None, backend="flashinfer", **kw):
+        r = record(case(tp=2, dcp=dcp, attention_backend=backend, **kw), status=status, reason=reason)
+        r.suite = "dcp"
+        if status is Status.ok:
+            r.details["output_digest"] = digest
+            r.checks.update({"draft_pool_covers_allocator": True, "target_pool_covers_allocator": True})
+            r.metrics["draft_pool_missing_rows"] = Metric(value=0, unit="slots", exact=True)
+        return r
+
+    recs = [dcp_record(1, "aa"), dcp_record(2, "aa"),                       # same outputs
+            dcp_record(1, "bb", page_size=1), dcp_record(2, "cc", page_size=1),  # different
+            dcp_record(2, None, status=Status.crashed, backend="triton",
+                       reason="Capture cuda graph failed: DCP Triton extend does not support custom masks")]
+    rows = {(r["backend"], r["page"], r["dcp"]): r for r in dcp_matrix(records_frame(recs)).to_dict("records")}
+    assert rows[("flashinfer", 64, 2)]["same outputs as dcp 1"] == "identical"
+    assert rows[("flashinfer", 1, 2)]["same outputs as dcp 1"] == "DIFFERENT"
+    assert rows[("flashinfer", 64, 1)]["same outputs as dcp 1"] == ""
+    assert rows[("flashinfer", 64, 2)]["pools cover allocator"] == "yes, yes"
+    assert rows[("triton", 64, 2)]["outcome"].startswith("crashed: Capture cuda graph failed: DCP Triton")
+    assert rows[("triton", 64, 2)]["same outputs as dcp 1"] == ""
+    assert dcp_matrix(records_frame([record()])).empty                      # no dcp suite, no table
+
+
+def test_memory_plot_places_only_records_measured_at_the_lines_settings():
+    from specwatch.plots import measured_on_line
+    from specwatch.record import Metric
+
+    def rec(bytes_, model_bytes, **kw):
+        r = record(case(**kw))
+        r.metrics["req_to_token_bytes"] = Metric(value=bytes_, unit="bytes", exact=True)
+        r.metrics["model_req_to_token_bytes"] = Metric(value=model_bytes, unit="bytes", exact=True)
+        return r
+
+    df = records_frame([rec(1000, 1000, topk=4), rec(900, 900, topk=4, tp=2, dcp=2), rec(1000, 1000, topk=8)])
+    on = measured_on_line(df, 64, 3, {4: 1000, 8: 2000})
+    assert list(on.req_to_token_bytes) == [1000] and list(on.topk) == [4] and list(on.dcp) == [1]

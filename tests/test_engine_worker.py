@@ -185,3 +185,16 @@ def test_near_full_pool_is_sized_to_the_largest_batch_in_whole_pages():
     pool = kv_pool_tokens(nf)
     need = 16 * (1000 + 100)
     assert pool % 64 == 0 and need / pool > 0.96 and need / pool <= 0.97
+
+
+def test_deepseek_at_tp2_runs_without_allreduce_fusion_and_records_its_kwargs():
+    from pathlib import Path
+
+    from specwatch.engine_worker import recorded_kwargs
+
+    mla = CASE.model_copy(update={"model": ModelSize.tiny_mla, "tp": 2, "dcp": 2})
+    kw = engine_kwargs(mla, Path("/t"), None, 8)
+    assert kw["enforce_disable_flashinfer_allreduce_fusion"] is True and kw["dcp_size"] == 2
+    assert "enforce_disable_flashinfer_allreduce_fusion" not in engine_kwargs(CASE.model_copy(update={"tp": 2}),
+                                                                              Path("/t"), None, 8)
+    assert "model_path" not in recorded_kwargs(kw) and recorded_kwargs(kw)["page_size"] == CASE.page_size

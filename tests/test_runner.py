@@ -9,13 +9,13 @@ from conftest import SUITES
 HERE = os.path.dirname(__file__)
 
 
-def _suite(tmp_path, topks="[1, 2]", extra=""):
+def _suite(tmp_path, topks="[1, 2]", extra="", timeout_s=10):
     p = tmp_path / "s.toml"
     p.write_text(f"""
 [suite]
 name = "harness"
 repeats = 1
-timeout_s = 10
+timeout_s = {timeout_s}
 [[matrix]]
 attention_backend = ["triton"]
 page_size = [1, 64]
@@ -79,10 +79,10 @@ def test_resume_reruns_only_unfinished(tmp_path):
 def test_timeout_is_recorded_and_finished_cases_land_while_the_worker_runs(tmp_path):
     import time
 
-    suite = _suite(tmp_path, topks="[8]")
+    suite = _suite(tmp_path, topks="[8]", timeout_s=900)   # --group-timeout 10 overrides the suite's 900 s
     arrivals = {}
     t0 = time.monotonic()
-    out, _ = _run(tmp_path, suite, max_groups=1,
+    out, _ = _run(tmp_path, suite, max_groups=1, group_timeout_s=10,
                   progress=lambda r: arrivals.setdefault((r.case.batch_size, r.status), time.monotonic() - t0))
     recs = {r.case.batch_size: r for r in read_records(out)}
     assert recs[1].status is Status.ok

@@ -31,7 +31,7 @@ def test_shipped_suites_expand():
     # 4 pages x 4 topk x 3 backends x 2 batch sizes x 2 profiles
     assert counts["tree-page"] == (192, 192)
     # 3 algos x 3 backends x 2 pages x 2 topk x 2 dcp x 2 workloads; NGRAM topk>1 page>1 off flashinfer
-    assert counts["dcp"][0] == 144 + 64                   # Llama (MHA) cases + the MLA matrix
+    assert counts["dcp"][0] == 144 + 64 + 48              # Llama (MHA) cases + the MLA matrix + tiny-attn
     assert counts["dcp"][0] - counts["dcp"][1] == 8 + 12
 
 

@@ -87,7 +87,10 @@ def run(suites: list[Path] = typer.Argument(..., help="Suite file(s); on a GPU t
         stop_after: Optional[float] = typer.Option(None, help="GPU: start no new engine group or wave after this "
                                                    "many seconds (finish the rest later with --resume)."),
         overlay: Optional[Path] = typer.Option(None, help="GPU: a commit overlay (specwatch overlay) to run "
-                                               "instead of the installed SGLang's Python code.")) -> None:
+                                               "instead of the installed SGLang's Python code."),
+        group_timeout: Optional[int] = typer.Option(None, min=10, help="GPU: wall-clock limit per engine group "
+                                                    "(seconds; default: the suite's timeout_s). A group past it "
+                                                    "is recorded 'timeout' with its log tail.")) -> None:
     """Run suites: on a GPU host through sglang.Engine; without a GPU, the CPU tier."""
     from specwatch.suite import parse_where
 
@@ -138,7 +141,8 @@ def run(suites: list[Path] = typer.Argument(..., help="Suite file(s); on a GPU t
             bar.advance(task)
 
         paths = run_suites(loaded, results, faults=faults, resume=resume, shard=sh, models_dir=models_dir,
-                           progress=progress, where=flt, parallel_starts=parallel_starts, stop_after_s=stop_after)
+                           progress=progress, where=flt, parallel_starts=parallel_starts, stop_after_s=stop_after,
+                           group_timeout_s=group_timeout)
     for path in dict.fromkeys(paths):
         console.print(f"results in {path}")
 

@@ -56,33 +56,36 @@ def dcp_matrix(df: pd.DataFrame) -> pd.DataFrame:
     if d.empty:
         return pd.DataFrame()
     d = d.sort_values("started_at").groupby(["sglang_version", "case_id"], as_index=False).last()
-    by_id = {(r.sglang_version, r.case_id): r for r in d.itertuples()}
+    recs = d.sort_values(["model", "algorithm", "attention_backend", "page_size", "topk", "workload", "dcp"]) \
+        .to_dict("records")                    # dicts: check.* columns are not attribute names
+    by_id = {(r["sglang_version"], r["case_id"]): r for r in recs}
 
     def col(r, name):
-        v = getattr(r, name, None)
+        v = r.get(name)
         return None if v is None or (isinstance(v, float) and pd.isna(v)) else v
 
     rows = []
-    for r in d.sort_values(["model", "algorithm", "attention_backend", "page_size", "topk", "workload", "dcp"]).itertuples():
-        outcome = r.status if r.status == "ok" else f"{r.status}: {str(r.reason)[:160]}"
+    for r in recs:
+        outcome = r["status"] if r["status"] == "ok" else f"{r['status']}: {str(r['reason'])[:160]}"
         equiv = ""
-        if r.dcp > 1 and r.status == "ok":
-            twin = Case(**{f: getattr(r, f) for f in CASE_FIELDS}).dcp_twin_id()
-            t = by_id.get((r.sglang_version, twin))
-            if t is None or t.status != "ok":
-                equiv = "no dcp 1 run" if t is None else f"dcp 1 {t.status}"
+        if r["dcp"] > 1 and r["status"] == "ok":
+            twin = by_id.get((r["sglang_version"], Case(**{f: r[f] for f in CASE_FIELDS}).dcp_twin_id()))
+            if twin is None or twin["status"] != "ok":
+                equiv = "no dcp 1 run" if twin is None else f"dcp 1 {twin['status']}"
             else:
-                equiv = "identical" if r.output_digest and r.output_digest == t.output_digest else "DIFFERENT"
-        covers = [c for c in ("check.target_pool_covers_allocator", "check.draft_pool_covers_allocator")
-                  if col(r, c) is not None]
+                equiv = "identical" if col(r, "output_digest") and r["output_digest"] == twin["output_digest"] \
+                    else "DIFFERENT"
+        covers = [col(r, c) for c in ("check.target_pool_covers_allocator", "check.draft_pool_covers_allocator")]
+        al = col(r, "accept_length")
         rows.append({
-            "sglang": r.sglang_version, "model": r.model, "algo": r.algorithm, "backend": r.attention_backend,
-            "page": r.page_size, "topk": r.topk, "dcp": r.dcp, "workload": r.workload, "outcome": outcome,
-            "accept length (oracle)": "" if col(r, "accept_length") is None else
-            f"{r.accept_length:.3f} ({'=' if col(r, 'check.accept_length_matches_oracle') else '≠'})",
+            "sglang": r["sglang_version"], "model": r["model"], "algo": r["algorithm"],
+            "backend": r["attention_backend"], "page": r["page_size"], "topk": r["topk"], "dcp": r["dcp"],
+            "workload": r["workload"], "outcome": outcome,
+            "accept length": "" if al is None else f"{al:.3f}" + {True: " (= oracle)", False: " (≠ oracle)"}.get(
+                col(r, "check.accept_length_matches_oracle"), ""),
             "lossless mismatches": col(r, "lossless_mismatches"),
             "peak token usage": col(r, "peak_token_usage"),
-            "pools cover allocator": ", ".join(("yes" if col(r, c) else "NO") for c in covers),
+            "pools cover allocator": ", ".join("yes" if c else "NO" for c in covers if c is not None),
             "draft pool missing rows": col(r, "draft_pool_missing_rows"),
             "same outputs as dcp 1": equiv,
         })

@@ -79,7 +79,17 @@ def engine_kwargs(case: Case, target: Path, draft, max_bs: int, kv_tokens: int |
             kw["speculative_draft_load_format"] = "dummy"
     if case.algorithm is Algorithm.NGRAM:
         kw["speculative_ngram_max_bfs_breadth"] = case.topk
+    if case.tp > 1 and SHAPES[case.model].arch == "deepseek-v3":
+        # SGLang auto-enables FlashInfer's allreduce fusion for DeepSeek at tp > 1 on sm90; its
+        # kernels JIT-compile on a fresh host (still compiling after 170 s on the x2 host, nothing
+        # recorded). A communication fusion, not what specwatch measures: off, and recorded.
+        kw["enforce_disable_flashinfer_allreduce_fusion"] = True
     return kw
+
+
+def recorded_kwargs(kw: dict) -> dict:
+    """The engine arguments a record keeps (paths dropped: they differ per host)."""
+    return {k: v for k, v in kw.items() if not k.endswith("_path")}
 
 
 def prompt_starts(case: Case, tag: str, n: int) -> list[int]:
@@ -304,8 +314,8 @@ def main(spec_path: str) -> int:
 
     t0 = time.perf_counter()
     try:
-        engine = sglang.Engine(**engine_kwargs(first, target, draft, max(c.batch_size for c in cases),
-                                               kv_pool_tokens(cases)))
+        kwargs = engine_kwargs(first, target, draft, max(c.batch_size for c in cases), kv_pool_tokens(cases))
+        engine = sglang.Engine(**kwargs)
     except Exception as e:
         tail = traceback.format_exc()[-4000:]
         for c in cases:
@@ -327,6 +337,7 @@ def main(spec_path: str) -> int:
             res["checks"].update(mem_checks)
             res["details"].update(details)
             res["details"]["sglang_version"] = facts_start.get("version")
+            res["details"]["engine_kwargs"] = recorded_kwargs(kwargs)
             if lock.enabled:
                 res["details"]["parallel_starts"] = int(os.environ.get(PARALLEL_ENV, "0")) or None
                 res["details"]["waited_for_timing_s"] = round(waited_s, 3)

@@ -33,13 +33,23 @@ def _save(fig, out: Path, name: str) -> list[Path]:
     return paths
 
 
+def measured_on_line(df: pd.DataFrame, page: int, steps: int, line_bytes: dict[int, int]) -> pd.DataFrame:
+    """Records measured at a model line's settings: same page and steps, and the record's own
+    model value (``model_req_to_token_bytes``, from its real sizing inputs) equal to the line's at
+    its topk. Other draft counts, contexts, request slots or dcp belong to other lines."""
+    pts = df[(df.page_size == page) & (df.num_steps == steps) & df.req_to_token_bytes.notna()]
+    if "model_req_to_token_bytes" not in pts:
+        return pts.iloc[0:0]
+    return pts[pts.model_req_to_token_bytes == pts.topk.map(line_bytes)]
+
+
 def memory_vs_topk(df: pd.DataFrame, out: Path, steps: int = 3, context_len: int = 8192,
                    max_running: int = 8, draft_tokens: int = 8) -> list[Path]:
     """req_to_token bytes and per-decode KV reserve vs topk, one line per page size.
 
     Model lines use the suites' settings (num_draft_tokens 8, capped at the tree size steps*topk+1;
-    steps+1 for a chain) and the runner's engine (context 8192, 8 request slots), so measured
-    points of the same settings sit on the lines."""
+    steps+1 for a chain) and the runner's engine (context 8192, 8 request slots); measured points
+    are the records whose sizing inputs are the line's, so a point off its line is a finding."""
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     for page in PAGES:
         model = [reference_sizing(SizingInput(Algorithm.EAGLE, page, k, steps,
@@ -48,7 +58,7 @@ def memory_vs_topk(df: pd.DataFrame, out: Path, steps: int = 3, context_len: int
         line = ax1.plot(TOPKS, [m.req_to_token_bytes / 1024 for m in model], marker="", label=f"page {page} (model)")
         ax2.plot(TOPKS, [m.alloc_reserve_per_decode for m in model], color=line[0].get_color(), label=f"page {page}")
         if not df.empty and "req_to_token_bytes" in df:
-            pts = df[(df.page_size == page) & (df.num_steps == steps) & df.req_to_token_bytes.notna()]
+            pts = measured_on_line(df, page, steps, dict(zip(TOPKS, (m.req_to_token_bytes for m in model))))
             if not pts.empty:
                 ax1.scatter(pts.topk, pts.req_to_token_bytes / 1024, color=line[0].get_color(), marker="o",
                             s=40, zorder=3, label=f"page {page} (measured)")

@@ -242,11 +242,13 @@ class GroupJob:
     fault: Optional[str]
     cases: list[Case]
     emit: Callable[[CaseRecord], None]
+    timeout_s: Optional[int] = None
+    """Wall-clock limit for the group; None: the suite's ``timeout_s``."""
 
     def run(self, models_dir: Path, env: Optional[dict], worker_module: str,
             on_event: Callable[[str], None]) -> None:
-        run_group(self.suite, self.cases, self.suite.spec.suite.timeout_s, self.fault, self.emit, models_dir, env,
-                  worker_module, on_event=on_event)
+        run_group(self.suite, self.cases, self.timeout_s or self.suite.spec.suite.timeout_s, self.fault, self.emit,
+                  models_dir, env, worker_module, on_event=on_event)
 
 
 def plan_run(suite: Suite, results_root: Path, facts: dict, emit_progress: Optional[Callable[[CaseRecord], None]],
@@ -290,11 +292,13 @@ def run_suites(suites: list[Suite], results_root: Path, faults: tuple[Optional[s
                progress: Optional[Callable[[CaseRecord], None]] = None, max_groups: Optional[int] = None,
                gpus: Optional[int] = None, worker_module: str = "specwatch.engine_worker",
                extra_env: Optional[dict] = None, where: Optional[dict] = None,
-               parallel_starts: int = 1, stop_after_s: Optional[float] = None) -> list[Path]:
+               parallel_starts: int = 1, stop_after_s: Optional[float] = None,
+               group_timeout_s: Optional[int] = None) -> list[Path]:
     """Run every planned case of each suite once per fault (``None``: clean); returns the results
     files. ``parallel_starts`` > 1 starts that many engines at once and times them one at a time
     (``specwatch.timing_lock``); ``stop_after_s`` starts no new group (or wave) after that many
-    seconds, leaving the rest to ``--resume``."""
+    seconds, leaving the rest to ``--resume``; ``group_timeout_s`` overrides the suites' per-group limit
+    (a group past it is recorded ``timeout`` with its log tail, unlike one cut by SIGTERM)."""
     facts = dict(host_facts())
     if gpus is not None:
         facts["gpu_count"] = gpus
@@ -314,6 +318,8 @@ def run_suites(suites: list[Suite], results_root: Path, faults: tuple[Optional[s
             jobs += js
     if max_groups is not None:
         jobs = jobs[:max_groups]
+    for job in jobs:
+        job.timeout_s = group_timeout_s
     t0, started_at = time.monotonic(), utcnow()
     expired = lambda: stop_after_s is not None and time.monotonic() - t0 > stop_after_s  # noqa: E731
     launched = 0
