@@ -195,6 +195,7 @@ def test_deepseek_at_tp2_runs_without_allreduce_fusion_and_records_its_kwargs():
     mla = CASE.model_copy(update={"model": ModelSize.tiny_mla, "tp": 2, "dcp": 2})
     kw = engine_kwargs(mla, Path("/t"), None, 8)
     assert kw["enforce_disable_flashinfer_allreduce_fusion"] is True and kw["dcp_size"] == 2
+    assert kw["sleep_on_idle"] is True             # idle engines (parallel starts) must not spin a core
     assert "enforce_disable_flashinfer_allreduce_fusion" not in engine_kwargs(CASE.model_copy(update={"tp": 2}),
                                                                               Path("/t"), None, 8)
     assert "model_path" not in recorded_kwargs(kw) and recorded_kwargs(kw)["page_size"] == CASE.page_size

@@ -68,6 +68,10 @@ def engine_kwargs(case: Case, target: Path, draft, max_bs: int, kv_tokens: int |
         # Prefill graphs cost ~1 min of capture per engine and do not touch the decode path timed here.
         disable_prefill_cuda_graph=True,
         random_seed=0, log_level="error", mem_fraction_static=0.7,
+        # An idle SGLang scheduler spins one CPU thread at 100% unless it sleeps on idle; under
+        # --parallel-starts the engines waiting for the timing lock would load the CPU that the
+        # timed engine's launch path needs (batch-1 decode on small models is CPU-bound).
+        sleep_on_idle=True,
         speculative_algorithm=case.algorithm.value, speculative_num_steps=case.num_steps,
         speculative_eagle_topk=case.topk, speculative_num_draft_tokens=case.num_draft_tokens,
     )
