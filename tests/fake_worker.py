@@ -52,7 +52,9 @@ with open(spec["results"], "a") as out:
             time.sleep(60)
         out.write(json.dumps({"case_id": case.case_id, "status": "ok",
                               "metrics": {"output_throughput": {"value": 100.0 * case.page_size,
-                                                                "unit": "tokens/s"}}}) + "\n")
+                                                                "unit": "tokens/s"}},
+                              "details": {"probe_env": os.environ.get("SPECWATCH_PROBE", "1"),
+                                          "spec_probe": spec.get("probe")}}) + "\n")
         out.flush()
         time.sleep(float(os.environ.get("FAKE_TIME_S", "0")))
     interval("timing", t0)

@@ -159,3 +159,20 @@ def test_import_takes_a_fetched_folder_with_records_and_run_summaries(tmp_path):
     assert "nothing new" in res.stdout
     res = runner.invoke(app, ["results", str(tmp_path / "results")])
     assert "sweep cost" in res.stdout and "4.0" in res.stdout
+
+
+def test_overhead_exits_1_when_the_probe_costs_more_than_2_percent(tmp_path):
+    from records import case, record
+    from specwatch.store import append_record, results_path
+
+    def store(recs):
+        for r in recs:
+            append_record(results_path(tmp_path, "m", "0.5.17", r.suite, None, r.provenance.probe), r)
+
+    c = case(page_size=64)
+    store([record(c, tps=995.0), record(c, tps=1000.0, probe=False)])
+    res = runner.invoke(app, ["overhead", "--results", str(tmp_path)])
+    assert res.exit_code == 0 and "within 2%" in res.output
+    store([record(case(page_size=1), tps=900.0), record(case(page_size=1), tps=1000.0, probe=False)])
+    res = runner.invoke(app, ["overhead", "--results", str(tmp_path)])
+    assert res.exit_code == 1 and "slower by more than 2%" in res.output

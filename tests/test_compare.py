@@ -76,3 +76,21 @@ def test_aa_noise_report_and_budgets_silence_between_run_noise():
     assert not has_regression(compare_records(run1, run2, budgets=budgets))
     worse = [rec(A, [40, 41, 39]), rec(B, [200, 201, 199])]                   # -60%: beyond the budget
     assert has_regression(compare_records(run1, worse, budgets=budgets))
+
+
+def test_selection_holds_clean_probed_runs_unless_it_names_fault_or_probe(tmp_path):
+    from datetime import timedelta
+
+    from specwatch.compare import select
+    from specwatch.store import append_record, results_path
+    from records import T0, prov
+
+    clean, faulty, bare = rec(A, [100, 101, 99]), rec(A, [50, 51, 49]), rec(A, [103, 104, 102])
+    faulty.provenance = prov(fault="accept-off-by-one", started_at=T0 + timedelta(hours=1))
+    bare.provenance = prov(probe=False, started_at=T0 + timedelta(hours=2))
+    for r in (clean, faulty, bare):
+        append_record(results_path(tmp_path, "m", "0.5.17", r.suite, r.provenance.fault, r.provenance.probe), r)
+    assert select("sglang_version=0.5.17", tmp_path) == [clean]
+    assert select("sglang_version=0.5.17,fault=accept-off-by-one", tmp_path) == [faulty]
+    assert select("sglang_version=0.5.17,probe=off", tmp_path) == [bare]
+    assert len(select("sglang_version=0.5.17,fault!=x,probe!=x", tmp_path)) == 3

@@ -105,3 +105,19 @@ def test_memory_plot_places_only_records_measured_at_the_lines_settings():
     df = records_frame([rec(1000, 1000, topk=4), rec(900, 900, topk=4, tp=2, dcp=2), rec(1000, 1000, topk=8)])
     on = measured_on_line(df, 64, 3, {4: 1000, 8: 2000})
     assert list(on.req_to_token_bytes) == [1000] and list(on.topk) == [4] and list(on.dcp) == [1]
+
+
+def test_overhead_table_sets_each_probed_case_beside_its_bare_run():
+    from datetime import timedelta
+
+    from specwatch.dashboard import overhead_table
+    from records import T0
+
+    a, b = case(page_size=1), case(page_size=64)
+    recs = [record(a, tps=1000.0), record(a, tps=1010.0, probe=False),          # -1.0%: within 2%
+            record(b, tps=900.0), record(b, tps=1000.0, probe=False),           # -10%
+            record(b, tps=1000.0, started_at=T0 - timedelta(days=1))]           # older probed run: ignored
+    rows = {r["case"].split()[3]: r for r in overhead_table(records_frame(recs)).to_dict("records")}
+    assert rows["p1"]["verdict"] == "within 2%" and rows["p1"]["specwatch / bare"] == round(1000 / 1010, 4)
+    assert rows["p64"]["verdict"] == "slower by more than 2%"
+    assert overhead_table(records_frame([record(a)])).empty

@@ -163,3 +163,18 @@ def test_every_run_leaves_a_summary_of_its_cost(tmp_path):
     assert run.engine_groups == 4 and run.worker_starts == starts == 6      # 2 topk-4 groups crash once more
     assert run.records == {"ok": 4, "crashed": 4} and not run.stopped_early
     assert run.wall_s > 0 and run.case_s >= 0 and run.cost_ratio is None or run.cost_ratio > 0
+
+
+def test_bare_run_turns_the_probe_off_and_files_its_records_apart(tmp_path):
+    import pytest
+
+    suite = _suite(tmp_path, topks="[1]")
+    probed, _ = _run(tmp_path, suite)
+    bare, _ = _run(tmp_path, suite, bare=True)
+    assert probed.name == "harness.jsonl" and bare.name == "harness+bare.jsonl"
+    recs = list(read_records(bare))
+    assert len(recs) == 4 and all(not r.provenance.probe for r in recs)
+    assert all(r.details == {"probe_env": "0", "spec_probe": False} for r in recs)
+    assert all(r.provenance.probe and r.details["probe_env"] == "1" for r in read_records(probed))
+    with pytest.raises(ValueError, match="cannot inject faults"):
+        _run(tmp_path, suite, bare=True, fault="row-widen-revert")

@@ -90,7 +90,9 @@ def run(suites: list[Path] = typer.Argument(..., help="Suite file(s); on a GPU t
                                                "instead of the installed SGLang's Python code."),
         group_timeout: Optional[int] = typer.Option(None, min=10, help="GPU: wall-clock limit per engine group "
                                                     "(seconds; default: the suite's timeout_s). A group past it "
-                                                    "is recorded 'timeout' with its log tail.")) -> None:
+                                                    "is recorded 'timeout' with its log tail."),
+        bare: bool = typer.Option(False, "--bare", help="GPU: run SGLang without specwatch's probe (records in "
+                                  "SUITE+bare.jsonl): the baseline for harness overhead ('specwatch overhead').")) -> None:
     """Run suites: on a GPU host through sglang.Engine; without a GPU, the CPU tier."""
     from specwatch.suite import parse_where
 
@@ -122,6 +124,8 @@ def run(suites: list[Path] = typer.Argument(..., help="Suite file(s); on a GPU t
         for f in faults:
             if f:
                 get_fault(f)
+        if bare and any(faults):
+            raise ValueError("a bare run has no probe, so it cannot inject faults: drop --fault or --bare")
     except ValueError as e:
         _fail(e)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -142,7 +146,7 @@ def run(suites: list[Path] = typer.Argument(..., help="Suite file(s); on a GPU t
 
         paths = run_suites(loaded, results, faults=faults, resume=resume, shard=sh, models_dir=models_dir,
                            progress=progress, where=flt, parallel_starts=parallel_starts, stop_after_s=stop_after,
-                           group_timeout_s=group_timeout)
+                           group_timeout_s=group_timeout, bare=bare)
     for path in dict.fromkeys(paths):
         console.print(f"results in {path}")
 
@@ -302,10 +306,33 @@ def dashboard(results: Path = typer.Option(Path("results"), help="Results root."
         df = records_frame(records)
     except SpecwatchInputError as e:
         _fail(e)
-    roof = roofline_frame([r for r in records if r.provenance.fault is None])
+    roof = roofline_frame([r for r in records if r.provenance.fault is None and r.provenance.probe])
     tables = {"Roofline, batch 1 (bound = accept_length x 4.8 TB/s / bytes per verify cycle; specwatch roofline)":
               roof.drop(columns=["case_id"]) if not roof.empty else roof}
     console.print(f"wrote {build(df, out, tables)}")
+
+
+@app.command()
+def overhead(results: Path = typer.Option(Path("results"), help="Results root.")) -> None:
+    """Harness overhead: tokens/s of each case run with specwatch's probe next to its bare run
+    (``specwatch run SUITE --bare``). Exit 1 when a case is more than 2% slower with the probe."""
+    from specwatch.dashboard import overhead_table
+    from specwatch.store import load_records, records_frame, result_files
+
+    try:
+        t = overhead_table(records_frame(load_records(result_files(results))))
+    except SpecwatchInputError as e:
+        _fail(e)
+    if t.empty:
+        console.print("no case has both a probed and a bare run (specwatch run SUITE --bare)")
+        return
+    table = Table(title="harness overhead (output tokens/s)")
+    for col in t.columns:
+        table.add_column(str(col))
+    for row in t.itertuples(index=False):
+        table.add_row(*(str(v) for v in row))
+    console.print(table)
+    raise typer.Exit(1 if (t.verdict == "slower by more than 2%").any() else 0)
 
 
 @app.command()

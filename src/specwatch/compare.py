@@ -67,13 +67,21 @@ class Row:
 
 def select(spec: str, root: Path) -> list[CaseRecord]:
     """A selection: a JSONL file or folder, or FIELD=VALUE[,FIELD!=VALUE...] over the store's records
-    (fields: sglang_version, sglang_commit, specwatch_commit, machine, suite, fault; ``!=`` excludes,
-    e.g. an A/A comparison of one run against the earlier runs of the same version)."""
+    (fields: sglang_version, sglang_commit, specwatch_commit, machine, suite, fault, probe; ``!=``
+    excludes, e.g. an A/A comparison of one run against the earlier runs of the same version).
+    Fault-injection and bare (probe-off) runs share case ids with clean runs, so a FIELD=VALUE
+    selection holds clean, probed runs only unless it names ``fault`` or ``probe`` (``probe=off``)."""
     p = Path(spec)
     if p.exists():
         return load_records([p] if p.is_file() else result_files(p))
     recs = load_records(result_files(root))
-    for term in spec.split(","):
+    terms = spec.split(",")
+    named = {t.partition("=")[0].rstrip("!") for t in terms}
+    if "fault" not in named:
+        recs = [r for r in recs if r.provenance.fault is None]
+    if "probe" not in named:
+        recs = [r for r in recs if r.provenance.probe]
+    for term in terms:
         key, sep, value = term.partition("=")
         negate = key.endswith("!")
         key = key.rstrip("!")
@@ -84,6 +92,7 @@ def select(spec: str, root: Path) -> list[CaseRecord]:
             "machine": lambda r: r.provenance.machine,
             "suite": lambda r: r.suite,
             "fault": lambda r: r.provenance.fault or "none",
+            "probe": lambda r: "on" if r.provenance.probe else "off",
         }
         if not sep or key not in getters:
             raise SpecwatchInputError(None, f"not a results file or FIELD=VALUE with FIELD in {sorted(getters)}",

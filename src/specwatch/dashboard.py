@@ -92,13 +92,45 @@ def dcp_matrix(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+OVERHEAD_BUDGET = 0.02
+"""Harness overhead the GPU-runner issue allows: specwatch's tokens/s within 2% of a bare run's."""
+
+
+def overhead_table(df: pd.DataFrame, metric: str = "output_throughput") -> pd.DataFrame:
+    """Harness overhead: each case measured with specwatch's probe in SGLang's processes and bare
+    (``specwatch run --bare``: SGLang as installed, same engine arguments, same prompts), side by
+    side, latest ok record of each per SGLang version and machine."""
+    if df.empty or "probe" not in df or not (df.probe == False).any():  # noqa: E712
+        return pd.DataFrame()
+    ok = df[(df.status == "ok") & df.fault.isna() & df[metric].notna()].sort_values("started_at")
+    last = ok.groupby(["machine", "sglang_version", "case_id", "probe"], as_index=False).last()
+    bare = last[last.probe == False]  # noqa: E712
+    rows = []
+    for _, b in bare.iterrows():
+        w = last[(last.probe == True) & (last.case_id == b.case_id) & (last.machine == b.machine)  # noqa: E712
+                 & (last.sglang_version == b.sglang_version)]
+        if w.empty:
+            continue
+        w = w.iloc[-1]
+        ratio = w[metric] / b[metric]
+        rows.append({"machine": b.machine, "sglang": b.sglang_version, "suite": b.suite,
+                     "case": f"{b.model} {b.algorithm} {b.attention_backend} p{b.page_size} k{b.topk} bs{b.batch_size}",
+                     f"bare {metric}": round(b[metric], 1), f"specwatch {metric}": round(w[metric], 1),
+                     "specwatch / bare": round(ratio, 4),
+                     "verdict": "within 2%" if abs(ratio - 1) <= OVERHEAD_BUDGET else
+                     ("slower by more than 2%" if ratio < 1 else "faster by more than 2%")})
+    return pd.DataFrame(rows)
+
+
 def build(df: pd.DataFrame, out: Path, tables: Optional[dict[str, pd.DataFrame]] = None) -> Path:
     """``tables``: further titled tables (roofline, sweep cost) shown after the fault table."""
     faults = fault_table(df)
     tables = {"DCP support matrix (suites/dcp.toml)": dcp_matrix(df[df.fault.isna()] if "fault" in df else df),
-              **(tables or {})}
+              "Harness overhead (specwatch run --bare)": overhead_table(df), **(tables or {})}
     if "fault" in df:
         df = df[df.fault.isna()]          # plots and the case table show clean runs only
+    if "probe" in df:
+        df = df[df.probe != False]        # noqa: E712 (bare runs: only in the overhead table)
     plots = make_all(df, out / "plots")
     names = [p.stem for p in plots if p.suffix == ".png"]
     parts = ["<!doctype html><html><head><meta charset='utf-8'><title>specwatch dashboard</title>",

@@ -334,7 +334,10 @@ def main(spec_path: str) -> int:
         started = now()
         try:
             res = run_case(engine, c, spec["repeats"], spec["warmup"])
-            mem_metrics, mem_checks, details = memory_and_leaks(engine, c)
+            if spec.get("probe", True):
+                mem_metrics, mem_checks, details = memory_and_leaks(engine, c)
+            else:   # bare run: no probe in SGLang's processes, so no facts to read (timing baseline)
+                mem_metrics, mem_checks, details = {}, {"flush_cache": bool(engine.flush_cache())}, {"bare": True}
             res["metrics"].update(mem_metrics)
             res["metrics"]["engine_start_time"] = metric(start_s, "s", higher_is_better=False)
             res["metrics"]["model_generation_time"] = metric(gen_s, "s")

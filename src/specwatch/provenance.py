@@ -72,7 +72,7 @@ def sglang_commit() -> Optional[str]:
 
 
 def collect(started_at: datetime, finished_at: datetime, suite_path: Optional[str] = None,
-            suite_sha256: Optional[str] = None, fault: Optional[str] = None) -> Provenance:
+            suite_sha256: Optional[str] = None, fault: Optional[str] = None, probe: bool = True) -> Provenance:
     facts = host_facts()
     return Provenance(
         specwatch_version=__version__,
@@ -85,6 +85,7 @@ def collect(started_at: datetime, finished_at: datetime, suite_path: Optional[st
         suite_path=suite_path,
         suite_sha256=suite_sha256,
         fault=fault,
+        probe=probe,
         started_at=started_at,
         finished_at=finished_at,
         **facts,

@@ -63,6 +63,8 @@ class Provenance(BaseModel):
     suite_path: Optional[str] = Field(default=None, description="Suite file the case came from.")
     suite_sha256: Optional[str] = Field(default=None, description="sha256 of the suite file's bytes.")
     fault: Optional[str] = Field(default=None, description="Name of an injected fault, None for a clean run.")
+    probe: bool = Field(default=True, description="False: SGLang ran without specwatch's probe in its processes "
+                        "(a bare timing run, ``specwatch run --bare``: throughput and acceptance, no memory facts).")
     started_at: datetime = Field(description="UTC start time of the case.")
     finished_at: datetime = Field(description="UTC end time of the case.")
 

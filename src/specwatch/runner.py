@@ -76,7 +76,7 @@ def _tail(text: str, n: int = LOG_TAIL_LINES) -> str:
     return "\n".join(text.splitlines()[-n:])
 
 
-def record_from_worker(suite: Suite, case: Case, line: dict, fault: Optional[str]) -> CaseRecord:
+def record_from_worker(suite: Suite, case: Case, line: dict, fault: Optional[str], probe: bool = True) -> CaseRecord:
     """A worker's per-case JSON line -> CaseRecord with provenance."""
     metrics = {k: Metric(**v) for k, v in line.get("metrics", {}).items()}
     status = Status(line["status"])
@@ -86,21 +86,21 @@ def record_from_worker(suite: Suite, case: Case, line: dict, fault: Optional[str
         log_tail=line.get("log_tail"), metrics=metrics, checks=line.get("checks", {}),
         details=line.get("details", {}),
         provenance=collect(line.get("started_at") or utcnow(), line.get("finished_at") or utcnow(),
-                           str(suite.path), suite.sha256, fault),
+                           str(suite.path), suite.sha256, fault, probe),
     )
 
 
 def failure_record(suite: Suite, case: Case, status: Status, reason: str, log_tail: Optional[str],
-                   fault: Optional[str], started) -> CaseRecord:
+                   fault: Optional[str], started, probe: bool = True) -> CaseRecord:
     return CaseRecord(suite=suite.name, case_id=case.case_id, case=case, status=status, reason=reason,
                       log_tail=log_tail,
-                      provenance=collect(started, utcnow(), str(suite.path), suite.sha256, fault))
+                      provenance=collect(started, utcnow(), str(suite.path), suite.sha256, fault, probe))
 
 
 def run_group(suite: Suite, cases: list[Case], timeout_s: int, fault: Optional[str],
               on_record: Callable[[CaseRecord], None], models_dir: Path, extra_env: Optional[dict] = None,
               worker_module: str = "specwatch.engine_worker",
-              on_event: Optional[Callable[[str], None]] = None) -> None:
+              on_event: Optional[Callable[[str], None]] = None, probe: bool = True) -> None:
     """Run one engine group in child processes until every case has a record; ``on_event`` gets
     the worker's event lines (``engine_started``, ``start_lock_held``) as they appear."""
     remaining = list(cases)
@@ -114,16 +114,18 @@ def run_group(suite: Suite, cases: list[Case], timeout_s: int, fault: Optional[s
                 # written there directly, so a run stopped mid-start (SIGTERM, device timeout) keeps it
                 keep = Path(os.environ["SPECWATCH_LOG_DIR"])
                 keep.mkdir(parents=True, exist_ok=True)
-                log = keep / f"{suite.name}-{remaining[0].case_id}{'-' + fault if fault else ''}.log"
+                log = keep / f"{suite.name}-{remaining[0].case_id}{'-' + fault if fault else ''}{'' if probe else '-bare'}.log"
             spec.write_text(json.dumps({
                 "cases": [c.params() for c in remaining], "repeats": suite.spec.suite.repeats,
-                "warmup": suite.spec.suite.warmup, "models_dir": str(models_dir), "fault": fault,
+                "warmup": suite.spec.suite.warmup, "models_dir": str(models_dir), "fault": fault, "probe": probe,
                 "results": str(results),
             }))
             env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra_env or {}))
             env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROBE_DIR), env.get("PYTHONPATH")) if p)
             if fault:
                 env["SPECWATCH_FAULT"] = fault
+            if not probe:
+                env["SPECWATCH_PROBE"] = "0"     # SGLang's processes run without specwatch code
             done: set[str] = set()
             by_id = {c.case_id: c for c in remaining}
             seen_lines = 0
@@ -147,7 +149,7 @@ def run_group(suite: Suite, cases: list[Case], timeout_s: int, fault: Optional[s
                     case = by_id.get(line.get("case_id"))
                     if case is None or case.case_id in done:
                         continue
-                    on_record(record_from_worker(suite, case, line, fault))
+                    on_record(record_from_worker(suite, case, line, fault, probe))
                     done.add(case.case_id)
 
             deadline = time.monotonic() + timeout_s
@@ -189,7 +191,7 @@ def run_group(suite: Suite, cases: list[Case], timeout_s: int, fault: Optional[s
             if died_at_start and len(remaining) > 1:
                 reason = "engine start: " + reason
             for victim in victims:
-                on_record(failure_record(suite, victim, status, reason, _tail(log_text), fault, started))
+                on_record(failure_record(suite, victim, status, reason, _tail(log_text), fault, started, probe))
             remaining = [c for c in remaining if c not in victims]
 
 
@@ -244,19 +246,21 @@ class GroupJob:
     emit: Callable[[CaseRecord], None]
     timeout_s: Optional[int] = None
     """Wall-clock limit for the group; None: the suite's ``timeout_s``."""
+    probe: bool = True
+    """False: a bare run (no specwatch code in SGLang's processes)."""
 
     def run(self, models_dir: Path, env: Optional[dict], worker_module: str,
             on_event: Callable[[str], None]) -> None:
         run_group(self.suite, self.cases, self.timeout_s or self.suite.spec.suite.timeout_s, self.fault, self.emit,
-                  models_dir, env, worker_module, on_event=on_event)
+                  models_dir, env, worker_module, on_event=on_event, probe=self.probe)
 
 
 def plan_run(suite: Suite, results_root: Path, facts: dict, emit_progress: Optional[Callable[[CaseRecord], None]],
              resume: bool = False, shard: Optional[Shard] = None, fault: Optional[str] = None,
-             where: Optional[dict] = None, record_lock: Optional[threading.Lock] = None
+             where: Optional[dict] = None, record_lock: Optional[threading.Lock] = None, probe: bool = True
              ) -> tuple[Path, list[GroupJob]]:
     """Record the suite's skips, return its results file and its engine groups still to run."""
-    out = results_path(results_root, machine_label(facts), sglang_version(), suite.name, fault)
+    out = results_path(results_root, machine_label(facts), sglang_version(), suite.name, fault, probe)
     done = finished_case_ids(out) if resume else set()
     lock = record_lock or threading.Lock()
 
@@ -273,17 +277,17 @@ def plan_run(suite: Suite, results_root: Path, facts: dict, emit_progress: Optio
         if p.case.case_id in done:
             continue
         if p.skip:
-            emit(failure_record(suite, p.case, Status.skipped, p.skip, None, fault, utcnow()))
+            emit(failure_record(suite, p.case, Status.skipped, p.skip, None, fault, utcnow(), probe))
         elif p.case.tp > facts["gpu_count"]:
             emit(failure_record(suite, p.case, Status.skipped,
                                 f"host: needs {p.case.tp} GPUs, this host has {facts['gpu_count']}",
-                                None, fault, utcnow()))
+                                None, fault, utcnow(), probe))
         else:
             runnable.append(p.case)
     groups = engine_groups(runnable)
     if shard:
         groups = [g for i, g in enumerate(groups) if i % shard.count == shard.index - 1]
-    return out, [GroupJob(suite, fault, g, emit) for g in groups]
+    return out, [GroupJob(suite, fault, g, emit, probe=probe) for g in groups]
 
 
 def run_suites(suites: list[Suite], results_root: Path, faults: tuple[Optional[str], ...] = (None,),
@@ -293,12 +297,15 @@ def run_suites(suites: list[Suite], results_root: Path, faults: tuple[Optional[s
                gpus: Optional[int] = None, worker_module: str = "specwatch.engine_worker",
                extra_env: Optional[dict] = None, where: Optional[dict] = None,
                parallel_starts: int = 1, stop_after_s: Optional[float] = None,
-               group_timeout_s: Optional[int] = None) -> list[Path]:
+               group_timeout_s: Optional[int] = None, bare: bool = False) -> list[Path]:
     """Run every planned case of each suite once per fault (``None``: clean); returns the results
     files. ``parallel_starts`` > 1 starts that many engines at once and times them one at a time
     (``specwatch.timing_lock``); ``stop_after_s`` starts no new group (or wave) after that many
     seconds, leaving the rest to ``--resume``; ``group_timeout_s`` overrides the suites' per-group limit
-    (a group past it is recorded ``timeout`` with its log tail, unlike one cut by SIGTERM)."""
+    (a group past it is recorded ``timeout`` with its log tail, unlike one cut by SIGTERM). ``bare``
+    runs SGLang without specwatch's probe (records in ``SUITE+bare``): the harness-overhead baseline."""
+    if bare and any(f is not None for f in faults):
+        raise ValueError("a bare run has no probe, so it cannot inject faults: drop --fault or --bare")
     facts = dict(host_facts())
     if gpus is not None:
         facts["gpu_count"] = gpus
@@ -313,7 +320,8 @@ def run_suites(suites: list[Suite], results_root: Path, faults: tuple[Optional[s
 
     for suite in suites:
         for fault in faults:
-            out, js = plan_run(suite, results_root, facts, on_record, resume, shard, fault, where, record_lock)
+            out, js = plan_run(suite, results_root, facts, on_record, resume, shard, fault, where, record_lock,
+                               probe=not bare)
             outs.append(out)
             jobs += js
     if max_groups is not None:

@@ -27,10 +27,11 @@ class TornLineWarning(UserWarning):
 
 
 def results_path(root: Path, machine: str, sglang_version: Optional[str], suite: str,
-                 fault: Optional[str] = None) -> Path:
+                 fault: Optional[str] = None, probe: bool = True) -> Path:
     """Where records of (machine, sglang version, suite) live; a fault run's records apart from the
-    clean ones, in ``SUITE+fault-NAME.jsonl``."""
+    clean ones, in ``SUITE+fault-NAME.jsonl``, and a bare (probe-less) run's in ``SUITE+bare.jsonl``."""
     name = suite if fault is None else f"{suite}+fault-{fault}"
+    name += "" if probe else "+bare"
     return _version_dir(root, machine, sglang_version) / f"{name}.jsonl"
 
 
@@ -101,7 +102,7 @@ def records_frame(records: Iterable[CaseRecord]) -> "pd.DataFrame":
         prov = r.provenance
         row.update({
             "machine": prov.machine, "sglang_version": prov.sglang_version,
-            "sglang_commit": prov.sglang_commit, "gpu_name": prov.gpu_name, "fault": prov.fault,
+            "sglang_commit": prov.sglang_commit, "gpu_name": prov.gpu_name, "fault": prov.fault, "probe": prov.probe,
             "started_at": prov.started_at, "specwatch_commit": prov.specwatch_commit,
         })
         for name, m in r.metrics.items():
@@ -122,7 +123,7 @@ def import_records(paths: Iterable[Path], root: Path) -> dict[Path, int]:
     for p in paths:
         for rec in read_records(Path(p)):
             dest = results_path(root, rec.provenance.machine, rec.provenance.sglang_version, rec.suite,
-                                rec.provenance.fault)
+                                rec.provenance.fault, rec.provenance.probe)
             if dest not in have:
                 have[dest] = {_identity(r) for r in read_records(dest)} if dest.exists() else set()
             if _identity(rec) in have[dest]:
@@ -134,7 +135,8 @@ def import_records(paths: Iterable[Path], root: Path) -> dict[Path, int]:
 
 
 def _identity(r: CaseRecord) -> tuple:
-    return (r.case_id, r.provenance.hostname, r.provenance.started_at.isoformat(), r.provenance.fault)
+    return (r.case_id, r.provenance.hostname, r.provenance.started_at.isoformat(), r.provenance.fault,
+            r.provenance.probe)
 
 
 RUNS_FILE = "runs.ndjson"
