@@ -17,6 +17,18 @@ class FakeEngine:
         self.row_width = row_width
         self.draft_page_scaled = draft_page_scaled  # False: seed 004's draft pool paged by the server page
         self.oracle = Oracle(SHAPES[case.model], 0, Profile.perfect)
+        self.cache: list[list[int]] = []   # a radix cache, crudely: sequences whose KV exists
+
+    def cached_tokens(self, prompt):
+        best = 0
+        for seq in self.cache:
+            n = 0
+            for a, b in zip(seq, prompt):
+                if a != b:
+                    break
+                n += 1
+            best = max(best, n)
+        return min(best, len(prompt) - 1) // self.case.page_size * self.case.page_size
 
     def generate(self, input_ids, sampling_params):
         n = sampling_params["max_new_tokens"]
@@ -28,6 +40,8 @@ class FakeEngine:
                 chain = [t + 1 if i % self.corrupt_every == 0 else t for i, t in enumerate(chain)]
             verify = -(-(n - 1) // (self.case.num_steps + 1))
             meta = {"spec_accept_length": n / verify, "spec_verify_ct": verify, "spec_accept_rate": 0.5} if verify else {}
+            meta["cached_tokens"] = self.cached_tokens(prompt)
+            self.cache.append(list(prompt) + chain[:-1])
             outs.append({"output_ids": chain, "meta_info": meta})
         return outs
 
@@ -199,3 +213,24 @@ def test_deepseek_at_tp2_runs_without_allreduce_fusion_and_records_its_kwargs():
     assert "enforce_disable_flashinfer_allreduce_fusion" not in engine_kwargs(CASE.model_copy(update={"tp": 2}),
                                                                               Path("/t"), None, 8)
     assert "model_path" not in recorded_kwargs(kw) and recorded_kwargs(kw)["page_size"] == CASE.page_size
+
+
+def test_multi_turn_resends_each_answer_and_reads_the_prefix_cache():
+    from specwatch.case import Workload
+    from specwatch.engine_worker import run_multi_turn
+    from specwatch.validity import skip_reason
+
+    case = CASE.model_copy(update={"workload": Workload.long_prompt_multi_turn, "input_len": 1024, "output_len": 256,
+                                   "page_size": 256})
+    assert case.prompt_lens() == [1024, 1536, 2048]
+    res = run_multi_turn(FakeEngine(case), case, repeats=2, warmup=True)
+    assert res["checks"] == {"lossless": True, "accept_length_matches_oracle": True}
+    assert res["metrics"]["lossless_mismatches"]["value"] == 0
+    # turn 2 finds turn 1's prompt + answer (1279 tokens with KV: 1024 in whole pages) of its 1536;
+    # turn 3 finds 1791 (1536 in whole pages) of its 2048
+    assert res["metrics"]["prefix_cache_hit_share"]["value"] == (1024 + 1536) / (1536 + 2048)
+    bad = run_multi_turn(FakeEngine(case, corrupt_every=100), case, repeats=1, warmup=False)
+    assert not bad["checks"]["lossless"] and bad["details"]["output_digest"] != res["details"]["output_digest"]
+    too_long = case.model_copy(update={"input_len": 7000})
+    assert "context length" in skip_reason(too_long) and skip_reason(too_long.model_copy(
+        update={"workload": Workload.standard})) is None

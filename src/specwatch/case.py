@@ -50,7 +50,13 @@ class Workload(str, Enum):
     near_full = "near-full"
     """KV pool sized so that token usage stays above 0.95 for most of the run (seed 004)."""
     long_prompt_multi_turn = "long-prompt-multi-turn"
-    """Long prompts re-sent with their answers appended, several turns (seed 000)."""
+    """Long prompts re-sent with their answers appended, several turns (seed 000): turn t's prompt
+    is turn t-1's prompt + its answer + ``output_len`` new user tokens, so each turn after the
+    first reuses the radix cache's pages of the previous one (``MULTI_TURN_TURNS`` turns)."""
+
+
+MULTI_TURN_TURNS = 3
+"""Turns per conversation of the long-prompt multi-turn workload."""
 
 
 class ModelSize(str, Enum):
@@ -101,6 +107,13 @@ class Case(BaseModel):
         """Parameters that need a new engine when they change; the rest reuse one engine."""
         p = self.params()
         return tuple(p[f] for f in ENGINE_FIELDS)
+
+    def prompt_lens(self) -> list[int]:
+        """Prompt length of each batch a conversation sends: ``[input_len]``, or for the multi-turn
+        workload each turn's (the previous prompt + its answer + ``output_len`` user tokens)."""
+        if self.workload is not Workload.long_prompt_multi_turn:
+            return [self.input_len]
+        return [self.input_len + t * 2 * self.output_len for t in range(MULTI_TURN_TURNS)]
 
     def dcp_twin_id(self) -> str:
         """Case id of the same case at dcp 1: DCP and its twin share prompts (equivalence check)."""

@@ -120,6 +120,65 @@ def metric(value, unit, samples=None, expected=None, exact=False, higher_is_bett
             "higher_is_better": higher_is_better}
 
 
+def run_multi_turn(engine, case: Case, repeats: int, warmup: bool) -> dict:
+    """Long-prompt multi-turn: each repeat is one batch per turn (``Case.prompt_lens``), sent in order,
+    every prompt a prefix of the oracle chain that contains the previous turn's prompt and answer
+    (so the radix cache serves it) plus new tokens. Outputs, acceptance and the share of prompt
+    tokens the cache served are recorded per repeat; timing covers the whole conversation."""
+    oracle = Oracle(SHAPES[case.model], 0, case.profile)
+    sp = {"temperature": 0.0, "max_new_tokens": case.output_len, "ignore_eos": True}
+    lens = case.prompt_lens()
+    if warmup:
+        starts = prompt_starts(case, "warmup", case.batch_size)
+        engine.generate(input_ids=[oracle.chain(s, lens[0]) for s in starts], sampling_params=sp)
+    tps, walls, als, expected_als, hit_shares = [], [], [], [], []
+    mismatches, digest = 0, hashlib.sha256()
+    draft_oracle = None
+    if case.profile is not Profile.random and case.algorithm in (Algorithm.EAGLE, Algorithm.STANDALONE):
+        draft_oracle = oracle if case.algorithm is Algorithm.EAGLE else Oracle(oracle.shape, 0, Profile.perfect)
+    for r in range(repeats):
+        chains = [oracle.chain(s, lens[-1] + case.output_len) for s in prompt_starts(case, f"timed{r}", case.batch_size)]
+        n_out, wall, al_turns, exp_turns, cached, later_prompt = 0, 0.0, [], [], 0, 0
+        for t, n in enumerate(lens):
+            t0 = time.perf_counter()
+            outs = engine.generate(input_ids=[c[:n] for c in chains], sampling_params=sp)
+            wall += time.perf_counter() - t0
+            for o, c in zip(outs, chains):
+                exp = c[n:n + case.output_len]
+                digest.update(json.dumps(o["output_ids"]).encode())
+                mismatches += sum(1 for a, b in zip(o["output_ids"], exp) if a != b) + abs(len(o["output_ids"]) - len(exp))
+                n_out += len(o["output_ids"])
+                m = o["meta_info"]
+                al_turns.append(m.get("spec_accept_length", 0.0))
+                if draft_oracle is not None:
+                    exp_turns.append(case.output_len / draft_oracle.expected_verifies(
+                        exp[0], case.output_len, case.num_steps, case.topk, case.num_draft_tokens))
+                if t > 0:
+                    cached += m.get("cached_tokens", 0)
+                    later_prompt += n
+        walls.append(wall)
+        tps.append(n_out / wall)
+        als.append(statistics.mean(al_turns))
+        if exp_turns:
+            expected_als.append(statistics.mean(exp_turns))
+        hit_shares.append(cached / max(later_prompt, 1))
+    med = statistics.median
+    metrics = {
+        "output_throughput": metric(med(tps), "tokens/s", tps, higher_is_better=True),
+        "wall_time": metric(med(walls), "s", walls, higher_is_better=False),
+        "accept_length": metric(med(als), "tokens/verify", als, expected=med(expected_als) if expected_als else None,
+                                exact=True, higher_is_better=True),
+        "lossless_mismatches": metric(mismatches, "tokens", exact=True, higher_is_better=False),
+        # prompt tokens of turns 2.. served by the radix cache (the previous turn's prompt + answer)
+        "prefix_cache_hit_share": metric(med(hit_shares), "1", hit_shares, higher_is_better=True),
+    }
+    checks = {"lossless": mismatches == 0}
+    if expected_als:
+        checks["accept_length_matches_oracle"] = all(abs(m - e) <= 1e-6 * e for m, e in zip(als, expected_als))
+    return {"metrics": metrics, "checks": checks,
+            "details": {"output_digest": digest.hexdigest()[:16], "turn_prompt_lens": lens}}
+
+
 def run_case(engine, case: Case, repeats: int, warmup: bool) -> dict:
     oracle = Oracle(SHAPES[case.model], 0, case.profile)
     sp = {"temperature": 0.0, "max_new_tokens": case.output_len, "ignore_eos": True}
@@ -302,13 +361,6 @@ def main(spec_path: str) -> int:
         os.fsync(out.fileno())
 
     first = cases[0]
-    unsupported = [c for c in cases if c.workload is Workload.long_prompt_multi_turn]
-    for c in unsupported:
-        emit({"case_id": c.case_id, "status": "skipped", "started_at": now(), "finished_at": now(),
-              "reason": f"specwatch: workload {c.workload.value!r} is not implemented yet"})
-    cases = [c for c in cases if c.workload is not Workload.long_prompt_multi_turn]
-    if not cases:
-        return 0
     lock = WorkerTimingLock()
     lock.starting(emit)
     t0 = time.perf_counter()
@@ -333,7 +385,8 @@ def main(spec_path: str) -> int:
     for c in cases:
         started = now()
         try:
-            res = run_case(engine, c, spec["repeats"], spec["warmup"])
+            run = run_multi_turn if c.workload is Workload.long_prompt_multi_turn else run_case
+            res = run(engine, c, spec["repeats"], spec["warmup"])
             if spec.get("probe", True):
                 mem_metrics, mem_checks, details = memory_and_leaks(engine, c)
             else:   # bare run: no probe in SGLang's processes, so no facts to read (timing baseline)

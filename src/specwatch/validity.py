@@ -72,12 +72,13 @@ def _fits_context(c: Case) -> Optional[str]:
 
     ctx = SHAPES[c.model].max_position
     reserved = reserved_tokens(SizingInput.for_case(c, ctx, 1))
-    total = c.input_len + reserved + c.output_len
-    if c.input_len + reserved >= ctx:
-        return f"The input ({c.input_len + reserved} tokens) is longer than the model's context length ({ctx} tokens)."
+    prompt = c.prompt_lens()[-1]                 # multi-turn: the last turn's prompt is the longest
+    total = prompt + reserved + c.output_len
+    if prompt + reserved >= ctx:
+        return f"The input ({prompt + reserved} tokens) is longer than the model's context length ({ctx} tokens)."
     if total > ctx:
         return (f"Requested token count exceeds the model's maximum context length of {ctx} tokens. You requested "
-                f"a total of {total} tokens: {c.input_len + reserved} tokens from the input messages and "
+                f"a total of {total} tokens: {prompt + reserved} tokens from the input messages and "
                 f"{c.output_len} tokens for the completion.")
     return None
 
