@@ -134,8 +134,8 @@ def run_multi_turn(engine, case: Case, repeats: int, warmup: bool) -> dict:
     tps, walls, als, expected_als, hit_shares = [], [], [], [], []
     mismatches, digest = 0, hashlib.sha256()
     draft_oracle = None
-    if case.profile is not Profile.random and case.algorithm in (Algorithm.EAGLE, Algorithm.STANDALONE):
-        draft_oracle = oracle if case.algorithm is Algorithm.EAGLE else Oracle(oracle.shape, 0, Profile.perfect)
+    if case.profile is not Profile.random and case.algorithm in (Algorithm.EAGLE, Algorithm.EAGLE3, Algorithm.STANDALONE):
+        draft_oracle = oracle if case.algorithm is not Algorithm.STANDALONE else Oracle(oracle.shape, 0, Profile.perfect)
     for r in range(repeats):
         chains = [oracle.chain(s, lens[-1] + case.output_len) for s in prompt_starts(case, f"timed{r}", case.batch_size)]
         n_out, wall, al_turns, exp_turns, cached, later_prompt = 0, 0.0, [], [], 0, 0
@@ -228,8 +228,8 @@ def run_case(engine, case: Case, repeats: int, warmup: bool) -> dict:
             step_ms.append(1e3 * decode_s / max(vct, 1))
             itl_ms.append(1e3 * decode_s / max(case.output_len - 1, 1))
         hist = metas[0].get("spec_accept_histogram", hist)
-        if case.profile is not Profile.random and case.algorithm in (Algorithm.EAGLE, Algorithm.STANDALONE):
-            draft_oracle = oracle if case.algorithm is Algorithm.EAGLE else Oracle(oracle.shape, 0, Profile.perfect)
+        if case.profile is not Profile.random and case.algorithm in (Algorithm.EAGLE, Algorithm.EAGLE3, Algorithm.STANDALONE):
+            draft_oracle = oracle if case.algorithm is not Algorithm.STANDALONE else Oracle(oracle.shape, 0, Profile.perfect)
             expected_per_repeat.append(statistics.mean(
                 case.output_len / draft_oracle.expected_verifies(exp[0], case.output_len, case.num_steps, case.topk,
                                                                  case.num_draft_tokens)

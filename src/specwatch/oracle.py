@@ -41,6 +41,19 @@ Checked on the CPU with Hugging Face's Llama (fp32 and bf16, 7000 positions: exa
 layer 0's KV matters; imperfect draft profiles keep a KV-blind draft (a previous-token vote would
 overrule their deliberately wrong first choice).
 
+EAGLE3 draft (``LlamaForCausalLMEagle3``, ``write_eagle3_draft``, profile ``perfect`` only): one
+decoder layer whose attention reads [input_layernorm(embed(x)); hidden_norm(h)], its own lm_head
+over a draft vocabulary of the A active tokens (draft id i is target token ``FIRST_ACTIVE +
+A - 1 - i``, mapped back by SGLang through ``d2t``), and the target's embedding (SGLang shares it).
+The target's aux hidden states enter through ``fc``, which is zero, so a draft step's residual h is
+0 after the target and the previous step's output inside a draft chain. Attention, through RoPE
+alone, reads the token's own position (every plane at angle 0) and its value is
+``e_x - e_h`` (the input token minus the incoming hidden, both one-hot), so the residual after the
+layer is ``sqrt(H) e_x`` whatever h was: the draft predicts sigma(x) and hands ``e_x`` on, and its
+acceptance is that of the perfect EAGLE draft. A wrong self read (wrong slot, page or mask in the
+draft's KV) leaves ``e_x - e_h`` mixed with another token and the prediction changes. Checked on the
+CPU by a written-out forward of SGLang 0.5.17's ``llama_eagle3.py`` (tests/test_eagle3_oracle.py).
+
 NGRAM has no draft model: it proposes continuations of n-grams seen earlier in the context. The
 chain repeats with period A, so a prompt longer than A (plus the match length) holds every
 continuation the target will produce; its expected acceptance is measured, not derived.
@@ -383,24 +396,31 @@ position and any other (rope_theta 500000, head_dim 64: at least 0.843 * 17^2 / 
 keeps softmax weight off every other position below e^-30 per position."""
 
 
-def attention_copy_weights(torch, s: Shape, prefix: str, device, rope_theta: float = ROPE_THETA) -> dict:
-    """q/k/v/o of an attention layer that copies the previous position's token into residual dims
-    [A, 2A): every token has the same q and k, chosen per rotary plane so that RoPE makes the score
-    peak at relative position -1; v is the token's one-hot (A = kv_heads x head_dim wide); o_proj
-    takes the first query head of each KV group into the residual (the rest stay zero)."""
+def position_qk(torch, s: Shape, offset: int, rope_theta: float = ROPE_THETA) -> tuple:
+    """q and k (float64) that are the same for every active token, chosen per rotary plane so that
+    RoPE makes the attention score peak at relative position ``offset`` (-1: the previous token,
+    0: the token itself) whatever the tokens are. Inputs are RMS-normalised ``sqrt(H) * e_t``."""
     h, hd, a = s.hidden, s.head_dim, s.active
     half = hd // 2
     theta = rope_theta ** (-torch.arange(half, dtype=torch.float64) * 2 / hd)
     k_head = torch.zeros(hd, dtype=torch.float64)
     k_head[:half] = COPY_SCALE                         # each plane (i, i + hd/2) at angle 0
     q_head = torch.zeros(hd, dtype=torch.float64)
-    q_head[:half] = COPY_SCALE * torch.cos(theta)      # angle -theta_i: the score peaks at j - i = -1
-    q_head[half:] = -COPY_SCALE * torch.sin(theta)
-    norm = math.sqrt(h)                                # the layer sees RMS-normalised sqrt(H) * e_t
+    q_head[:half] = COPY_SCALE * torch.cos(offset * theta)   # angle offset * theta_i: the score
+    q_head[half:] = COPY_SCALE * torch.sin(offset * theta)   # peaks at j - i = offset
     act = torch.zeros(h, dtype=torch.float64)
-    act[:a] = 1.0 / norm                               # same q, k for every active (current) token
-    q = torch.outer(q_head.repeat(s.heads), act)
-    k = torch.outer(k_head.repeat(s.kv_heads), act)
+    act[:a] = 1.0 / math.sqrt(h)                       # same q, k for every active (current) token
+    return torch.outer(q_head.repeat(s.heads), act), torch.outer(k_head.repeat(s.kv_heads), act)
+
+
+def attention_copy_weights(torch, s: Shape, prefix: str, device, rope_theta: float = ROPE_THETA) -> dict:
+    """q/k/v/o of an attention layer that copies the previous position's token into residual dims
+    [A, 2A): q and k from ``position_qk`` at offset -1; v is the token's one-hot (A = kv_heads x
+    head_dim wide); o_proj takes the first query head of each KV group into the residual (the rest
+    stay zero)."""
+    h, hd, a = s.hidden, s.head_dim, s.active
+    norm = math.sqrt(h)                                # the layer sees RMS-normalised sqrt(H) * e_t
+    q, k = position_qk(torch, s, -1, rope_theta)
     v = torch.zeros(s.kv_heads * hd, h, dtype=torch.float64)
     v[torch.arange(a), torch.arange(a)] = 1.0 / norm   # value of token t: e_t in value space
     o = torch.zeros(h, s.heads * hd, dtype=torch.float64)
@@ -412,6 +432,60 @@ def attention_copy_weights(torch, s: Shape, prefix: str, device, rope_theta: flo
     bf = torch.bfloat16
     return {f"{prefix}self_attn.{n}_proj.weight": t.to(device=device, dtype=bf)
             for n, t in (("q", q), ("k", k), ("v", v), ("o", o))}
+
+
+def eagle3_shape(s: Shape) -> Shape:
+    """The EAGLE3 draft's own shape: the target's width and head size, one layer, and as many KV
+    heads as query heads so the value space (kv_heads x head_dim = hidden) holds every active token."""
+    return Shape(hidden=s.hidden, layers=1, intermediate=s.intermediate, heads=s.heads, kv_heads=s.heads,
+                 vocab=s.vocab, max_position=s.max_position)
+
+
+def eagle3_draft_ids(s: Shape) -> np.ndarray:
+    """Target token id of each draft-vocabulary id: reversed active order, so ``d2t`` is not a shift."""
+    return FIRST_ACTIVE + np.arange(s.active)[::-1]
+
+
+def write_eagle3_draft(folder: Path, oracle: Oracle, device: str = "cpu") -> None:
+    """The EAGLE3 draft of the module docstring (profile ``perfect``)."""
+    import torch
+
+    s, d = oracle.shape, eagle3_shape(oracle.shape)
+    if oracle.profile is not Profile.perfect:
+        raise ValueError("the EAGLE3 oracle is built for profile 'perfect' only")
+    h, hd, a = d.hidden, d.head_dim, s.active
+    bf = torch.bfloat16
+    gen = torch.Generator(device=device).manual_seed(oracle.seed + 3)
+    config = _config(d, 1, "LlamaForCausalLMEagle3")
+    config.update({"draft_vocab_size": a, "target_hidden_size": s.hidden,
+                   # outputs of these target layers (SGLang captures them at the input of layer id + 1,
+                   # so the last id must be below the target's last layer)
+                   "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, s.layers // 2 - 1, s.layers - 2]}})
+    layer = _layer_weights(torch, d, "midlayer.", gen, device)
+    # attention over [embeds; hidden] (2H wide): q, k constant for every active token at angle 0 in
+    # every rotary plane (the score peaks at the token's own position); v = e_x - e_h; o -> residual
+    norm = math.sqrt(h)
+    for n, t in zip(("q", "k"), position_qk(torch, d, 0)):
+        layer[f"midlayer.self_attn.{n}_proj.weight"] = torch.cat([t, torch.zeros_like(t)], dim=1).to(
+            device=device, dtype=bf)                     # the hidden half of the input plays no part
+    v = torch.zeros(d.kv_heads * hd, 2 * h, dtype=torch.float64)
+    v[torch.arange(a), torch.arange(a)] = 1.0 / norm
+    v[torch.arange(a), h + torch.arange(a)] = -1.0 / norm
+    o = torch.zeros(h, d.heads * hd, dtype=torch.float64)
+    o[torch.arange(a), torch.arange(a)] = norm          # one KV head per query head: value dim t -> residual t
+    layer["midlayer.self_attn.v_proj.weight"] = v.to(device=device, dtype=bf)
+    layer["midlayer.self_attn.o_proj.weight"] = o.to(device=device, dtype=bf)
+    layer["midlayer.hidden_norm.weight"] = torch.ones(h, dtype=bf, device=device)
+    ids = torch.as_tensor(eagle3_draft_ids(s).copy(), device=device)
+    succ = torch.as_tensor(oracle.successor_index(), device=device)
+    inv = torch.empty_like(succ)
+    inv[succ] = torch.arange(a, device=device)          # inv[k]: the active index whose successor is k
+    head = torch.zeros(a, h, dtype=bf, device=device)
+    head[torch.arange(a, device=device), inv[ids - FIRST_ACTIVE]] = 1.0   # draft id i <- x with sigma(x) = ids[i]
+    w = {**layer, "fc.weight": torch.zeros(h, 3 * s.hidden, dtype=bf, device=device),
+         "norm.weight": torch.ones(h, dtype=bf, device=device), "lm_head.weight": head,
+         "d2t": (ids - torch.arange(a, device=device)).to(torch.int64)}
+    _save(torch, folder, config, w)
 
 
 def write_eagle_draft(folder: Path, oracle: Oracle, device: str = "cpu") -> None:
@@ -454,6 +528,8 @@ def model_dirs(root: Path, size: ModelSize, profile: Profile, algorithm: Algorit
         return target, target   # the MTP layer ships inside the target checkpoint (SGLang loads it as NextN)
     if algorithm is Algorithm.STANDALONE:
         return target, root / f"{size.value}-seed{seed}" / "standalone-draft"
+    if algorithm is Algorithm.EAGLE3:
+        return target, root / f"{size.value}-seed{seed}" / f"eagle3-draft-{profile.value}"
     return target, root / f"{size.value}-seed{seed}" / f"eagle-draft-{profile.value}"
 
 
@@ -483,6 +559,8 @@ def _write_missing(target: Path, draft: Optional[Path], oracle: "Oracle", size: 
     if draft is not None and not (draft / "config.json").exists():
         if algorithm is Algorithm.STANDALONE:
             write_target(draft, Oracle(SHAPES[size], seed, Profile.perfect), layers=1, device=device)
+        elif algorithm is Algorithm.EAGLE3:
+            write_eagle3_draft(draft, oracle, device=device)
         else:
             write_eagle_draft(draft, oracle, device=device)
 

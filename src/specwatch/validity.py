@@ -95,6 +95,15 @@ def _mla_backend(c: Case) -> Optional[str]:
     return None
 
 
+def _eagle3_oracle(c: Case) -> Optional[str]:
+    from specwatch.case import Profile
+
+    if c.algorithm is Algorithm.EAGLE3 and c.profile is not Profile.perfect:
+        return ("specwatch: the EAGLE3 oracle draft is built for profile 'perfect' only (its attention "
+                "reads the token itself; the wrong-first-choice profiles are EAGLE's)")
+    return None
+
+
 def _mla_oracle(c: Case) -> Optional[str]:
     from specwatch.case import Profile
     from specwatch.oracle import SHAPES
@@ -109,6 +118,7 @@ def _mla_oracle(c: Case) -> Optional[str]:
 RULES: tuple[Rule, ...] = (
     Rule("mla-backend", "sglang/srt/arg_groups/overrides.py:_mla_backend_page_constraints", _mla_backend),
     Rule("mla-oracle", "specwatch/oracle.py: write_deepseek_target", _mla_oracle),
+    Rule("eagle3-oracle", "specwatch/oracle.py: write_eagle3_draft", _eagle3_oracle),
     Rule("dcp-divides-tp", "sglang/srt/server_args.py (DCP groups split TP ranks)", _dcp_divides_tp),
     Rule("tree-on-paged-kv", "sglang/srt/arg_groups/speculative_hook.py:_handle_eagle", _tree_on_paged_kv),
     Rule("ngram-tree-on-paged-kv", "sglang/srt/arg_groups/speculative_hook.py:_handle_ngram",
