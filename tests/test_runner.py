@@ -178,3 +178,21 @@ def test_bare_run_turns_the_probe_off_and_files_its_records_apart(tmp_path):
     assert all(r.provenance.probe and r.details["probe_env"] == "1" for r in read_records(probed))
     with pytest.raises(ValueError, match="cannot inject faults"):
         _run(tmp_path, suite, bare=True, fault="row-widen-revert")
+
+
+def test_waves_keep_slow_starters_together():
+    from specwatch.case import Backend, ModelSize
+    from specwatch.runner import GroupJob, wave_order
+    from records import case
+
+    def job(**kw):
+        return GroupJob(suite=None, fault=None, cases=[case(**kw)], emit=print)
+
+    jobs = [job(model=ModelSize.llama_8b), job(attention_backend=Backend.flashinfer, topk=8, num_draft_tokens=16),
+            job(attention_backend=Backend.triton), job(attention_backend=Backend.flashinfer, topk=1,
+                                                       num_draft_tokens=4),
+            job(attention_backend=Backend.fa3), job(tp=2)]
+    order = [(j.cases[0].model.value, j.cases[0].attention_backend.value, j.cases[0].topk, j.cases[0].tp)
+             for j in wave_order(jobs)]
+    assert order == [("tiny", "triton", 4, 1), ("tiny", "fa3", 4, 1), ("tiny", "flashinfer", 1, 1),
+                     ("tiny", "flashinfer", 8, 1), ("tiny", "triton", 4, 2), ("8b", "triton", 4, 1)]

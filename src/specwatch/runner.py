@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
-from specwatch.case import Case
+from specwatch.case import Backend, Case, ModelSize
 from specwatch.provenance import collect, host_facts, machine_label, specwatch_commit
 from specwatch.record import CaseRecord, Metric, RunSummary, Status, utcnow
 from specwatch.sglang_host import sglang_version
@@ -377,6 +377,21 @@ class _Tally:
                 self.worker_starts += 1
 
 
+def start_class(case: Case) -> tuple:
+    """How slow an engine group is to start, coarsely (seen on the H200s): tiny oracles on triton or
+    fa3 start in under a minute; flashinfer compiles kernels on first use (tree kernels for topk > 1
+    longest); tp > 1 adds process groups; 1b/8b checkpoints are written and loaded. A wave waits for
+    its slowest start, so waves are formed from groups of one class (``wave_order``)."""
+    size = {ModelSize.llama_1b: 1, ModelSize.llama_8b: 2}.get(case.model, 0)
+    flashinfer = case.attention_backend is Backend.flashinfer
+    return (size, case.tp, flashinfer and case.topk > 1, flashinfer)
+
+
+def wave_order(jobs: list) -> list:
+    """Jobs sorted by ``start_class`` of their first case (stable: suite order within a class)."""
+    return sorted(jobs, key=lambda j: start_class(j.cases[0]))
+
+
 def _run_waves(jobs: list, parallel_starts: int, expired, models_dir: Path, extra_env: Optional[dict],
                worker_module: str, count: Callable[[str], None]) -> int:
     """Run ``jobs`` in waves of ``parallel_starts`` (``specwatch.timing_lock``); returns how many
@@ -387,6 +402,7 @@ def _run_waves(jobs: list, parallel_starts: int, expired, models_dir: Path, extr
         env = dict(extra_env or {}, **{TIMING_LOCK_ENV: str(lock_path), PARALLEL_ENV: str(parallel_starts)})
         # K engines' processes share the host's cores: keep each one's CPU thread pools small
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // parallel_starts)))
+        jobs = wave_order(jobs)
         for w in range(0, len(jobs), parallel_starts):
             if expired():
                 break
