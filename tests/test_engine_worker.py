@@ -234,3 +234,44 @@ def test_multi_turn_resends_each_answer_and_reads_the_prefix_cache():
     too_long = case.model_copy(update={"input_len": 7000})
     assert "context length" in skip_reason(too_long) and skip_reason(too_long.model_copy(
         update={"workload": Workload.standard})) is None
+
+
+@pytest.mark.parametrize("workload,probe", [("standard", True), ("standard", False),
+                                            ("long-prompt-multi-turn", True)])
+def test_worker_main_end_to_end_on_a_fake_sglang(tmp_path, monkeypatch, workload, probe):
+    """engine_worker.main as the runner starts it (spec file in, JSON lines out), with sglang.Engine
+    replaced by the fake engine: the kwargs it gets, the records it writes, bare and multi-turn."""
+    import json
+    import sys
+    import types
+
+    from specwatch import engine_worker
+    from specwatch.case import Workload
+
+    case = CASE.model_copy(update={"workload": Workload(workload), "input_len": 256, "output_len": 64})
+    got = {}
+
+    class Engine(FakeEngine):
+        def __init__(self, **kw):
+            got.update(kw)
+            super().__init__(case)
+
+        def shutdown(self):
+            got["shutdown"] = True
+
+    monkeypatch.setitem(sys.modules, "sglang", types.SimpleNamespace(Engine=Engine))
+    monkeypatch.setattr(engine_worker, "ensure_models", lambda *a, **k: (tmp_path / "t", tmp_path / "d"))
+    out = tmp_path / "out.jsonl"
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"cases": [case.params()], "repeats": 2, "warmup": True, "models_dir": str(tmp_path),
+                                "fault": None, "probe": probe, "results": str(out)}))
+    assert engine_worker.main(str(spec)) == 0
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert lines[0]["event"] == "engine_started"
+    rec = lines[-1]
+    assert rec["case_id"] == case.case_id and rec["status"] == "ok", rec.get("log_tail")
+    assert rec["checks"]["lossless"] and rec["checks"]["accept_length_matches_oracle"]
+    assert rec["details"]["engine_kwargs"]["sleep_on_idle"] is True and "model_path" not in rec["details"]["engine_kwargs"]
+    assert got["shutdown"] and got["model_path"] == str(tmp_path / "t")
+    assert ("no_kv_leak" in rec["checks"]) == probe and rec["details"].get("bare", False) == (not probe)
+    assert ("prefix_cache_hit_share" in rec["metrics"]) == (workload == "long-prompt-multi-turn")
