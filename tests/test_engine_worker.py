@@ -275,3 +275,25 @@ def test_worker_main_end_to_end_on_a_fake_sglang(tmp_path, monkeypatch, workload
     assert got["shutdown"] and got["model_path"] == str(tmp_path / "t")
     assert ("no_kv_leak" in rec["checks"]) == probe and rec["details"].get("bare", False) == (not probe)
     assert ("prefix_cache_hit_share" in rec["metrics"]) == (workload == "long-prompt-multi-turn")
+
+
+@pytest.mark.sglang
+def test_every_engine_argument_is_a_server_arg_of_the_installed_sglang():
+    """A misspelt or removed engine argument fails every GPU case at start: check them all here
+    against the installed SGLang's ServerArgs (0.5.17 in CI), for every case shape the suites use."""
+    import dataclasses
+    from pathlib import Path
+
+    from specwatch.case import Algorithm, Workload
+    from specwatch.sglang_host import ensure_import_stubs
+
+    ensure_import_stubs()
+    from sglang.srt.server_args import ServerArgs
+
+    names = {f.name for f in dataclasses.fields(ServerArgs)}
+    for update in ({}, {"tp": 2, "dcp": 2}, {"model": ModelSize.tiny_mla, "tp": 2, "dcp": 2},
+                   {"algorithm": Algorithm.NGRAM}, {"algorithm": Algorithm.EAGLE3}, {"profile": Profile.random},
+                   {"workload": Workload.near_full}):
+        case = CASE.model_copy(update=update)
+        kw = engine_kwargs(case, Path("/t"), Path("/d"), 8, 4096)
+        assert set(kw) <= names, (update, set(kw) - names)
