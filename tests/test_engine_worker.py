@@ -297,3 +297,14 @@ def test_every_engine_argument_is_a_server_arg_of_the_installed_sglang():
         case = CASE.model_copy(update=update)
         kw = engine_kwargs(case, Path("/t"), Path("/d"), 8, 4096)
         assert set(kw) <= names, (update, set(kw) - names)
+
+
+@pytest.mark.sglang
+def test_records_carry_the_running_sglangs_own_sizing():
+    """Row width checked against SGLang's own sizing functions as well as specwatch's model."""
+    metrics, checks, details = memory_and_leaks(FakeEngine(CASE), CASE)
+    assert checks["req_to_token_matches_sglang_sizing"]
+    assert details["sglang_sizing"]["req_to_token_row_width"] == metrics["req_to_token_row_width"]["value"]
+    assert metrics["sglang_alloc_len_per_decode"]["value"] == details["sglang_sizing"]["alloc_len_per_decode"]
+    _, checks, _ = memory_and_leaks(FakeEngine(CASE, row_width=4096), CASE)
+    assert not checks["req_to_token_matches_sglang_sizing"]

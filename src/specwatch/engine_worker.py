@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from specwatch.case import Algorithm, Case, ModelSize, Profile, Workload
-from specwatch.memory_model import SizingInput, reference_sizing
+from specwatch.memory_model import SizingInput, reference_sizing, sglang_sizing
 from specwatch.oracle import SHAPES, Oracle, ensure_models
 from specwatch.timing_lock import PARALLEL_ENV, WorkerTimingLock
 
@@ -297,7 +297,7 @@ def memory_and_leaks(engine, case: Case) -> tuple[dict, dict, dict]:
     ok_flush = engine.flush_cache()
     facts = server_facts(engine)
     sw = facts["specwatch"]
-    metrics, checks, coverage = {}, {}, {}
+    metrics, checks, coverage, sizing_details = {}, {}, {}, None
     if "allocator" in sw:
         a, r = sw["allocator"], sw["req_to_token"]
         capacity_pages = a["num_pages"]
@@ -342,12 +342,24 @@ def memory_and_leaks(engine, case: Case) -> tuple[dict, dict, dict]:
         if sw.get("cuda"):
             metrics["peak_gpu_memory"] = metric(sw["cuda"]["max_allocated"], "bytes", higher_is_better=False)
         # The CPU-tier memory model next to the real objects
-        model = reference_sizing(SizingInput.for_case(case, SHAPES[case.model].max_position, r["size"]))
+        inputs = SizingInput.for_case(case, SHAPES[case.model].max_position, r["size"])
+        model = reference_sizing(inputs)
         metrics["model_req_to_token_bytes"] = metric(model.req_to_token_bytes, "bytes", exact=True)
         checks["req_to_token_matches_model"] = (model.req_to_token_row_width == r["row_width"]
                                                 and model.req_to_token_bytes == r["bytes"])
+        # ...and the running SGLang's own sizing functions on the same inputs: when a row width moves
+        # between versions, this says whether the sizing rule moved or something else did
+        try:
+            own = sglang_sizing(inputs)
+        except Exception as e:                       # an older SGLang without the sizing module
+            sizing_details = {"error": f"{type(e).__name__}: {e}"[:300]}
+        else:
+            sizing_details = own.as_dict()
+            metrics["sglang_alloc_len_per_decode"] = metric(own.alloc_len_per_decode, "tokens", exact=True)
+            checks["req_to_token_matches_sglang_sizing"] = own.req_to_token_row_width == r["row_width"]
     checks["flush_cache"] = bool(ok_flush)
-    return metrics, checks, {"probe": sw, "pool_coverage": coverage, "engine_memory_usage": facts.get("memory_usage")}
+    return metrics, checks, {"probe": sw, "pool_coverage": coverage, "sglang_sizing": sizing_details,
+                             "engine_memory_usage": facts.get("memory_usage")}
 
 
 def main(spec_path: str) -> int:
