@@ -94,3 +94,17 @@ def test_selection_holds_clean_probed_runs_unless_it_names_fault_or_probe(tmp_pa
     assert select("sglang_version=0.5.17,fault=accept-off-by-one", tmp_path) == [faulty]
     assert select("sglang_version=0.5.17,probe=off", tmp_path) == [bare]
     assert len(select("sglang_version=0.5.17,fault!=x,probe!=x", tmp_path)) == 3
+
+
+def test_a_memory_change_is_explained_by_the_versions_own_sizing():
+    base, head = rec(C, [100, 100, 100]), rec(C, [100, 100, 100])
+    for r, extra, width in ((base, 12, 8204), (head, 20, 8212)):
+        r.metrics["req_to_token_row_width"] = Metric(value=width, unit="tokens", exact=True)
+        r.details["sglang_sizing"] = {"req_to_token_extra_context_len": extra, "req_to_token_row_width": width,
+                                      "alloc_len_per_decode": 16}
+    row = {r.metric: r for r in compare_records([base], [head])}["req_to_token_row_width"]
+    assert row.verdict is Verdict.changed
+    assert "req_to_token_extra_context_len 12→20" in row.note and "alloc_len_per_decode" not in row.note
+    head.details["sglang_sizing"] = dict(base.details["sglang_sizing"])
+    row = {r.metric: r for r in compare_records([base], [head])}["req_to_token_row_width"]
+    assert "unchanged: look elsewhere" in row.note

@@ -145,6 +145,21 @@ def budget_for(budgets: Optional[dict], klass: str, metric: str, threshold: floa
     return max(threshold, budgets.get(f"{klass}/{metric}", budgets.get(klass, threshold)))
 
 
+SIZING_EXPLAINED = frozenset({"req_to_token_bytes", "req_to_token_row_width", "sglang_alloc_len_per_decode",
+                              "model_req_to_token_bytes"})
+"""Memory metrics whose change the two SGLang versions' own sizing functions can explain."""
+
+
+def sizing_change(base: CaseRecord, head: CaseRecord) -> str:
+    """Why a memory metric moved: the fields of the running SGLang's own sizing (recorded per case
+    by the GPU worker) that differ between the two records, or '' when neither recorded it."""
+    b, h = (r.details.get("sglang_sizing") or {} for r in (base, head))
+    if "error" in b or "error" in h or not b or not h:
+        return ""
+    moved = [f"{k} {b[k]}→{h[k]}" for k in sorted(set(b) & set(h)) if b[k] != h[k] and b[k] is not None]
+    return ("SGLang's sizing: " + ", ".join(moved)) if moved else "SGLang's sizing unchanged: look elsewhere"
+
+
 def compare_records(base: Iterable[CaseRecord], head: Iterable[CaseRecord], threshold: float = 0.05,
                     alpha: float = 0.1, budgets: Optional[dict] = None) -> list[Row]:
     b_by, h_by = latest_by_case(base), latest_by_case(head)
@@ -172,6 +187,8 @@ def compare_records(base: Iterable[CaseRecord], head: Iterable[CaseRecord], thre
             klass = noise_class(h.case)
             if hm.exact:
                 verdict, note = _exact_verdict(bm, hm)
+                if verdict is not Verdict.unchanged and name in SIZING_EXPLAINED:
+                    note = "; ".join(x for x in (note, sizing_change(b, h)) if x)
             else:
                 verdict, note = _timed_verdict(bm, hm, budget_for(budgets, klass, name, threshold), alpha)
             timed = not hm.exact and len(bm.samples) >= 2 and len(hm.samples) >= 2
