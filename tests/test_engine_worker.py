@@ -199,6 +199,10 @@ def test_near_full_pool_is_sized_to_the_largest_batch_in_whole_pages():
     pool = kv_pool_tokens(nf)
     need = 16 * (1000 + 100)
     assert pool % 64 == 0 and need / pool > 0.96 and need / pool <= 0.97
+    # DCP: SGLang's allocator holds max_total_tokens * dcp virtual slots, so the pool asked for is per rank
+    dcp2 = [c.model_copy(update={"tp": 2, "dcp": 2}) for c in nf]
+    per_rank = kv_pool_tokens(dcp2)
+    assert per_rank % 64 == 0 and 0.96 < need / (2 * per_rank) <= 0.97
 
 
 def test_deepseek_at_tp2_runs_without_allreduce_fusion_and_records_its_kwargs():

@@ -50,13 +50,17 @@ retracts requests near the end). ``near_full_batch_share`` records what a run ac
 
 
 def kv_pool_tokens(cases: list[Case]) -> int:
-    """``max_total_tokens`` for an engine group: fixed per model, or sized to the batch (near-full)."""
+    """``max_total_tokens`` for an engine group: fixed per model, or sized to the batch (near-full).
+
+    Under DCP, SGLang takes ``max_total_tokens`` per rank and sizes its allocator to
+    ``max_total_tokens * dcp`` virtual slots (0.5.17's kv_cache_configurator; seen on the x2 host:
+    2^18 passed, an allocator of 2^19), so near-full asks for the need / dcp, in whole pages."""
     first = cases[0]
     if first.workload is not Workload.near_full:
         return KV_TOKENS[first.model]
     need = max(c.batch_size * (c.input_len + c.output_len // 4) for c in cases)
-    unit = first.page_size * first.dcp
-    return -(-int(need / NEAR_FULL_FILL) // unit) * unit
+    per_rank = need / NEAR_FULL_FILL / first.dcp
+    return -(-int(per_rank) // first.page_size) * first.page_size
 
 
 def engine_kwargs(case: Case, target: Path, draft, max_bs: int, kv_tokens: int | None = None) -> dict:
