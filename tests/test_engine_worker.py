@@ -115,6 +115,7 @@ def test_draft_pool_paged_by_the_server_page_misses_rows_under_dcp(page, dcp, mi
     metrics, checks, details = memory_and_leaks(FakeEngine(case), case)
     assert checks["draft_pool_covers_allocator"] and checks["target_pool_covers_allocator"]
     assert details["pool_coverage"]["target"]["scale"] == dcp and details["pool_coverage"]["draft"]["scale"] == 1
+    assert metrics["allocator_tokens"]["value"] == dcp * metrics["kv_pool_tokens"]["value"]
     metrics, checks, details = memory_and_leaks(FakeEngine(case, draft_page_scaled=False), case)
     assert not checks["draft_pool_covers_allocator"] and not checks["draft_pool_page_matches_allocator"]
     assert metrics["draft_pool_missing_rows"]["value"] == missing

@@ -314,6 +314,9 @@ def memory_and_leaks(engine, case: Case) -> tuple[dict, dict, dict]:
         metrics["req_to_token_row_width"] = metric(r["row_width"], "tokens", exact=True)
         metrics["req_to_token_bytes"] = metric(r["bytes"], "bytes", exact=True, higher_is_better=False)
         metrics["allocator_page_size"] = metric(a["page_size"], "tokens", exact=True)
+        # token slots the allocator hands out: with DCP, max_total_tokens x dcp virtual slots, while
+        # kv_pool_tokens below is the target pool of one rank
+        metrics["allocator_tokens"] = metric(a["size"], "tokens", exact=True)
         if sw.get("target_kv_pool"):
             tp = sw["target_kv_pool"]
             metrics["kv_pool_tokens"] = metric(tp["size"], "tokens", exact=True)
