@@ -108,3 +108,16 @@ def test_a_memory_change_is_explained_by_the_versions_own_sizing():
     head.details["sglang_sizing"] = dict(base.details["sglang_sizing"])
     row = {r.metric: r for r in compare_records([base], [head])}["req_to_token_row_width"]
     assert "unchanged: look elsewhere" in row.note
+
+
+def test_aa_differences_name_the_conditions_that_differ():
+    from specwatch.compare import aa_differences
+
+    serial, parallel = rec(A, [100, 100, 100]), rec(A, [100, 100, 100])
+    parallel.details["parallel_starts"] = 8
+    assert aa_differences([serial], [parallel]) == ["parallel_starts: 1 vs 8"]
+    again = rec(A, [100, 100, 100])
+    again.details["parallel_starts"] = 8
+    assert aa_differences([parallel], [again]) == []
+    again.details["engine_kwargs"], parallel.details["engine_kwargs"] = {"sleep_on_idle": True}, {"page_size": 64}
+    assert aa_differences([parallel], [again]) == ["engine arguments differ"]

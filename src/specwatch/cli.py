@@ -273,7 +273,11 @@ def noise(base: str = typer.Argument(..., help="First run of an A/A pair (same S
     per-class noise budgets derived from their spread (use with `compare --budgets`)."""
     from specwatch.compare import compare_records, noise_report
 
+    from specwatch.compare import aa_differences
+
     b, h = _selections(base, head, results)
+    for line in aa_differences(b, h):
+        console.print(f"[yellow]not a clean A/A: {line}[/yellow]")
     rep = noise_report(compare_records(b, h, threshold=threshold, alpha=alpha))
     console.print(f"A/A: {rep.flagged} of {rep.timed} timed metrics flagged at threshold {threshold:.0%}, "
                   f"alpha {alpha}: false-positive rate {rep.false_positive_rate:.1%}")

@@ -14,6 +14,8 @@ gone, now failing, now fixed.
 
 from __future__ import annotations
 
+import json
+
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -246,6 +248,33 @@ class NoiseReport:
     def budgets(self, margin: float = 1.5, floor: float = 0.05) -> dict[str, float]:
         """Noise budgets (TorchBench style): ``margin`` x the A/A spread, at least ``floor``."""
         return {k: round(max(floor, margin * v), 4) for k, v in sorted(self.spread.items())}
+
+
+def aa_differences(base: Iterable[CaseRecord], head: Iterable[CaseRecord]) -> list[str]:
+    """What makes two runs not an A/A pair: run conditions that differ between them (SGLang version,
+    machine, GPU, driver, probe on/off, parallel starts, engine arguments), each as one line."""
+    def conditions(recs) -> dict[str, set]:
+        out: dict[str, set] = {}
+        for r in recs:
+            p, d = r.provenance, r.details or {}
+            for key, value in (("sglang_version", p.sglang_version), ("machine", p.machine),
+                               ("gpu_name", p.gpu_name), ("driver_version", p.driver_version),
+                               ("probe", p.probe), ("parallel_starts", d.get("parallel_starts") or 1),
+                               ("engine_kwargs", json.dumps(d.get("engine_kwargs"), sort_keys=True)
+                                if d.get("engine_kwargs") is not None else None)):
+                out.setdefault(key, set()).add(value)
+        return out
+
+    b, h = conditions(list(base)), conditions(list(head))
+    lines = []
+    for key in sorted(set(b) | set(h)):
+        bv, hv = b.get(key, set()) - {None}, h.get(key, set()) - {None}
+        if bv and hv and bv != hv:
+            if key == "engine_kwargs":
+                lines.append("engine arguments differ")
+            else:
+                lines.append(f"{key}: {', '.join(sorted(map(str, bv)))} vs {', '.join(sorted(map(str, hv)))}")
+    return lines
 
 
 def noise_report(rows: list[Row]) -> NoiseReport:
