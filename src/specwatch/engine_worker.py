@@ -124,6 +124,31 @@ def metric(value, unit, samples=None, expected=None, exact=False, higher_is_bett
             "higher_is_better": higher_is_better}
 
 
+def draft_oracle_for(case: Case, oracle: Oracle) -> Oracle | None:
+    """The oracle the draft follows, where its acceptance has a closed form: the case's own profile
+    for EAGLE/EAGLE3, the perfect chain for STANDALONE; None for NGRAM and random drafts."""
+    if case.profile is Profile.random or case.algorithm not in (Algorithm.EAGLE, Algorithm.EAGLE3,
+                                                                Algorithm.STANDALONE):
+        return None
+    return oracle if case.algorithm is not Algorithm.STANDALONE else Oracle(oracle.shape, 0, Profile.perfect)
+
+
+def expected_accept_length(draft_oracle: Oracle, case: Case, expected_output: list[int]) -> float:
+    """Oracle acceptance length of one request whose greedy output is ``expected_output``."""
+    return case.output_len / draft_oracle.expected_verifies(expected_output[0], case.output_len, case.num_steps,
+                                                            case.topk, case.num_draft_tokens)
+
+
+def mismatched_tokens(output_ids: list[int], expected: list[int]) -> int:
+    """Output tokens that differ from the oracle chain, plus any length difference."""
+    return sum(1 for a, b in zip(output_ids, expected) if a != b) + abs(len(output_ids) - len(expected))
+
+
+def matches_oracle(measured: list[float], expected: list[float]) -> bool:
+    """Every repeat's acceptance length equal to its oracle value (relative 1e-6: float noise only)."""
+    return all(abs(m - e) <= 1e-6 * e for m, e in zip(measured, expected, strict=True))
+
+
 def run_multi_turn(engine, case: Case, repeats: int, warmup: bool) -> dict:
     """Long-prompt multi-turn: each repeat is one batch per turn (``Case.prompt_lens``), sent in order,
     every prompt a prefix of the oracle chain that contains the previous turn's prompt and answer
@@ -137,9 +162,7 @@ def run_multi_turn(engine, case: Case, repeats: int, warmup: bool) -> dict:
         engine.generate(input_ids=[oracle.chain(s, lens[0]) for s in starts], sampling_params=sp)
     tps, walls, als, expected_als, hit_shares = [], [], [], [], []
     mismatches, digest = 0, hashlib.sha256()
-    draft_oracle = None
-    if case.profile is not Profile.random and case.algorithm in (Algorithm.EAGLE, Algorithm.EAGLE3, Algorithm.STANDALONE):
-        draft_oracle = oracle if case.algorithm is not Algorithm.STANDALONE else Oracle(oracle.shape, 0, Profile.perfect)
+    draft_oracle = draft_oracle_for(case, oracle)
     for r in range(repeats):
         chains = [oracle.chain(s, lens[-1] + case.output_len) for s in prompt_starts(case, f"timed{r}", case.batch_size)]
         n_out, wall, al_turns, exp_turns, cached, later_prompt = 0, 0.0, [], [], 0, 0
@@ -150,13 +173,12 @@ def run_multi_turn(engine, case: Case, repeats: int, warmup: bool) -> dict:
             for o, c in zip(outs, chains):
                 exp = c[n:n + case.output_len]
                 digest.update(json.dumps(o["output_ids"]).encode())
-                mismatches += sum(1 for a, b in zip(o["output_ids"], exp) if a != b) + abs(len(o["output_ids"]) - len(exp))
+                mismatches += mismatched_tokens(o["output_ids"], exp)
                 n_out += len(o["output_ids"])
                 m = o["meta_info"]
                 al_turns.append(m.get("spec_accept_length", 0.0))
                 if draft_oracle is not None:
-                    exp_turns.append(case.output_len / draft_oracle.expected_verifies(
-                        exp[0], case.output_len, case.num_steps, case.topk, case.num_draft_tokens))
+                    exp_turns.append(expected_accept_length(draft_oracle, case, exp))
                 if t > 0:
                     cached += m.get("cached_tokens", 0)
                     later_prompt += n
@@ -178,7 +200,7 @@ def run_multi_turn(engine, case: Case, repeats: int, warmup: bool) -> dict:
     }
     checks = {"lossless": mismatches == 0}
     if expected_als:
-        checks["accept_length_matches_oracle"] = all(abs(m - e) <= 1e-6 * e for m, e in zip(als, expected_als))
+        checks["accept_length_matches_oracle"] = matches_oracle(als, expected_als)
     return {"metrics": metrics, "checks": checks,
             "details": {"output_digest": digest.hexdigest()[:16], "turn_prompt_lens": lens}}
 
@@ -198,6 +220,7 @@ def run_case(engine, case: Case, repeats: int, warmup: bool) -> dict:
     tps, decode_tps, als, rates, step_ms, itl_ms, walls, mismatches, verify = [], [], [], [], [], [], [], 0, []
     prefills: list[float] = []
     digest = hashlib.sha256()
+    draft_oracle = draft_oracle_for(case, oracle)
     expected_per_repeat: list[float] = []
     hist = None
     for r in range(repeats):
@@ -222,7 +245,7 @@ def run_case(engine, case: Case, repeats: int, warmup: bool) -> dict:
         for o in outs:
             digest.update(json.dumps(o["output_ids"]).encode())
         for o, exp in zip(outs, expected):
-            mismatches += sum(1 for a, b in zip(o["output_ids"], exp) if a != b) + abs(len(o["output_ids"]) - len(exp))
+            mismatches += mismatched_tokens(o["output_ids"], exp)
         metas = [o["meta_info"] for o in outs]
         als.append(statistics.mean(m.get("spec_accept_length", 0.0) for m in metas))
         rates.append(statistics.mean(m.get("spec_accept_rate", 0.0) for m in metas))
@@ -232,12 +255,9 @@ def run_case(engine, case: Case, repeats: int, warmup: bool) -> dict:
             step_ms.append(1e3 * decode_s / max(vct, 1))
             itl_ms.append(1e3 * decode_s / max(case.output_len - 1, 1))
         hist = metas[0].get("spec_accept_histogram", hist)
-        if case.profile is not Profile.random and case.algorithm in (Algorithm.EAGLE, Algorithm.EAGLE3, Algorithm.STANDALONE):
-            draft_oracle = oracle if case.algorithm is not Algorithm.STANDALONE else Oracle(oracle.shape, 0, Profile.perfect)
-            expected_per_repeat.append(statistics.mean(
-                case.output_len / draft_oracle.expected_verifies(exp[0], case.output_len, case.num_steps, case.topk,
-                                                                 case.num_draft_tokens)
-                for exp in expected))
+        if draft_oracle is not None:
+            expected_per_repeat.append(statistics.mean(expected_accept_length(draft_oracle, case, exp)
+                                                       for exp in expected))
     med = statistics.median
     expected_al = med(expected_per_repeat) if expected_per_repeat else None
     metrics = {
@@ -264,8 +284,7 @@ def run_case(engine, case: Case, repeats: int, warmup: bool) -> dict:
     checks = {"lossless": mismatches == 0}
     if expected_per_repeat:
         # every repeat (its own prompts) against its own oracle value
-        checks["accept_length_matches_oracle"] = all(
-            abs(m - e) <= 1e-6 * e for m, e in zip(als, expected_per_repeat, strict=True))
+        checks["accept_length_matches_oracle"] = matches_oracle(als, expected_per_repeat)
     return {"metrics": metrics, "checks": checks,
             "details": {"accept_histogram": hist, "prefill_s": prefills,
                         # identical prompts (seeded by dcp_twin_id) must give identical outputs
@@ -326,10 +345,6 @@ def memory_and_leaks(engine, case: Case) -> tuple[dict, dict, dict]:
         if dp:
             if dp.get("bytes"):
                 metrics["draft_kv_pool_bytes"] = metric(dp["bytes"], "bytes", exact=True, higher_is_better=False)
-            cov = pool_coverage(a, dp)
-            if cov and cov.get("scale"):
-                # the allocator's page, in the pool's own slot space (a DCP-sharded pool: page / dcp)
-                checks["draft_pool_page_matches_allocator"] = dp["page_size"] == cov["allocator_page_in_pool_slots"]
         for role, pool in (("target", sw.get("target_kv_pool")), ("draft", dp)):
             cov = pool_coverage(a, pool)
             if cov and cov.get("scale"):
@@ -338,6 +353,10 @@ def memory_and_leaks(engine, case: Case) -> tuple[dict, dict, dict]:
                                                               higher_is_better=False)
                 checks[f"{role}_pool_covers_allocator"] = (cov["missing_rows"] == 0
                                                            and cov.get("missing_buffer_rows", 0) == 0)
+        if "draft" in coverage:
+            # the allocator's page, in the pool's own slot space (a DCP-sharded pool: page / dcp)
+            checks["draft_pool_page_matches_allocator"] = (dp["page_size"]
+                                                           == coverage["draft"]["allocator_page_in_pool_slots"])
         occ = sw.get("occupancy")
         if occ and occ.get("batches"):
             metrics["peak_token_usage"] = metric(occ["peak"], "1", exact=False, higher_is_better=None)
