@@ -116,7 +116,7 @@ def run(suites: list[Path] = typer.Argument(..., help="Suite file(s); on a GPU t
             bad |= _cpu_tier(s, flt, context_len, out, strict, announce=not cpu_tier)
         raise typer.Exit(1 if bad else 0)
     from specwatch.faults import get as get_fault
-    from specwatch.runner import Shard, run_suites
+    from specwatch.runner import Shard, check_bare, run_suites
 
     faults = tuple(None if f == "none" else f for f in fault) or (None,)
     try:
@@ -124,8 +124,7 @@ def run(suites: list[Path] = typer.Argument(..., help="Suite file(s); on a GPU t
         for f in faults:
             if f:
                 get_fault(f)
-        if bare and any(faults):
-            raise ValueError("a bare run has no probe, so it cannot inject faults: drop --fault or --bare")
+        check_bare(faults, bare)
     except ValueError as e:
         _fail(e)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -271,9 +270,7 @@ def noise(base: str = typer.Argument(..., help="First run of an A/A pair (same S
                                                  "budgets (derived from another A/A pair: a held-out check).")) -> None:
     """A/A comparison: the false-positive rate of `compare` on two runs of the same version, and
     per-class noise budgets derived from their spread (use with `compare --budgets`)."""
-    from specwatch.compare import compare_records, noise_report
-
-    from specwatch.compare import aa_differences
+    from specwatch.compare import aa_differences, compare_records, noise_report
 
     b, h = _selections(base, head, results)
     for line in aa_differences(b, h):
@@ -320,7 +317,7 @@ def dashboard(results: Path = typer.Option(Path("results"), help="Results root."
 def overhead(results: Path = typer.Option(Path("results"), help="Results root.")) -> None:
     """Harness overhead: tokens/s of each case run with specwatch's probe next to its bare run
     (``specwatch run SUITE --bare``). Exit 1 when a case is more than 2% slower with the probe."""
-    from specwatch.dashboard import overhead_table
+    from specwatch.dashboard import OVER_BUDGET, overhead_table
     from specwatch.store import load_records, records_frame, result_files
 
     try:
@@ -330,13 +327,8 @@ def overhead(results: Path = typer.Option(Path("results"), help="Results root.")
     if t.empty:
         console.print("no case has both a probed and a bare run (specwatch run SUITE --bare)")
         return
-    table = Table(title="harness overhead (output tokens/s)")
-    for col in t.columns:
-        table.add_column(str(col))
-    for row in t.itertuples(index=False):
-        table.add_row(*(str(v) for v in row))
-    console.print(table)
-    raise typer.Exit(1 if (t.verdict == "slower by more than 2%").any() else 0)
+    _print_frame("harness overhead (output tokens/s)", t)
+    raise typer.Exit(1 if (t.verdict == OVER_BUDGET).any() else 0)
 
 
 @app.command()

@@ -290,6 +290,12 @@ def plan_run(suite: Suite, results_root: Path, facts: dict, emit_progress: Optio
     return out, [GroupJob(suite, fault, g, emit, probe=probe) for g in groups]
 
 
+def check_bare(faults: Iterable[Optional[str]], bare: bool) -> None:
+    """A bare run has no probe, and faults are applied by the probe: refuse the pair."""
+    if bare and any(f is not None for f in faults):
+        raise ValueError("a bare run has no probe, so it cannot inject faults: drop --fault or --bare")
+
+
 def run_suites(suites: list[Suite], results_root: Path, faults: tuple[Optional[str], ...] = (None,),
                resume: bool = False, shard: Optional[Shard] = None,
                models_dir: Path = Path("/tmp/specwatch-models"),
@@ -304,8 +310,7 @@ def run_suites(suites: list[Suite], results_root: Path, faults: tuple[Optional[s
     seconds, leaving the rest to ``--resume``; ``group_timeout_s`` overrides the suites' per-group limit
     (a group past it is recorded ``timeout`` with its log tail, unlike one cut by SIGTERM). ``bare``
     runs SGLang without specwatch's probe (records in ``SUITE+bare``): the harness-overhead baseline."""
-    if bare and any(f is not None for f in faults):
-        raise ValueError("a bare run has no probe, so it cannot inject faults: drop --fault or --bare")
+    check_bare(faults, bare)
     facts = dict(host_facts())
     if gpus is not None:
         facts["gpu_count"] = gpus
