@@ -605,6 +605,11 @@ def write_deepseek_target(folder: Path, oracle: Oracle, device: str = "cpu") -> 
     def ones(n):
         return torch.ones(n, dtype=bf, device=device)
 
+    def zero_out_mlp(prefix, inter):
+        """A SwiGLU MLP (dense or one expert) that runs at full cost and adds nothing: down_proj zero."""
+        return {prefix + "gate_proj.weight": rnd(inter, h), prefix + "up_proj.weight": rnd(inter, h),
+                prefix + "down_proj.weight": torch.zeros(h, inter, dtype=bf, device=device)}
+
     embed, head = _embed_and_head(torch, oracle, device)
     w = {"model.embed_tokens.weight": embed, "lm_head.weight": head, "model.norm.weight": ones(h)}
     qk = MLA["qk_nope_head_dim"] + MLA["qk_rope_head_dim"]
@@ -617,24 +622,20 @@ def write_deepseek_target(folder: Path, oracle: Oracle, device: str = "cpu") -> 
             p + "self_attn.kv_b_proj.weight": rnd(heads * (MLA["qk_nope_head_dim"] + MLA["v_head_dim"]),
                                                   MLA["kv_lora_rank"]),
             p + "self_attn.o_proj.weight": torch.zeros(h, heads * MLA["v_head_dim"], dtype=bf, device=device),
-            p + "mlp.gate_proj.weight": rnd(s.intermediate, h),
-            p + "mlp.up_proj.weight": rnd(s.intermediate, h),
-            p + "mlp.down_proj.weight": torch.zeros(h, s.intermediate, dtype=bf, device=device),
             p + "input_layernorm.weight": ones(h), p + "post_attention_layernorm.weight": ones(h),
         })
+        if i < s.layers:
+            w.update(zero_out_mlp(p + "mlp.", s.intermediate))
     mtp = f"model.layers.{s.layers}."
     # SGLang builds the NextN layer's MLP as MoE whatever first_k_dense_replace says
     # (DeepseekV2DecoderLayer._is_layer_sparse: is_nextn or ...): routed and shared experts with zero
     # down projections, so the MTP layer's MLP still adds nothing.
-    for name in ("gate_proj", "up_proj", "down_proj"):
-        del w[mtp + "mlp." + name + ".weight"]
     cfg = _deepseek_config(s)
     moe, n_exp, n_shared = cfg["moe_intermediate_size"], cfg["n_routed_experts"], cfg["n_shared_experts"]
     w[mtp + "mlp.gate.weight"] = rnd(n_exp, h)
     w[mtp + "mlp.gate.e_score_correction_bias"] = torch.zeros(n_exp, dtype=torch.float32, device=device)
     for e, inter in [(f"experts.{i}.", moe) for i in range(n_exp)] + [("shared_experts.", moe * n_shared)]:
-        w.update({mtp + "mlp." + e + "gate_proj.weight": rnd(inter, h), mtp + "mlp." + e + "up_proj.weight": rnd(inter, h),
-                  mtp + "mlp." + e + "down_proj.weight": torch.zeros(h, inter, dtype=bf, device=device)})
+        w.update(zero_out_mlp(mtp + "mlp." + e, inter))
     eye = torch.eye(h, dtype=bf, device=device)
     w.update({mtp + "eh_proj.weight": torch.cat([eye, torch.zeros_like(eye)], dim=1),
               mtp + "enorm.weight": ones(h), mtp + "hnorm.weight": ones(h), mtp + "shared_head.norm.weight": ones(h)})
