@@ -1,7 +1,9 @@
 """A stand-in for specwatch.engine_worker in harness tests: no GPU, no SGLang.
 
 Reports each case ok with a throughput of 100 * page_size, except that a case whose topk is 4
-kills the process the way a dying SGLang scheduler does (SIGKILL of the worker), a case with
+kills the process the way a dying SGLang scheduler does (SIGKILL of the worker), a case with topk 6
+does so after a CUDA device-side assertion (printed as the H200 printed it, then the cuBLAS error it
+surfaced as), a case with
 topk 8 and batch 8 hangs (for timeout tests), and a group with num_steps 5 dies before its engine is up. FAKE_WORKER_STARTS counts process starts in a file.
 It takes the timing lock like the real worker; FAKE_WORKER_INTERVALS logs when it "started its engine"
 (FAKE_START_S of sleep) and when it "timed" its cases, so tests can check that they never overlap.
@@ -47,6 +49,15 @@ with open(spec["results"], "a") as out:
         case = Case(**c)
         if case.topk == 4:
             print("RuntimeError: scheduler died (fake)", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        if case.topk == 6:
+            for thread in range(3):
+                print("/tmp/specwatch-site/sglang/kernels/jit/csrc/elementwise/kvcache.cuh:209: void "
+                      "<unnamed>::store_kvcache(<unnamed>::StoreKVCacheParams) [with signed long kKElementBytes = "
+                      f"256L]: block: [718,0,0], thread: [{96 + thread},0,0] Assertion `index >= 0 && index < "
+                      "size_limit` failed.", flush=True)
+            print("RuntimeError: CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasGemmEx(...)`",
+                  flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
         if case.topk == 8 and case.batch_size == 8:
             time.sleep(60)

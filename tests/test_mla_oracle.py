@@ -69,5 +69,12 @@ def test_mla_cases_get_sglangs_rules_and_share_one_checkpoint(tmp_path):
                                               page_size=64))
     assert "perfect" in skip_reason(Case(**base, attention_backend=Backend.triton, page_size=64,
                                          profile=Profile.second_choice))
+    # SGLang 0.5.17 raised this at engine start on 2xH200 (FlashInferMLAMultiStepDraftBackend); topk 1 ran
+    tree = {**base, "topk": 4, "num_draft_tokens": 8}
+    assert skip_reason(Case(**tree, attention_backend=Backend.flashinfer, page_size=1)) == \
+        "mla-backend: Currently Flashinfer MLA only supports topk=1 for speculative decoding"
+    assert skip_reason(Case(**base, attention_backend=Backend.flashinfer, page_size=1)) is None
+    assert skip_reason(Case(**{**tree, "model": ModelSize.tiny}, attention_backend=Backend.flashinfer,
+                            page_size=1)) is None
     target, draft = model_dirs(tmp_path, ModelSize.tiny_mla, Profile.perfect, Algorithm.EAGLE)
     assert draft == target

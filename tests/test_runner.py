@@ -91,6 +91,55 @@ def test_timeout_is_recorded_and_finished_cases_land_while_the_worker_runs(tmp_p
     assert arrivals[(8, Status.timeout)] >= 10
 
 
+def test_a_device_side_assertion_is_named_as_the_cause(tmp_path):
+    # seen on 2xH200: flashinfer + DCP near full asserted in store_kvcache; Python then raised a cuBLAS error
+    out, _ = _run(tmp_path, _suite(tmp_path, topks="[6]"), max_groups=1)
+    crashed = [r for r in read_records(out) if r.status is Status.crashed]
+    assert crashed and crashed[0].reason.startswith(
+        "worker exited with code -9 before finishing this case: device-side assertion in kvcache.cuh:209 "
+        "store_kvcache: `index >= 0 && index < size_limit` failed (3 lines of it in the log)")
+    assert "surfaced as: RuntimeError: CUDA error: CUBLAS_STATUS_EXECUTION_FAILED" in crashed[0].reason
+
+
+def test_a_timeout_after_sglang_failed_says_so():
+    from specwatch.runner import timeout_reason
+
+    assert timeout_reason(9, "Capturing batches\n") == "engine group ran past 9 s"
+    failed = "[TP0] Scheduler hit an exception: Traceback (most recent call last):\nValueError: boom\n"
+    assert timeout_reason(9, failed) == "engine group ran past 9 s; before that the log shows: ValueError: boom"
+
+
+def test_a_run_stopped_by_sigterm_still_leaves_its_summary(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from specwatch.store import RUNS_FILE, read_runs
+
+    _suite(tmp_path, topks="[8]", timeout_s=900)   # batch 1 finishes, batch 8 hangs
+    script = f"""
+import os, sys
+sys.path.insert(0, {HERE!r})
+from specwatch.runner import run_suite
+from specwatch.suite import load_suite
+run_suite(load_suite({str(tmp_path / 's.toml')!r}), {str(tmp_path / 'results')!r}, gpus=1,
+          worker_module="fake_worker", max_groups=1,
+          extra_env={{"PYTHONPATH": {HERE!r} + os.pathsep + os.environ.get("PYTHONPATH", "")}})
+"""
+    proc = subprocess.Popen([sys.executable, "-c", script])
+    deadline = time.monotonic() + 60
+    results = list((tmp_path / "results").rglob("harness.jsonl"))
+    while not (results and results[0].read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        results = list((tmp_path / "results").rglob("harness.jsonl"))
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    (run,) = read_runs(results[0].parent / RUNS_FILE)
+    assert run.stopped_by == "SIGTERM" and run.stopped_early
+    assert run.records == {"ok": 1} and run.engine_groups == 1
+
+
 def test_skips_are_recorded_with_reasons(tmp_path):
     suite = _suite(tmp_path, topks="[2]", extra="tp = [2]\ndcp = [3]\n")
     out, starts = _run(tmp_path, suite)

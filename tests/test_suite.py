@@ -32,7 +32,8 @@ def test_shipped_suites_expand():
     assert counts["tree-page"] == (192, 192)
     # 3 algos x 3 backends x 2 pages x 2 topk x 2 dcp x 2 workloads; NGRAM topk>1 page>1 off flashinfer
     assert counts["dcp"][0] == 144 + 64 + 48              # Llama (MHA) cases + the MLA matrix + tiny-attn
-    assert counts["dcp"][0] - counts["dcp"][1] == 8 + 12
+    # NGRAM tree on paged KV (8); FlashMLA page 1 and tree on paged KV (12); flashinfer MLA topk 4 (8)
+    assert counts["dcp"][0] - counts["dcp"][1] == 8 + 12 + 8
 
 
 def test_ngram_skip_reason_is_sglangs():

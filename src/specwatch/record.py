@@ -143,7 +143,11 @@ class RunSummary(BaseModel):
     case_s: float = Field(description="Sum over ok cases of their own time (warm-up, prefill and timed "
                                       "batches, leak probe): the generation the sweep exists for.")
     engine_start_s: float = Field(description="Sum of the engine start times the ok records report.")
-    stopped_early: bool = Field(description="True when --stop-after left engine groups unstarted.")
+    stopped_early: bool = Field(description="True when --stop-after or a signal left engine groups unstarted "
+                                             "or unfinished.")
+    stopped_by: Optional[str] = Field(default=None, description="Signal that stopped the run (SIGTERM, SIGINT: a "
+                                      "device timeout, ^C); its running groups have no record. None: ran to its end "
+                                      "or --stop-after.")
     specwatch_commit: Optional[str] = Field(default=None, description="git commit of specwatch.")
     sglang_version: Optional[str] = Field(default=None, description="SGLang version run.")
     machine: str = Field(description="Machine label, as in records.")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -181,10 +182,10 @@ def run_group(suite: Suite, cases: list[Case], timeout_s: int, fault: Optional[s
                 break
             log_text = log.read_text(errors="replace")
             if timed_out:
-                status, reason = Status.timeout, f"engine group ran past {timeout_s} s"
+                status, reason = Status.timeout, timeout_reason(timeout_s, log_text)
             else:
                 status = Status.crashed
-                reason = f"worker exited with code {rc} before finishing this case: " + _last_error(log_text)
+                reason = f"worker exited with code {rc} before finishing this case: " + crash_cause(log_text)
             # A death before the engine came up hits every case of the group alike.
             died_at_start = not engine_started and not done
             victims = remaining if died_at_start else remaining[:1]
@@ -234,6 +235,43 @@ def _last_error(log_text: str) -> str:
         if s and ("Error" in s or "Exception" in s or "Killed" in s or "assert" in s.lower()):
             return s[:500]
     return "no error line in the log"
+
+
+_DEVICE_ASSERT = re.compile(r"([\w.+-]+\.(?:cuh|cu|cpp|hpp|h)):(\d+): .*?(\w+)\(.*?Assertion `(.+?)` failed")
+
+
+def device_assertion(log_text: str) -> Optional[str]:
+    """The first CUDA device-side assertion in a worker's log (file:line, kernel, condition, how many
+    threads printed it), or None. Once a kernel asserts, the CUDA context is poisoned and the error
+    Python raises comes from whatever ran next (often a cuBLAS call): the assertion is the cause."""
+    first, threads = None, 0
+    for line in log_text.splitlines():
+        m = _DEVICE_ASSERT.search(line)
+        if m:
+            threads += 1
+            first = first or m
+    if first is None:
+        return None
+    path, line_no, kernel, cond = first.groups()
+    return (f"device-side assertion in {Path(path).name}:{line_no} {kernel}: `{cond}` failed "
+            f"({threads} line{'s' if threads > 1 else ''} of it in the log)")
+
+
+def crash_cause(log_text: str) -> str:
+    """Why a worker died, from its log: a device-side assertion first (with the Python error it
+    surfaced as), else the last error line."""
+    last = _last_error(log_text)
+    dev = device_assertion(log_text)
+    return f"{dev}; surfaced as: {last[:200]}" if dev else last
+
+
+def timeout_reason(timeout_s: int, log_text: str) -> str:
+    """A group past its limit; when its log shows SGLang had already failed (a device-side assertion,
+    a scheduler exception), say so: the timeout is then that failure's teardown, not slowness."""
+    reason = f"engine group ran past {timeout_s} s"
+    if device_assertion(log_text) or "Scheduler hit an exception" in log_text:
+        reason += f"; before that the log shows: {crash_cause(log_text)}"
+    return reason
 
 
 @dataclass
@@ -335,24 +373,30 @@ def run_suites(suites: list[Suite], results_root: Path, faults: tuple[Optional[s
         job.timeout_s = group_timeout_s
     t0, started_at = time.monotonic(), utcnow()
     expired = lambda: stop_after_s is not None and time.monotonic() - t0 > stop_after_s  # noqa: E731
-    launched = 0
-    with _kill_workers_on_sigterm():
+
+    def summarize(stopped_by: Optional[str] = None) -> None:
+        """Append this run's RunSummary (also when a signal stops it: what ran so far)."""
+        if jobs:
+            append_run(results_root, RunSummary(
+                suites=[s.name for s in suites], faults=list(faults), parallel_starts=parallel_starts,
+                engine_groups=tally.launched, worker_starts=tally.worker_starts, records=dict(tally.statuses),
+                wall_s=round(time.monotonic() - t0, 3), case_s=round(tally.case_s, 3),
+                engine_start_s=round(sum(tally.engine_starts.values()), 3),
+                stopped_early=stopped_by is not None or tally.launched < len(jobs), stopped_by=stopped_by,
+                specwatch_commit=specwatch_commit(), sglang_version=sglang_version(), machine=machine_label(facts),
+                started_at=started_at, finished_at=utcnow()))
+
+    with _kill_workers_on_sigterm(on_stop=summarize):
         if parallel_starts <= 1:
             for job in jobs:
                 if expired():
                     break
-                launched += 1
+                tally.launch(1)
                 job.run(models_dir, extra_env, worker_module, tally.event)
         else:
-            launched = _run_waves(jobs, parallel_starts, expired, models_dir, extra_env, worker_module, tally.event)
-    if jobs:
-        append_run(results_root, RunSummary(
-            suites=[s.name for s in suites], faults=list(faults), parallel_starts=parallel_starts,
-            engine_groups=launched, worker_starts=tally.worker_starts, records=dict(tally.statuses),
-            wall_s=round(time.monotonic() - t0, 3), case_s=round(tally.case_s, 3),
-            engine_start_s=round(sum(tally.engine_starts.values()), 3), stopped_early=launched < len(jobs),
-            specwatch_commit=specwatch_commit(), sglang_version=sglang_version(), machine=machine_label(facts),
-            started_at=started_at, finished_at=utcnow()))
+            _run_waves(jobs, parallel_starts, expired, models_dir, extra_env, worker_module, tally.event,
+                       on_wave=tally.launch)
+    summarize()
     return outs
 
 
@@ -365,6 +409,12 @@ class _Tally:
         self.case_s = 0.0
         self.engine_starts: dict[tuple, float] = {}
         self.worker_starts = 0
+        self.launched = 0
+        """Engine groups launched so far."""
+
+    def launch(self, groups: int) -> None:
+        with self.lock:
+            self.launched += groups
 
     def add(self, rec: CaseRecord) -> None:
         with self.lock:
@@ -398,9 +448,10 @@ def wave_order(jobs: list) -> list:
 
 
 def _run_waves(jobs: list, parallel_starts: int, expired, models_dir: Path, extra_env: Optional[dict],
-               worker_module: str, count: Callable[[str], None]) -> int:
+               worker_module: str, count: Callable[[str], None],
+               on_wave: Callable[[int], None] = lambda n: None) -> int:
     """Run ``jobs`` in waves of ``parallel_starts`` (``specwatch.timing_lock``); returns how many
-    engine groups were launched before ``expired()``."""
+    engine groups were launched before ``expired()`` (``on_wave`` hears each wave's size as it starts)."""
     launched = 0
     with tempfile.TemporaryDirectory(prefix="specwatch-lock-") as tmp:
         lock_path = Path(tmp) / "timing.lock"
@@ -413,6 +464,7 @@ def _run_waves(jobs: list, parallel_starts: int, expired, models_dir: Path, extr
                 break
             wave = jobs[w:w + parallel_starts]
             launched += len(wave)
+            on_wave(len(wave))
             run_wave(wave, lock_path, lambda job, on_event: job.run(
                 models_dir, env, worker_module, lambda ev: (count(ev), on_event(ev))))
     return launched
@@ -424,9 +476,10 @@ def run_suite(suite: Suite, results_root: Path, fault: Optional[str] = None, **k
 
 
 @contextlib.contextmanager
-def _kill_workers_on_sigterm():
+def _kill_workers_on_sigterm(on_stop: Optional[Callable[[str], None]] = None):
     """Workers run in their own sessions (SGLang kills its parent's group when a scheduler dies),
-    so a runner stopped by SIGTERM/SIGINT kills them itself; their cases stay unrecorded (resume)."""
+    so a runner stopped by SIGTERM/SIGINT kills them itself; their cases stay unrecorded (resume).
+    ``on_stop`` gets the signal's name first (the run's summary is written then)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -434,6 +487,11 @@ def _kill_workers_on_sigterm():
     def handler(signum, frame):
         for pgid in list(_ACTIVE_WORKERS):
             finally_kill(pgid)
+        if on_stop:
+            try:
+                on_stop(signal.Signals(signum).name)
+            except Exception as e:  # noqa: BLE001 - the workers are dead; exit regardless
+                print(f"specwatch: run summary not written: {e}", file=sys.stderr)
         os._exit(128 + signum)
 
     old = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}

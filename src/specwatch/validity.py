@@ -92,6 +92,8 @@ def _mla_backend(c: Case) -> Optional[str]:
     if c.attention_backend.value == "flashmla" and c.page_size != 64:
         return ("FlashMLA only supports a page_size of 64, change page_size to 64 (SGLang rewrites the case; "
                 "the page-64 case covers it)")
+    if c.attention_backend.value == "flashinfer" and mla and c.topk > 1 and c.algorithm is not Algorithm.NGRAM:
+        return "Currently Flashinfer MLA only supports topk=1 for speculative decoding"
     return None
 
 
@@ -116,7 +118,8 @@ def _mla_oracle(c: Case) -> Optional[str]:
 
 
 RULES: tuple[Rule, ...] = (
-    Rule("mla-backend", "sglang/srt/arg_groups/overrides.py:_mla_backend_page_constraints", _mla_backend),
+    Rule("mla-backend", "sglang/srt/arg_groups/overrides.py:_mla_backend_page_constraints; "
+         "sglang/srt/layers/attention/flashinfer_mla_backend.py:FlashInferMLAMultiStepDraftBackend", _mla_backend),
     Rule("mla-oracle", "specwatch/oracle.py: write_deepseek_target", _mla_oracle),
     Rule("eagle3-oracle", "specwatch/oracle.py: write_eagle3_draft", _eagle3_oracle),
     Rule("dcp-divides-tp", "sglang/srt/server_args.py (DCP groups split TP ranks)", _dcp_divides_tp),
