@@ -92,6 +92,38 @@ def dcp_matrix(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+_WORKER_DIED = "worker exited with code -9 before finishing this case: "
+
+
+def dcp_summary(matrix: pd.DataFrame) -> pd.DataFrame:
+    """The DCP support matrix folded over page size and topk: one row per SGLang version, model,
+    algorithm and backend; per (dcp, workload) how many cases ran ok out of those that were not
+    skipped by SGLang's own rules, with the distinct failure causes, and how many dcp > 1 cases
+    gave greedy outputs identical to their dcp-1 twins."""
+    if matrix.empty:
+        return pd.DataFrame()
+    rows = []
+    for key, g in matrix.groupby(["sglang", "model", "algo", "backend"], sort=True):
+        row = dict(zip(("sglang", "model", "algo", "backend"), key))
+        for (dcp, workload), h in g.groupby(["dcp", "workload"], sort=True):
+            ran = h[~h.outcome.str.startswith("skipped")]
+            if ran.empty:
+                row[f"dcp {dcp} {workload}"] = "all skipped by rule"
+                continue
+            ok = int((ran.outcome == "ok").sum())
+            causes = sorted({o.replace(_WORKER_DIED, "")[:140] for o in ran.outcome if o != "ok"})
+            row[f"dcp {dcp} {workload}"] = f"{ok}/{len(ran)} ok" + "".join(f"; {c}" for c in causes)
+        same = g.loc[g.dcp > 1, "same outputs as dcp 1"]
+        compared = same[same.isin(["identical", "DIFFERENT"])]
+        row["outputs = dcp 1"] = (f"{int((compared == 'identical').sum())}/{len(compared)} identical"
+                                  if not compared.empty else "no ok dcp-1 twin" if (same != "").any() else "")
+        rows.append(row)
+    out = pd.DataFrame(rows)
+    lead = ["sglang", "model", "algo", "backend"]
+    return out[lead + sorted(c for c in out.columns if c not in lead and c != "outputs = dcp 1")
+               + ["outputs = dcp 1"]].fillna("not run")
+
+
 OVERHEAD_BUDGET = 0.02
 """Harness overhead the GPU-runner issue allows: specwatch's tokens/s within 2% of a bare run's."""
 OVER_BUDGET = f"slower by more than {OVERHEAD_BUDGET:.0%}"
@@ -131,7 +163,9 @@ def build(df: pd.DataFrame, out: Path, tables: Optional[dict[str, pd.DataFrame]]
         df = df[df.fault.isna()]          # the rest shows clean runs only
     if "probe" in df:
         df = df[df.probe != False]        # noqa: E712 (bare runs: only in the overhead table)
-    tables = {"DCP support matrix (suites/dcp.toml)": dcp_matrix(df),
+    matrix = dcp_matrix(df)
+    tables = {"DCP support summary (suites/dcp.toml, folded over page size and topk)": dcp_summary(matrix),
+              "DCP support matrix (suites/dcp.toml)": matrix,
               "Harness overhead (specwatch run --bare)": overhead, **(tables or {})}
     plots = make_all(df, out / "plots")
     names = [p.stem for p in plots if p.suffix == ".png"]
