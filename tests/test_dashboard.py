@@ -97,11 +97,11 @@ def test_dcp_matrix_shows_outcomes_and_compares_outputs_with_the_dcp1_twin():
     recs.append(dcp_record(2, None, status=Status.crashed, backend="triton", page_size=1,
                            reason="worker exited with code -9 before finishing this case: Exception: boom"))
     folded = {r["backend"]: r for r in dcp_summary(dcp_matrix(records_frame(recs))).to_dict("records")}
-    assert folded["flashinfer"]["dcp 1 standard"] == "2/2 ok"
-    assert folded["flashinfer"]["dcp 2 standard"] == "3/3 ok"
+    assert folded["flashinfer"]["dcp 1 standard 128→256"] == "2/2 ok"
+    assert folded["flashinfer"]["dcp 2 standard 128→256"] == "3/3 ok"
     assert folded["flashinfer"]["outputs = dcp 1"] == "1/2 identical"        # the twinless case is not counted
-    assert folded["triton"]["dcp 1 standard"] == "not run"
-    assert folded["triton"]["dcp 2 standard"] == ("0/2 ok; crashed: Capture cuda graph failed: DCP Triton extend "
+    assert folded["triton"]["dcp 1 standard 128→256"] == "not run"
+    assert folded["triton"]["dcp 2 standard 128→256"] == ("0/2 ok; crashed: Capture cuda graph failed: DCP Triton extend "
                                                   "does not support custom masks; crashed: Exception: boom")
     assert folded["triton"]["outputs = dcp 1"] == ""
 

@@ -190,20 +190,33 @@ def test_prefill_dominated_case_gets_no_decode_metrics():
     assert res["metrics"]["output_throughput"]["value"] > 0 and res["details"]["decode_split_repeats"] == 0
 
 
-def test_near_full_pool_is_sized_to_the_largest_batch_in_whole_pages():
+def test_near_full_pool_holds_the_largest_batchs_peak_in_whole_pages():
     from specwatch.case import Workload
-    from specwatch.engine_worker import KV_TOKENS, kv_pool_tokens
+    from specwatch.engine_worker import KV_TOKENS, kv_pool_tokens, near_full_request_tokens
+    from specwatch.validity import skip_reason
 
     assert kv_pool_tokens([CASE]) == KV_TOKENS[CASE.model]
-    nf = [CASE.model_copy(update={"workload": Workload.near_full, "batch_size": b, "input_len": 1000,
-                                  "output_len": 400}) for b in (4, 16)]
+    nf = [CASE.model_copy(update={"workload": Workload.near_full, "batch_size": b, "input_len": 6144,
+                                  "output_len": 256}) for b in (4, 16)]
+    assert skip_reason(nf[0]) is None
+    reserve = 2 * max(CASE.num_steps * CASE.topk, CASE.num_draft_tokens)   # chain: alloc_reserve_per_decode
+    if CASE.page_size > 1 and CASE.topk > 1:                               # tree on paged KV: whole pages per branch
+        reserve = 2 * max(CASE.topk * CASE.page_size * -(-(CASE.page_size - 1 + CASE.num_steps) // CASE.page_size),
+                          CASE.num_draft_tokens)
+    per_request = -(-(6144 + 256 + reserve) // CASE.page_size) * CASE.page_size
+    assert near_full_request_tokens(nf[0]) == per_request
     pool = kv_pool_tokens(nf)
-    need = 16 * (1000 + 100)
-    assert pool % 64 == 0 and need / pool > 0.96 and need / pool <= 0.97
-    # DCP: SGLang's allocator holds max_total_tokens * dcp virtual slots, so the pool asked for is per rank
+    assert pool == 16 * per_request and pool % CASE.page_size == 0
+    # usage after the first decode step (prompts + the reserve allocated ahead) already passes 0.95
+    assert 16 * (6144 + reserve) / pool > 0.95
+    # DCP: SGLang's allocator holds max_total_tokens * dcp virtual slots, so the pool asked for is per
+    # rank, in whole pages, and each request is rounded to allocator pages (page * dcp)
     dcp2 = [c.model_copy(update={"tp": 2, "dcp": 2}) for c in nf]
     per_rank = kv_pool_tokens(dcp2)
-    assert per_rank % 64 == 0 and 0.96 < need / (2 * per_rank) <= 0.97
+    assert per_rank % CASE.page_size == 0 and 2 * per_rank == 16 * near_full_request_tokens(dcp2[1])
+    # an output that is a large share of each request cannot hold usage above 0.95: refused with the reason
+    long_output = nf[0].model_copy(update={"input_len": 1152})
+    assert "near-full holds token usage above 0.95 only when output_len is at most 5%" in skip_reason(long_output)
 
 
 def test_deepseek_at_tp2_runs_without_allreduce_fusion_and_records_its_kwargs():

@@ -55,6 +55,13 @@ class Workload(str, Enum):
     first reuses the radix cache's pages of the previous one (``MULTI_TURN_TURNS`` turns)."""
 
 
+NEAR_FULL_MAX_OUTPUT_SHARE = 0.05
+"""near-full cases keep output_len at most this share of prompt + output (a ``validity`` rule): the
+KV pool holds the batch's peak (``engine_worker.kv_pool_tokens``) and token usage climbs from about
+(prompt + reserve) / peak to 1 during decode, so it stays above 0.95 for the whole decode only when
+the output is this small a share."""
+
+
 MULTI_TURN_TURNS = 3
 """Turns per conversation of the long-prompt multi-turn workload."""
 

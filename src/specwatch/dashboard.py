@@ -80,7 +80,7 @@ def dcp_matrix(df: pd.DataFrame) -> pd.DataFrame:
         rows.append({
             "sglang": r["sglang_version"], "model": r["model"], "algo": r["algorithm"],
             "backend": r["attention_backend"], "page": r["page_size"], "topk": r["topk"], "dcp": r["dcp"],
-            "workload": r["workload"], "outcome": outcome,
+            "workload": r["workload"], "lengths": f"{r['input_len']}→{r['output_len']}", "outcome": outcome,
             "accept length": "" if al is None else f"{al:.3f}" + {True: " (= oracle)", False: " (≠ oracle)"}.get(
                 col(r, "check.accept_length_matches_oracle"), ""),
             "lossless mismatches": col(r, "lossless_mismatches"),
@@ -97,7 +97,7 @@ _WORKER_DIED = "worker exited with code -9 before finishing this case: "
 
 def dcp_summary(matrix: pd.DataFrame) -> pd.DataFrame:
     """The DCP support matrix folded over page size and topk: one row per SGLang version, model,
-    algorithm and backend; per (dcp, workload) how many cases ran ok out of those that were not
+    algorithm and backend; per (dcp, workload, prompt→output lengths) how many cases ran ok out of those that were not
     skipped by SGLang's own rules, with the distinct failure causes, and how many dcp > 1 cases
     gave greedy outputs identical to their dcp-1 twins."""
     if matrix.empty:
@@ -105,14 +105,15 @@ def dcp_summary(matrix: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for key, g in matrix.groupby(["sglang", "model", "algo", "backend"], sort=True):
         row = dict(zip(("sglang", "model", "algo", "backend"), key))
-        for (dcp, workload), h in g.groupby(["dcp", "workload"], sort=True):
+        for (dcp, workload, lengths), h in g.groupby(["dcp", "workload", "lengths"], sort=True):
+            col = f"dcp {dcp} {workload} {lengths}"
             ran = h[~h.outcome.str.startswith("skipped")]
             if ran.empty:
-                row[f"dcp {dcp} {workload}"] = "all skipped by rule"
+                row[col] = "all skipped by rule"
                 continue
             ok = int((ran.outcome == "ok").sum())
             causes = sorted({o.replace(_WORKER_DIED, "")[:140] for o in ran.outcome if o != "ok"})
-            row[f"dcp {dcp} {workload}"] = f"{ok}/{len(ran)} ok" + "".join(f"; {c}" for c in causes)
+            row[col] = f"{ok}/{len(ran)} ok" + "".join(f"; {c}" for c in causes)
         same = g.loc[g.dcp > 1, "same outputs as dcp 1"]
         compared = same[same.isin(["identical", "DIFFERENT"])]
         row["outputs = dcp 1"] = (f"{int((compared == 'identical').sum())}/{len(compared)} identical"

@@ -43,24 +43,33 @@ def now() -> str:
     return datetime.now(timezone.utc).isoformat()
 
 
-NEAR_FULL_FILL = 0.97
-"""near-full workload: the group's largest batch (prompts plus a quarter of the output) fills the
-KV pool to this share, so token usage passes 0.95 early in decode and stays there (SGLang queues or
-retracts requests near the end). ``near_full_batch_share`` records what a run achieved."""
+def near_full_request_tokens(case: Case) -> int:
+    """KV slots one request of a near-full case holds at its peak, in whole allocator pages: prompt +
+    max_new_tokens (SGLang admits a request only when both fit: with ``ignore_eos`` its new-token
+    ratio is 1, ``schedule_policy.add_req_state``) + the per-decode reserve speculative decoding
+    allocates ahead from the first decode step on (``alloc_reserve_per_decode``, specwatch's model;
+    it exceeds what admission reserves, so the whole batch is admitted)."""
+    reserve = reference_sizing(SizingInput.for_case(case, context_len=case.input_len + case.output_len,
+                                                    max_running_requests=case.batch_size)).alloc_reserve_per_decode
+    page = case.page_size * case.dcp
+    return -(-(case.input_len + case.output_len + reserve) // page) * page
 
 
 def kv_pool_tokens(cases: list[Case]) -> int:
     """``max_total_tokens`` for an engine group: fixed per model, or sized to the batch (near-full).
 
+    near-full: the largest batch's peak (``near_full_request_tokens`` per request), so SGLang admits
+    the whole batch at once and its own reservations, not a queue, decide the occupancy. (The first
+    design, 97% of prompts + a quarter of the outputs, let only three of four requests in: measured
+    on 2xH200, peak usage 0.93-0.96 and 0-22% of batches above 0.95.)
     Under DCP, SGLang takes ``max_total_tokens`` per rank and sizes its allocator to
     ``max_total_tokens * dcp`` virtual slots (0.5.17's kv_cache_configurator; seen on the x2 host:
     2^18 passed, an allocator of 2^19), so near-full asks for the need / dcp, in whole pages."""
     first = cases[0]
     if first.workload is not Workload.near_full:
         return KV_TOKENS[first.model]
-    need = max(c.batch_size * (c.input_len + c.output_len // 4) for c in cases)
-    per_rank = need / NEAR_FULL_FILL / first.dcp
-    return -(-int(per_rank) // first.page_size) * first.page_size
+    need = max(c.batch_size * near_full_request_tokens(c) for c in cases)
+    return -(-need // (first.dcp * first.page_size)) * first.page_size
 
 
 def engine_kwargs(case: Case, target: Path, draft, max_bs: int, kv_tokens: int | None = None) -> dict:

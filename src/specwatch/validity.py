@@ -106,6 +106,17 @@ def _eagle3_oracle(c: Case) -> Optional[str]:
     return None
 
 
+def _near_full_shape(c: Case) -> Optional[str]:
+    from specwatch.case import NEAR_FULL_MAX_OUTPUT_SHARE, Workload
+
+    share = c.output_len / (c.input_len + c.output_len)
+    if c.workload is Workload.near_full and share > NEAR_FULL_MAX_OUTPUT_SHARE:
+        return (f"specwatch: near-full holds token usage above 0.95 only when output_len is at most "
+                f"{NEAR_FULL_MAX_OUTPUT_SHARE:.0%} of input_len + output_len (here {share:.0%}): usage climbs "
+                f"from the prompts' share of the pool to full during decode")
+    return None
+
+
 def _mla_oracle(c: Case) -> Optional[str]:
     from specwatch.case import Profile
     from specwatch.oracle import SHAPES
@@ -122,6 +133,7 @@ RULES: tuple[Rule, ...] = (
          "sglang/srt/layers/attention/flashinfer_mla_backend.py:FlashInferMLAMultiStepDraftBackend", _mla_backend),
     Rule("mla-oracle", "specwatch/oracle.py: write_deepseek_target", _mla_oracle),
     Rule("eagle3-oracle", "specwatch/oracle.py: write_eagle3_draft", _eagle3_oracle),
+    Rule("near-full-shape", "specwatch/engine_worker.py: kv_pool_tokens", _near_full_shape),
     Rule("dcp-divides-tp", "sglang/srt/server_args.py (DCP groups split TP ranks)", _dcp_divides_tp),
     Rule("tree-on-paged-kv", "sglang/srt/arg_groups/speculative_hook.py:_handle_eagle", _tree_on_paged_kv),
     Rule("ngram-tree-on-paged-kv", "sglang/srt/arg_groups/speculative_hook.py:_handle_ngram",
