@@ -56,3 +56,23 @@ def test_draft_pool_paged_smaller_than_allocator_reaches_missing_rows_near_full(
     assert fixed.draft_pool_page_size == 64 * dcp and fixed.missing_draft_rows == 0 and fixed.clean
     roomy = simulate(SimConfig(64, 1, 3, 4, fault=SimFault.draft_page_mismatch, **cfg))
     assert roomy.missing_draft_rows == 0          # far from full the fault stays silent
+
+
+@pytest.mark.parametrize("dcp", [2, 4, 8])
+def test_a_kv_write_that_ignores_dcp_leaves_the_per_rank_pool_past_one_over_dcp_usage(dcp):
+    # Seen on 2xH200 (SGLang 0.5.17, flashinfer MHA, dcp 2): outputs right at ~1% usage, a
+    # store_kvcache bounds assertion near full. A backend that writes at the allocator's virtual slot
+    # into a per-rank pool of size / dcp + page rows runs out of rows once usage passes 1 / dcp.
+    cfg = dict(context_len=8192, input_len=1500, output_len=300, dcp=dcp)
+    unsharded = simulate(SimConfig(64, 1, 3, 4, near_full=True, kv_write_ignores_dcp=True, **cfg))
+    assert unsharded.target_pool_valid_rows == unsharded.pool_pages * 64 + 64
+    assert unsharded.missing_target_rows > 0 and not unsharded.clean
+    assert 1 / dcp <= unsharded.first_missing_target_usage <= 1 / dcp + 1 / 4   # a request is 1/4 of the pool
+    sharded = simulate(SimConfig(64, 1, 3, 4, near_full=True, **cfg))           # what DCP backends do
+    assert sharded.missing_target_rows == 0 and sharded.first_missing_target_usage is None and sharded.clean
+
+
+def test_an_unsharded_kv_write_is_silent_below_one_over_dcp_usage():
+    low = simulate(SimConfig(64, 1, 3, 4, context_len=8192, input_len=1500, output_len=300, dcp=2,
+                             kv_write_ignores_dcp=True))
+    assert low.peak_token_usage < 0.5 and low.missing_target_rows == 0 and low.clean

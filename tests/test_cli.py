@@ -68,6 +68,19 @@ def test_cpu_tier_strict_fails_on_an_unclean_simulation(tmp_path):
     assert strict.exit_code == 1
 
 
+@pytest.mark.sglang
+def test_cpu_tier_says_where_a_dcp_unaware_kv_write_would_leave_the_pool(tmp_path):
+    p = tmp_path / "d.toml"
+    p.write_text('[suite]\nname="d"\n[[matrix]]\nattention_backend=["flashinfer"]\npage_size=[64]\ntopk=[1]\n'
+                 'num_draft_tokens=[4]\ntp=[2]\ndcp=[1, 2]\n')
+    res = runner.invoke(app, ["run", str(p), "--cpu-tier", "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.stdout
+    sim = {r["dcp"]: r for r in json.loads((tmp_path / "d" / "simulation.json").read_text())}
+    assert 0.5 <= sim[2]["unsharded_kv_write_first_missing_usage"] < 1      # past 1 / dcp of the pool
+    first = sim[1].get("unsharded_kv_write_first_missing_usage")
+    assert first is None or first != first                                  # dcp 1: not simulated (NaN)
+
+
 def test_where_is_validated_and_applied(tmp_path):
     bad = runner.invoke(app, ["run", str(SUITES / "smoke.toml"), "--cpu-tier", "--where", "bogus=1"])
     assert bad.exit_code == 2

@@ -85,6 +85,11 @@ class SimConfig:
     fault: Optional[SimFault] = None
     near_full: bool = False
     """Size the KV pool to the peak demand exactly, so the allocator's last page is handed out."""
+    kv_write_ignores_dcp: bool = False
+    """The target's attention backend writes each token's KV at the allocator's virtual slot into
+    its per-rank pool (rows: allocator size / dcp + page), instead of sharding it. SGLang 0.5.17's
+    flashinfer MHA backend has no DCP code (``dcp_kv_mask`` is set on HIP only); on 2xH200 at dcp 2
+    its ``store_kvcache`` bounds assertion fired near full occupancy."""
 
 
 @dataclass
@@ -120,12 +125,19 @@ class SimResult:
     missing_draft_rows: int
     """Allocated KV locations past the draft pool's last row (rows that do not exist)."""
     peak_token_usage: float
+    target_pool_valid_rows: int = 0
+    """Rows of one rank's target KV pool (allocator size / dcp + one page)."""
+    missing_target_rows: int = 0
+    """With ``kv_write_ignores_dcp``: distinct virtual slots handed out past the per-rank pool."""
+    first_missing_target_usage: Optional[float] = None
+    """Token usage right after the allocation that first handed out such a slot."""
     row_violations: list[RowViolation] = field(default_factory=list)
 
     @property
     def clean(self) -> bool:
         return not (self.leaked_pages or self.double_freed_pages or self.req_slots_leaked
-                    or self.row_violations or self.out_of_bounds_tokens or self.missing_draft_rows)
+                    or self.row_violations or self.out_of_bounds_tokens or self.missing_draft_rows
+                    or self.missing_target_rows)
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -213,7 +225,10 @@ def _run(cfg: SimConfig, sizing_source: str, pool_tokens: Optional[int]) -> SimR
         pool_tokens = per_req * cfg.num_requests
     allocator = _make_allocator(pool_tokens, alloc_page)
     draft_valid_rows = allocator.size + draft_page  # pools hold size + one padding page
+    target_valid_rows = allocator.size // cfg.dcp + cfg.page_size   # one rank's pool
     missing: set[int] = set()
+    missing_target: set[int] = set()
+    first_missing_target_usage: Optional[float] = None
     peak_used = 0
     pool = req_to_token_pool_class()(size=cfg.num_requests, max_context_len=row_width,
                                       device="cpu", enable_memory_saver=False)
@@ -234,6 +249,7 @@ def _run(cfg: SimConfig, sizing_source: str, pool_tokens: Optional[int]) -> SimR
         oob += len(values) - fits
 
     def extend(req: _Req, cur: int, nxt: int) -> torch.Tensor:
+        nonlocal first_missing_target_usage
         if alloc_page == 1:
             out = allocator.alloc(nxt - cur)
         else:
@@ -244,6 +260,11 @@ def _run(cfg: SimConfig, sizing_source: str, pool_tokens: Optional[int]) -> SimR
         if out is None:
             raise RuntimeError(f"simulated KV pool out of memory at {nxt - cur} tokens")
         missing.update(int(v) for v in out[out >= draft_valid_rows])
+        if cfg.kv_write_ignores_dcp and cfg.dcp > 1:
+            past = out[out >= target_valid_rows]
+            if len(past) and first_missing_target_usage is None:
+                first_missing_target_usage = 1 - allocator.available_size() / (pages_total * alloc_page)
+            missing_target.update(int(v) for v in past)
         return out
 
     reqs = [_Req(i) for i in range(cfg.num_requests)]
@@ -309,5 +330,8 @@ def _run(cfg: SimConfig, sizing_source: str, pool_tokens: Optional[int]) -> SimR
         draft_pool_valid_rows=draft_valid_rows,
         missing_draft_rows=len(missing),
         peak_token_usage=peak_used / (pages_total * alloc_page),
+        target_pool_valid_rows=target_valid_rows,
+        missing_target_rows=len(missing_target),
+        first_missing_target_usage=first_missing_target_usage,
         row_violations=violations,
     )

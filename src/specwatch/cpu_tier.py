@@ -61,8 +61,15 @@ def run_cpu_tier(suite: Suite, context_len: int = 4096, simulate_allocator: bool
             seen.add(key)
             res = simulate(SimConfig(c.page_size, c.topk, c.num_steps, c.num_draft_tokens,
                                      algorithm=c.algorithm, dcp=c.dcp, accept=AcceptPattern.random))
-            sim_rows.append({"algorithm": c.algorithm.value, "page_size": c.page_size, "topk": c.topk,
-                             "num_steps": c.num_steps, "num_draft_tokens": c.num_draft_tokens, "dcp": c.dcp,
-                             **{k: v for k, v in res.as_dict().items() if k != "config"}})
+            row = {"algorithm": c.algorithm.value, "page_size": c.page_size, "topk": c.topk,
+                   "num_steps": c.num_steps, "num_draft_tokens": c.num_draft_tokens, "dcp": c.dcp,
+                   **{k: v for k, v in res.as_dict().items() if k != "config"}}
+            if c.dcp > 1:
+                # what a target backend that writes KV at virtual slots (no DCP code) would hit near full
+                unsharded = simulate(SimConfig(c.page_size, c.topk, c.num_steps, c.num_draft_tokens,
+                                               algorithm=c.algorithm, dcp=c.dcp, near_full=True,
+                                               kv_write_ignores_dcp=True))
+                row["unsharded_kv_write_first_missing_usage"] = unsharded.first_missing_target_usage
+            sim_rows.append(row)
     return CpuTierReport(pd.DataFrame(mem_rows), pd.DataFrame(sim_rows) if have_sglang and simulate_allocator else None)
 
