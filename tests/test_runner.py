@@ -76,6 +76,21 @@ def test_resume_reruns_only_unfinished(tmp_path):
     assert starts == 2 * 2                        # chain groups were not restarted
 
 
+def test_known_results_leave_their_cases_out_whatever_their_status(tmp_path):
+    suite = _suite(tmp_path, topks="[1, 4]")
+    first, _ = _run(tmp_path, suite)                       # 4 ok, 4 crashed, in tmp_path/results
+    (tmp_path / "starts").unlink()
+    starts = tmp_path / "starts"
+    env = {"PYTHONPATH": HERE + os.pathsep + os.environ.get("PYTHONPATH", ""), "FAKE_WORKER_STARTS": str(starts)}
+    again = run_suite(suite, tmp_path / "device", gpus=1, worker_module="fake_worker", extra_env=env,
+                      known_root=tmp_path / "results")
+    assert not starts.exists() and not again.exists()      # nothing started, nothing recorded
+    more = _suite(tmp_path, topks="[1, 2, 4]")             # a new topk: only its cases run
+    again = run_suite(more, tmp_path / "device", gpus=1, worker_module="fake_worker", extra_env=env,
+                      known_root=tmp_path / "results")
+    assert {r.case.topk for r in read_records(again)} == {2}
+
+
 def test_timeout_is_recorded_and_finished_cases_land_while_the_worker_runs(tmp_path):
     import time
 

@@ -92,7 +92,11 @@ def run(suites: list[Path] = typer.Argument(..., help="Suite file(s); on a GPU t
                                                     "(seconds; default: the suite's timeout_s). A group past it "
                                                     "is recorded 'timeout' with its log tail."),
         bare: bool = typer.Option(False, "--bare", help="GPU: run SGLang without specwatch's probe (records in "
-                                  "SUITE+bare.jsonl): the baseline for harness overhead ('specwatch overhead').")) -> None:
+                                  "SUITE+bare.jsonl): the baseline for harness overhead ('specwatch overhead')."),
+        known: Optional[Path] = typer.Option(None, help="GPU: leave out cases that already have a record of any "
+                                             "status under this results root for the same machine, SGLang "
+                                             "version, suite and fault (e.g. the committed results/: known "
+                                             "crashes are not re-run).")) -> None:
     """Run suites: on a GPU host through sglang.Engine; without a GPU, the CPU tier."""
     from specwatch.suite import parse_where
 
@@ -145,7 +149,7 @@ def run(suites: list[Path] = typer.Argument(..., help="Suite file(s); on a GPU t
 
         paths = run_suites(loaded, results, faults=faults, resume=resume, shard=sh, models_dir=models_dir,
                            progress=progress, where=flt, parallel_starts=parallel_starts, stop_after_s=stop_after,
-                           group_timeout_s=group_timeout, bare=bare)
+                           group_timeout_s=group_timeout, bare=bare, known_root=known)
     for path in dict.fromkeys(paths):
         console.print(f"results in {path}")
 

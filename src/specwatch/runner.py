@@ -30,7 +30,7 @@ from specwatch.case import Backend, Case, ModelSize
 from specwatch.provenance import collect, host_facts, machine_label, specwatch_commit
 from specwatch.record import CaseRecord, Metric, RunSummary, Status, utcnow
 from specwatch.sglang_host import sglang_version
-from specwatch.store import append_record, append_run, finished_case_ids, results_path
+from specwatch.store import append_record, append_run, finished_case_ids, recorded_case_ids, results_path
 from specwatch.suite import PlannedCase, Suite, matches
 from specwatch.timing_lock import ENV as TIMING_LOCK_ENV, HELD_EVENT, PARALLEL_ENV, TimingLock, WaveGate
 
@@ -295,11 +295,16 @@ class GroupJob:
 
 def plan_run(suite: Suite, results_root: Path, facts: dict, emit_progress: Optional[Callable[[CaseRecord], None]],
              resume: bool = False, shard: Optional[Shard] = None, fault: Optional[str] = None,
-             where: Optional[dict] = None, record_lock: Optional[threading.Lock] = None, probe: bool = True
-             ) -> tuple[Path, list[GroupJob]]:
-    """Record the suite's skips, return its results file and its engine groups still to run."""
+             where: Optional[dict] = None, record_lock: Optional[threading.Lock] = None, probe: bool = True,
+             known_root: Optional[Path] = None) -> tuple[Path, list[GroupJob]]:
+    """Record the suite's skips, return its results file and its engine groups still to run.
+    ``known_root``: another results root (e.g. the committed ``results/``) whose records of the
+    same machine, SGLang version, suite and fault, of any status, leave their cases out."""
     out = results_path(results_root, machine_label(facts), sglang_version(), suite.name, fault, probe)
     done = finished_case_ids(out) if resume else set()
+    if known_root is not None:
+        done |= recorded_case_ids(results_path(known_root, machine_label(facts), sglang_version(), suite.name,
+                                               fault, probe))
     lock = record_lock or threading.Lock()
 
     def emit(rec: CaseRecord) -> None:
@@ -341,13 +346,15 @@ def run_suites(suites: list[Suite], results_root: Path, faults: tuple[Optional[s
                gpus: Optional[int] = None, worker_module: str = "specwatch.engine_worker",
                extra_env: Optional[dict] = None, where: Optional[dict] = None,
                parallel_starts: int = 1, stop_after_s: Optional[float] = None,
-               group_timeout_s: Optional[int] = None, bare: bool = False) -> list[Path]:
+               group_timeout_s: Optional[int] = None, bare: bool = False,
+               known_root: Optional[Path] = None) -> list[Path]:
     """Run every planned case of each suite once per fault (``None``: clean); returns the results
     files. ``parallel_starts`` > 1 starts that many engines at once and times them one at a time
     (``specwatch.timing_lock``); ``stop_after_s`` starts no new group (or wave) after that many
     seconds, leaving the rest to ``--resume``; ``group_timeout_s`` overrides the suites' per-group limit
     (a group past it is recorded ``timeout`` with its log tail, unlike one cut by SIGTERM). ``bare``
-    runs SGLang without specwatch's probe (records in ``SUITE+bare``): the harness-overhead baseline."""
+    runs SGLang without specwatch's probe (records in ``SUITE+bare``): the harness-overhead baseline.
+    ``known_root``: cases recorded there already (any status) are left out (``plan_run``)."""
     check_bare(faults, bare)
     facts = dict(host_facts())
     if gpus is not None:
@@ -364,7 +371,7 @@ def run_suites(suites: list[Suite], results_root: Path, faults: tuple[Optional[s
     for suite in suites:
         for fault in faults:
             out, js = plan_run(suite, results_root, facts, on_record, resume, shard, fault, where, record_lock,
-                               probe=not bare)
+                               probe=not bare, known_root=known_root)
             outs.append(out)
             jobs += js
     if max_groups is not None:

@@ -91,6 +91,13 @@ def finished_case_ids(path: Path) -> set[str]:
     return {r.case_id for r in read_records(path) if r.status in (Status.ok, Status.skipped)}
 
 
+def recorded_case_ids(path: Path) -> set[str]:
+    """Case ids with any record (ok, skipped, failed, crashed, timeout) in ``path``."""
+    if not Path(path).exists():
+        return set()
+    return {r.case_id for r in read_records(path)}
+
+
 def records_frame(records: Iterable[CaseRecord]) -> "pd.DataFrame":
     """One row per case run: case parameters, status, provenance and one column per metric value."""
     import pandas as pd
