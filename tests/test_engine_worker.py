@@ -12,8 +12,9 @@ class FakeEngine:
     """Greedy oracle chain with a fixed acceptance length; optional corruption and leak."""
 
     def __init__(self, case: Case, corrupt_every: int = 0, leaked_pages: int = 0, row_width: int = None,
-                 draft_page_scaled: bool = True):
+                 draft_page_scaled: bool = True, backend_mentions_dcp: bool = True):
         self.case, self.corrupt_every, self.leaked_pages = case, corrupt_every, leaked_pages
+        self.backend_mentions_dcp = backend_mentions_dcp  # False: an attention backend with no DCP code
         self.row_width = row_width
         self.draft_page_scaled = draft_page_scaled  # False: seed 004's draft pool paged by the server page
         self.oracle = Oracle(SHAPES[case.model], 0, Profile.perfect)
@@ -64,7 +65,9 @@ class FakeEngine:
                  "target_kv_pool": {"size": pages * p, "page_size": p, "bytes": 1 << 30, "rows": pages * p + p},
                  "draft_kv_pool": {"size": pages * p * d, "page_size": draft_page, "bytes": 1 << 28,
                                    "rows": pages * p * d + draft_page},
-                 "cuda": {"max_allocated": 1 << 31}}
+                 "cuda": {"max_allocated": 1 << 31}, "dcp_size": d,
+                 "target_attention_backend": {"class": "Backend", "module": "m",
+                                              "mentions_dcp": self.backend_mentions_dcp}}
         return {"internal_states": [{"specwatch": facts}], "version": "fake"}
 
 
@@ -121,6 +124,23 @@ def test_draft_pool_paged_by_the_server_page_misses_rows_under_dcp(page, dcp, mi
     assert metrics["draft_pool_missing_rows"]["value"] == missing
     assert details["pool_coverage"]["draft"]["missing_buffer_rows"] == missing
     assert checks["target_pool_covers_allocator"]
+
+
+@pytest.mark.parametrize("dcp", [2, 8])
+def test_a_target_backend_without_dcp_code_is_flagged_at_any_occupancy(dcp):
+    # 2xH200, SGLang 0.5.17: flashinfer (no DCP code) at dcp 2 ran right at ~1% usage and hit
+    # store_kvcache's bounds assertion near full: it writes at the allocator's virtual slot into a
+    # per-rank pool. The probe names the backend; the check fails in the 1% run already.
+    case = CASE.model_copy(update={"tp": dcp, "dcp": dcp})
+    metrics, checks, details = memory_and_leaks(FakeEngine(case, backend_mentions_dcp=False), case)
+    assert not checks["target_pool_covers_allocator"] and checks["draft_pool_covers_allocator"]
+    # slots up to the allocator's end (size + page, paged page*dcp) against one rank's size + page
+    assert metrics["target_pool_missing_rows"]["value"] == (dcp - 1) * (metrics["kv_pool_tokens"]["value"]
+                                                                        + case.page_size)
+    assert details["pool_coverage"]["target"]["scale"] == 1
+    assert "virtual slots" in details["pool_coverage"]["target"]["writes"]
+    one = CASE.model_copy(update={"tp": dcp})                  # dcp 1: nothing to shard, nothing flagged
+    assert memory_and_leaks(FakeEngine(one, backend_mentions_dcp=False), one)[1]["target_pool_covers_allocator"]
 
 
 def test_pool_coverage_without_a_common_slot_space_is_not_judged():

@@ -59,3 +59,20 @@ def test_occupancy_is_sampled_per_batch_and_reset_on_read(monkeypatch):
     assert facts["occupancy"] == {"batches": 4, "near_full": 2, "peak": 0.99}
     assert facts["req_to_token"]["row_width"] == 8 and facts["allocator"]["available"] == 500
     assert s.get_internal_state(None)["specwatch"]["occupancy"] is None     # reset: a new case starts
+
+
+def test_the_target_attention_backend_is_named_with_whether_its_source_knows_dcp(monkeypatch, tmp_path):
+    import sys
+
+    probe = _load_probe(monkeypatch)
+    for name, body, knows in (("sw_backend_plain", "class Backend:\n    pass\n", False),
+                              ("sw_backend_dcp", "class Backend:\n    dcp_size = 2\n", True)):
+        (tmp_path / f"{name}.py").write_text(body)
+        monkeypatch.syspath_prepend(str(tmp_path))
+        module = __import__(name)
+        s = Scheduler()
+        s.tp_worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(attn_backend=module.Backend()))
+        facts = probe.scheduler_facts(s)
+        assert facts["target_attention_backend"] == {"class": "Backend", "module": name, "mentions_dcp": knows}
+        del sys.modules[name]
+    assert probe.scheduler_facts(Scheduler())["target_attention_backend"] is None   # no tp_worker: not judged

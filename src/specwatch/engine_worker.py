@@ -301,20 +301,23 @@ def run_case(engine, case: Case, repeats: int, warmup: bool) -> dict:
                         "decode_split_repeats": len(decode_tps)}}
 
 
-def pool_coverage(allocator: dict, pool: dict | None) -> dict | None:
+def pool_coverage(allocator: dict, pool: dict | None, scale: int | None = None) -> dict | None:
     """Does ``pool`` hold every slot the shared allocator can hand out (seed 004)?
 
     The allocator's pages are 1..num_pages, so its last page ends at ``size + page_size`` (virtual
     slots; with DCP the allocator is ``max_total * dcp`` slots paged ``page * dcp``). A pool is valid
     to ``size + page_size`` in its own slot space, which is the allocator's divided by
     ``scale = allocator.size / pool.size`` (DCP's sharded target pool: dcp; a replicated draft
-    pool: 1). ``missing_rows`` counts allocator slots past the pool's end, by that definition and,
-    where the probe saw the buffer, by the buffer's real row count (``missing_buffer_rows``)."""
+    pool: 1). ``scale`` overrides that: 1 for a target whose attention backend writes KV at the
+    allocator's virtual slot although its pool is per rank (``writes_at_virtual_slots``).
+    ``missing_rows`` counts allocator slots past the pool's end, by that definition and, where the
+    probe saw the buffer, by the buffer's real row count (``missing_buffer_rows``)."""
     if not pool or not pool.get("size") or pool.get("page_size") is None:
         return None
-    scale = allocator["size"] // pool["size"]
-    if scale < 1 or scale * pool["size"] != allocator["size"]:
+    structural = allocator["size"] // pool["size"]
+    if structural < 1 or structural * pool["size"] != allocator["size"]:
         return {"scale": None, "reason": f"allocator size {allocator['size']} is not a multiple of pool size {pool['size']}"}
+    scale = scale or structural
     needed = -(-(allocator["size"] + allocator["page_size"]) // scale)
     valid = pool["size"] + pool["page_size"]
     out = {"scale": scale, "allocator_slot_end": needed, "pool_valid_end": valid, "pool_page_size": pool["page_size"],
@@ -323,6 +326,15 @@ def pool_coverage(allocator: dict, pool: dict | None) -> dict | None:
         out["buffer_rows"] = pool["rows"]
         out["missing_buffer_rows"] = max(0, needed - pool["rows"])
     return out
+
+
+def writes_at_virtual_slots(probe_facts: dict) -> bool:
+    """Under DCP, whether the target's KV writes ignore the DCP rank: its attention backend's source
+    never mentions DCP (the probe's ``target_attention_backend``), so each rank writes every token at
+    the allocator's virtual slot into a pool of allocator size / dcp rows (SGLang 0.5.17's
+    flashinfer and fa3 backends; seen on 2xH200 as store_kvcache's bounds assertion near full)."""
+    backend = probe_facts.get("target_attention_backend") or {}
+    return probe_facts.get("dcp_size", 1) > 1 and backend.get("mentions_dcp") is False
 
 
 def memory_and_leaks(engine, case: Case) -> tuple[dict, dict, dict]:
@@ -354,8 +366,11 @@ def memory_and_leaks(engine, case: Case) -> tuple[dict, dict, dict]:
         if dp:
             if dp.get("bytes"):
                 metrics["draft_kv_pool_bytes"] = metric(dp["bytes"], "bytes", exact=True, higher_is_better=False)
+        virtual = writes_at_virtual_slots(sw)
         for role, pool in (("target", sw.get("target_kv_pool")), ("draft", dp)):
-            cov = pool_coverage(a, pool)
+            cov = pool_coverage(a, pool, scale=1 if role == "target" and virtual else None)
+            if cov and role == "target" and virtual:
+                cov["writes"] = "at the allocator's virtual slots: the attention backend has no DCP code"
             if cov and cov.get("scale"):
                 coverage[role] = cov
                 metrics[f"{role}_pool_missing_rows"] = metric(cov["missing_rows"], "slots", exact=True,

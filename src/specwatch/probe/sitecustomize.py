@@ -107,6 +107,25 @@ def _find(obj, attr, depth=3, seen=None):
     return None
 
 
+def _attention_backend_facts(sched):
+    """The target's attention backend class, and whether its module's source mentions DCP at all.
+    A backend whose source never does cannot shard its KV writes by DCP rank: it writes each token
+    at the allocator's virtual slot (SGLang 0.5.17: flashinfer_backend.py and
+    flashattention_backend.py; on 2xH200 flashinfer at dcp 2 ran, then asserted near full)."""
+    import inspect
+
+    try:
+        backend = sched.tp_worker.model_runner.attn_backend
+    except AttributeError:
+        return None
+    module = sys.modules.get(type(backend).__module__)
+    try:
+        mentions = "dcp" in inspect.getsource(module).lower()
+    except Exception:
+        mentions = None
+    return {"class": type(backend).__name__, "module": type(backend).__module__, "mentions_dcp": mentions}
+
+
 def scheduler_facts(sched):
     import torch
 
@@ -131,6 +150,10 @@ def scheduler_facts(sched):
     facts["target_kv_pool"] = _pool_facts(a.get_kvcache())
     args = getattr(sched, "server_args", None)
     facts["dcp_size"] = int(getattr(args, "dcp_size", 1) or 1)
+    try:
+        facts["target_attention_backend"] = _attention_backend_facts(sched)
+    except Exception:
+        facts["target_attention_backend"] = None
     draft = getattr(sched, "draft_worker", None)
     draft_pool = _find(draft, "token_to_kv_pool") if draft is not None else None
     # NGRAM's worker has no pool of its own: what it finds is the target's (not a draft pool)
