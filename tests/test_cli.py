@@ -42,6 +42,11 @@ def test_model_simulate_exit_codes():
     assert ok.exit_code == 0 and json.loads(ok.stdout)["clean"] is True
     bad = runner.invoke(app, ["model", "simulate", "--page", "64", "--topk", "8", "--fault", "row-widen-revert", "--json"])
     assert bad.exit_code == 1 and json.loads(bad.stdout)["leaked_pages"] > 0
+    args = ["model", "simulate", "--page", "64", "--topk", "1", "--draft", "4", "--dcp", "2", "--near-full", "--json"]
+    unsharded = runner.invoke(app, args + ["--kv-write-ignores-dcp"])
+    out = json.loads(unsharded.stdout)
+    assert unsharded.exit_code == 1 and out["missing_target_rows"] > 0 and out["first_missing_target_usage"] >= 0.5
+    assert json.loads(runner.invoke(app, args).stdout)["missing_target_rows"] == 0
 
 
 @pytest.mark.sglang

@@ -491,6 +491,9 @@ def model_simulate(page: int = typer.Option(64, "--page"), topk: int = typer.Opt
                    dcp: int = typer.Option(1, "--dcp"), seed: int = typer.Option(0, "--seed"),
                    output_len: int = typer.Option(10_000, "--output-len"),
                    near_full: bool = typer.Option(False, "--near-full", help="Pool sized to the peak demand."),
+                   kv_write_ignores_dcp: bool = typer.Option(
+                       False, "--kv-write-ignores-dcp", help="The target's attention backend writes KV at the "
+                       "allocator's virtual slot into its per-rank pool (no DCP code, e.g. 0.5.17's flashinfer)."),
                    fault: Optional[str] = typer.Option(None, help="Plant a fault: row-widen-revert, "
                                                                "unaligned-watermark, draft-page-mismatch."),
                    as_json: bool = typer.Option(False, "--json")) -> None:
@@ -500,7 +503,7 @@ def model_simulate(page: int = typer.Option(64, "--page"), topk: int = typer.Opt
     try:
         cfg = SimConfig(page, topk, steps, draft, context_len=context_len, num_requests=requests,
                         input_len=input_len, output_len=output_len, accept=AcceptPattern(accept), dcp=dcp,
-                        seed=seed, near_full=near_full,
+                        seed=seed, near_full=near_full, kv_write_ignores_dcp=kv_write_ignores_dcp,
                         fault=SimFault(fault) if fault else None)
     except ValueError as e:
         _fail(SpecwatchInputError(None, str(e), field="--accept/--fault"))
