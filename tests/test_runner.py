@@ -155,6 +155,15 @@ run_suite(load_suite({str(tmp_path / 's.toml')!r}), {str(tmp_path / 'results')!r
     assert run.records == {"ok": 1} and run.engine_groups == 1
 
 
+def test_cases_wider_than_the_host_are_recorded_skipped(tmp_path):
+    from conftest import SUITES
+
+    out, starts = _run(tmp_path, load_suite(SUITES / "dcp-large.toml"), where={"tp": ["8"]})
+    recs = list(read_records(out))
+    assert starts == 0 and len(recs) == 20 and all(r.status is Status.skipped for r in recs)
+    assert recs[0].reason == "host: needs 8 GPUs, this host has 1"
+
+
 def test_skips_are_recorded_with_reasons(tmp_path):
     suite = _suite(tmp_path, topks="[2]", extra="tp = [2]\ndcp = [3]\n")
     out, starts = _run(tmp_path, suite)

@@ -36,6 +36,15 @@ def test_shipped_suites_expand():
     assert counts["dcp"][0] - counts["dcp"][1] == 8 + 12 + 8
 
 
+def test_dcp_large_pairs_every_dcp_4_and_8_case_with_its_dcp1_twin():
+    plan = load_suite(SUITES / "dcp-large.toml").plan()
+    cases = {p.case.case_id: p.case for p in plan if p.skip is None}
+    assert len(plan) == len(cases) == 40
+    wide = [c for c in cases.values() if c.dcp > 1]
+    assert {(c.tp, c.dcp) for c in wide} == {(4, 4), (8, 8)} and len(wide) == 20
+    assert all(c.dcp_twin_id() in cases for c in wide)
+
+
 def test_ngram_skip_reason_is_sglangs():
     plan = load_suite(SUITES / "dcp.toml").plan()
     skipped = [p for p in plan if p.skip and p.case.algorithm is Algorithm.NGRAM]
