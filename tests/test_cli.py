@@ -62,11 +62,15 @@ def test_run_without_gpu_is_the_cpu_tier(tmp_path):
     assert "not clean" not in res.stdout
 
 
+def _one_matrix_suite(tmp_path, name: str, matrix: str):
+    p = tmp_path / f"{name}.toml"
+    p.write_text(f'[suite]\nname="{name}"\n[[matrix]]\n{matrix}\n')
+    return p
+
+
 @pytest.mark.sglang
 def test_cpu_tier_strict_fails_on_an_unclean_simulation(tmp_path):
-    p = tmp_path / "k8.toml"
-    p.write_text('[suite]\nname="k8"\n[[matrix]]\nattention_backend=["triton"]\npage_size=[1]\ntopk=[8]\n'
-                 'num_draft_tokens=[16]\n')
+    p = _one_matrix_suite(tmp_path, "k8", 'attention_backend=["triton"]\npage_size=[1]\ntopk=[8]\nnum_draft_tokens=[16]')
     res = runner.invoke(app, ["run", str(p), "--cpu-tier", "--out", str(tmp_path)])
     assert res.exit_code == 0 and "1 of 1 allocator simulations not clean" in res.stdout
     strict = runner.invoke(app, ["run", str(p), "--cpu-tier", "--strict", "--out", str(tmp_path)])
@@ -75,9 +79,8 @@ def test_cpu_tier_strict_fails_on_an_unclean_simulation(tmp_path):
 
 @pytest.mark.sglang
 def test_cpu_tier_says_where_a_dcp_unaware_kv_write_would_leave_the_pool(tmp_path):
-    p = tmp_path / "d.toml"
-    p.write_text('[suite]\nname="d"\n[[matrix]]\nattention_backend=["flashinfer"]\npage_size=[64]\ntopk=[1]\n'
-                 'num_draft_tokens=[4]\ntp=[2]\ndcp=[1, 2]\n')
+    p = _one_matrix_suite(tmp_path, "d", 'attention_backend=["flashinfer"]\npage_size=[64]\ntopk=[1]\n'
+                          'num_draft_tokens=[4]\ntp=[2]\ndcp=[1, 2]')
     res = runner.invoke(app, ["run", str(p), "--cpu-tier", "--out", str(tmp_path)])
     assert res.exit_code == 0, res.stdout
     sim = {r["dcp"]: r for r in json.loads((tmp_path / "d" / "simulation.json").read_text())}
