@@ -6,7 +6,7 @@ This is what ``specwatch run`` does on a host without a GPU, and what CI exercis
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
@@ -59,16 +59,16 @@ def run_cpu_tier(suite: Suite, context_len: int = 4096, simulate_allocator: bool
         key = (c.algorithm, c.page_size, c.topk, c.num_steps, c.num_draft_tokens, c.dcp)
         if simulate_allocator and have_sglang and key not in seen:
             seen.add(key)
-            res = simulate(SimConfig(c.page_size, c.topk, c.num_steps, c.num_draft_tokens,
-                                     algorithm=c.algorithm, dcp=c.dcp, accept=AcceptPattern.random))
+            cfg = SimConfig(c.page_size, c.topk, c.num_steps, c.num_draft_tokens, algorithm=c.algorithm, dcp=c.dcp,
+                            accept=AcceptPattern.random)
+            res = simulate(cfg)
             row = {"algorithm": c.algorithm.value, "page_size": c.page_size, "topk": c.topk,
                    "num_steps": c.num_steps, "num_draft_tokens": c.num_draft_tokens, "dcp": c.dcp,
                    **{k: v for k, v in res.as_dict().items() if k != "config"}}
             if c.dcp > 1:
                 # what a target backend that writes KV at virtual slots (no DCP code) would hit near full
-                unsharded = simulate(SimConfig(c.page_size, c.topk, c.num_steps, c.num_draft_tokens,
-                                               algorithm=c.algorithm, dcp=c.dcp, near_full=True,
-                                               kv_write_ignores_dcp=True))
+                unsharded = simulate(replace(cfg, accept=AcceptPattern.full, near_full=True,
+                                             kv_write_ignores_dcp=True))
                 row["unsharded_kv_write_first_missing_usage"] = unsharded.first_missing_target_usage
             sim_rows.append(row)
     return CpuTierReport(pd.DataFrame(mem_rows), pd.DataFrame(sim_rows) if have_sglang and simulate_allocator else None)

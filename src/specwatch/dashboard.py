@@ -11,6 +11,7 @@ import pandas as pd
 
 from specwatch.case import CASE_FIELDS, Case
 from specwatch.plots import make_all
+from specwatch.runner import WORKER_DIED_RE
 
 PLOT_TITLES = {
     "memory_vs_topk": "req_to_token and KV reserve vs topk (analytic model lines, measured points)",
@@ -92,9 +93,6 @@ def dcp_matrix(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-_WORKER_DIED = "worker exited with code -9 before finishing this case: "
-
-
 def dcp_summary(matrix: pd.DataFrame) -> pd.DataFrame:
     """The DCP support matrix folded over page size and topk: one row per SGLang version, model,
     algorithm and backend; per (dcp, workload, prompt→output lengths) how many cases ran ok out of those that were not
@@ -112,7 +110,7 @@ def dcp_summary(matrix: pd.DataFrame) -> pd.DataFrame:
                 row[col] = "all skipped by rule"
                 continue
             ok = int((ran.outcome == "ok").sum())
-            causes = sorted({o.replace(_WORKER_DIED, "")[:140] for o in ran.outcome if o != "ok"})
+            causes = sorted({WORKER_DIED_RE.sub("", o)[:140] for o in ran.outcome if o != "ok"})
             row[col] = f"{ok}/{len(ran)} ok" + "".join(f"; {c}" for c in causes)
         same = g.loc[g.dcp > 1, "same outputs as dcp 1"]
         compared = same[same.isin(["identical", "DIFFERENT"])]

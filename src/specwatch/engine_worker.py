@@ -301,15 +301,16 @@ def run_case(engine, case: Case, repeats: int, warmup: bool) -> dict:
                         "decode_split_repeats": len(decode_tps)}}
 
 
-def pool_coverage(allocator: dict, pool: dict | None, scale: int | None = None) -> dict | None:
+def pool_coverage(allocator: dict, pool: dict | None, virtual_slot_writes: bool = False) -> dict | None:
     """Does ``pool`` hold every slot the shared allocator can hand out (seed 004)?
 
     The allocator's pages are 1..num_pages, so its last page ends at ``size + page_size`` (virtual
     slots; with DCP the allocator is ``max_total * dcp`` slots paged ``page * dcp``). A pool is valid
     to ``size + page_size`` in its own slot space, which is the allocator's divided by
     ``scale = allocator.size / pool.size`` (DCP's sharded target pool: dcp; a replicated draft
-    pool: 1). ``scale`` overrides that: 1 for a target whose attention backend writes KV at the
-    allocator's virtual slot although its pool is per rank (``writes_at_virtual_slots``).
+    pool: 1). ``virtual_slot_writes``: the pool is written at the allocator's virtual slots although
+    it is per rank (a target whose attention backend has no DCP code, ``writes_at_virtual_slots``),
+    so its slot space is the allocator's (scale 1).
     ``missing_rows`` counts allocator slots past the pool's end, by that definition and, where the
     probe saw the buffer, by the buffer's real row count (``missing_buffer_rows``)."""
     if not pool or not pool.get("size") or pool.get("page_size") is None:
@@ -317,11 +318,13 @@ def pool_coverage(allocator: dict, pool: dict | None, scale: int | None = None) 
     structural = allocator["size"] // pool["size"]
     if structural < 1 or structural * pool["size"] != allocator["size"]:
         return {"scale": None, "reason": f"allocator size {allocator['size']} is not a multiple of pool size {pool['size']}"}
-    scale = scale or structural
+    scale = 1 if virtual_slot_writes else structural
     needed = -(-(allocator["size"] + allocator["page_size"]) // scale)
     valid = pool["size"] + pool["page_size"]
     out = {"scale": scale, "allocator_slot_end": needed, "pool_valid_end": valid, "pool_page_size": pool["page_size"],
            "allocator_page_in_pool_slots": allocator["page_size"] // scale, "missing_rows": max(0, needed - valid)}
+    if virtual_slot_writes:
+        out["writes"] = "at the allocator's virtual slots: the attention backend has no DCP code"
     if pool.get("rows") is not None:
         out["buffer_rows"] = pool["rows"]
         out["missing_buffer_rows"] = max(0, needed - pool["rows"])
@@ -368,9 +371,7 @@ def memory_and_leaks(engine, case: Case) -> tuple[dict, dict, dict]:
                 metrics["draft_kv_pool_bytes"] = metric(dp["bytes"], "bytes", exact=True, higher_is_better=False)
         virtual = writes_at_virtual_slots(sw)
         for role, pool in (("target", sw.get("target_kv_pool")), ("draft", dp)):
-            cov = pool_coverage(a, pool, scale=1 if role == "target" and virtual else None)
-            if cov and role == "target" and virtual:
-                cov["writes"] = "at the allocator's virtual slots: the attention backend has no DCP code"
+            cov = pool_coverage(a, pool, virtual_slot_writes=role == "target" and virtual)
             if cov and cov.get("scale"):
                 coverage[role] = cov
                 metrics[f"{role}_pool_missing_rows"] = metric(cov["missing_rows"], "slots", exact=True,

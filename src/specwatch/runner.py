@@ -185,7 +185,7 @@ def run_group(suite: Suite, cases: list[Case], timeout_s: int, fault: Optional[s
                 status, reason = Status.timeout, timeout_reason(timeout_s, log_text)
             else:
                 status = Status.crashed
-                reason = f"worker exited with code {rc} before finishing this case: " + crash_cause(log_text)
+                reason = WORKER_DIED.format(rc=rc) + crash_cause(log_text)
             # A death before the engine came up hits every case of the group alike.
             died_at_start = not engine_started and not done
             victims = remaining if died_at_start else remaining[:1]
@@ -237,31 +237,37 @@ def _last_error(log_text: str) -> str:
     return "no error line in the log"
 
 
+WORKER_DIED = "worker exited with code {rc} before finishing this case: "
+"""Start of a crashed record's reason; the cause found in the log follows."""
+WORKER_DIED_RE = re.compile(re.escape(WORKER_DIED).replace(re.escape("{rc}"), "-?\\d+"))
+"""``WORKER_DIED`` for any exit code (the dashboard strips it to show causes)."""
+
 _DEVICE_ASSERT = re.compile(r"([\w.+-]+\.(?:cuh|cu|cpp|hpp|h)):(\d+): .*?(\w+)\(.*?Assertion `(.+?)` failed")
 
 
 def device_assertion(log_text: str) -> Optional[str]:
     """The first CUDA device-side assertion in a worker's log (file:line, kernel, condition, how many
-    threads printed it), or None. Once a kernel asserts, the CUDA context is poisoned and the error
+    log lines carry it), or None. Once a kernel asserts, the CUDA context is poisoned and the error
     Python raises comes from whatever ran next (often a cuBLAS call): the assertion is the cause."""
-    first, threads = None, 0
+    first, lines = None, 0
     for line in log_text.splitlines():
         m = _DEVICE_ASSERT.search(line)
         if m:
-            threads += 1
+            lines += 1
             first = first or m
     if first is None:
         return None
     path, line_no, kernel, cond = first.groups()
     return (f"device-side assertion in {Path(path).name}:{line_no} {kernel}: `{cond}` failed "
-            f"({threads} line{'s' if threads > 1 else ''} of it in the log)")
+            f"({lines} line{'s' if lines > 1 else ''} of it in the log)")
 
 
-def crash_cause(log_text: str) -> str:
+def crash_cause(log_text: str, device: Optional[str] = None) -> str:
     """Why a worker died, from its log: a device-side assertion first (with the Python error it
-    surfaced as), else the last error line."""
+    surfaced as), else the last error line. ``device``: ``device_assertion(log_text)`` if the
+    caller has it already."""
     last = _last_error(log_text)
-    dev = device_assertion(log_text)
+    dev = device or device_assertion(log_text)
     return f"{dev}; surfaced as: {last[:200]}" if dev else last
 
 
@@ -269,8 +275,9 @@ def timeout_reason(timeout_s: int, log_text: str) -> str:
     """A group past its limit; when its log shows SGLang had already failed (a device-side assertion,
     a scheduler exception), say so: the timeout is then that failure's teardown, not slowness."""
     reason = f"engine group ran past {timeout_s} s"
-    if device_assertion(log_text) or "Scheduler hit an exception" in log_text:
-        reason += f"; before that the log shows: {crash_cause(log_text)}"
+    dev = device_assertion(log_text)
+    if dev or "Scheduler hit an exception" in log_text:
+        reason += f"; before that the log shows: {crash_cause(log_text, dev)}"
     return reason
 
 
@@ -300,11 +307,11 @@ def plan_run(suite: Suite, results_root: Path, facts: dict, emit_progress: Optio
     """Record the suite's skips, return its results file and its engine groups still to run.
     ``known_root``: another results root (e.g. the committed ``results/``) whose records of the
     same machine, SGLang version, suite and fault, of any status, leave their cases out."""
-    out = results_path(results_root, machine_label(facts), sglang_version(), suite.name, fault, probe)
+    where_in_store = (machine_label(facts), sglang_version(), suite.name, fault, probe)
+    out = results_path(results_root, *where_in_store)
     done = finished_case_ids(out) if resume else set()
     if known_root is not None:
-        done |= recorded_case_ids(results_path(known_root, machine_label(facts), sglang_version(), suite.name,
-                                               fault, probe))
+        done |= recorded_case_ids(results_path(known_root, *where_in_store))
     lock = record_lock or threading.Lock()
 
     def emit(rec: CaseRecord) -> None:
@@ -456,10 +463,9 @@ def wave_order(jobs: list) -> list:
 
 def _run_waves(jobs: list, parallel_starts: int, expired, models_dir: Path, extra_env: Optional[dict],
                worker_module: str, count: Callable[[str], None],
-               on_wave: Callable[[int], None] = lambda n: None) -> int:
-    """Run ``jobs`` in waves of ``parallel_starts`` (``specwatch.timing_lock``); returns how many
-    engine groups were launched before ``expired()`` (``on_wave`` hears each wave's size as it starts)."""
-    launched = 0
+               on_wave: Callable[[int], None]) -> None:
+    """Run ``jobs`` in waves of ``parallel_starts`` (``specwatch.timing_lock``) until ``expired()``;
+    ``on_wave`` hears each wave's size as it starts."""
     with tempfile.TemporaryDirectory(prefix="specwatch-lock-") as tmp:
         lock_path = Path(tmp) / "timing.lock"
         env = dict(extra_env or {}, **{TIMING_LOCK_ENV: str(lock_path), PARALLEL_ENV: str(parallel_starts)})
@@ -470,11 +476,9 @@ def _run_waves(jobs: list, parallel_starts: int, expired, models_dir: Path, extr
             if expired():
                 break
             wave = jobs[w:w + parallel_starts]
-            launched += len(wave)
             on_wave(len(wave))
             run_wave(wave, lock_path, lambda job, on_event: job.run(
                 models_dir, env, worker_module, lambda ev: (count(ev), on_event(ev))))
-    return launched
 
 
 def run_suite(suite: Suite, results_root: Path, fault: Optional[str] = None, **kw) -> Path:

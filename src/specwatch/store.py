@@ -84,18 +84,17 @@ def load_records(paths: Iterable[Path]) -> list[CaseRecord]:
     return out
 
 
+def recorded_case_ids(path: Path, statuses: Optional[Iterable[Status]] = None) -> set[str]:
+    """Case ids with a record in ``path``: of any status, or only of ``statuses``."""
+    if not Path(path).exists():
+        return set()
+    keep = None if statuses is None else set(statuses)
+    return {r.case_id for r in read_records(path) if keep is None or r.status in keep}
+
+
 def finished_case_ids(path: Path) -> set[str]:
     """Case ids already recorded ok or skipped in ``path``: ``--resume`` does not run them again."""
-    if not Path(path).exists():
-        return set()
-    return {r.case_id for r in read_records(path) if r.status in (Status.ok, Status.skipped)}
-
-
-def recorded_case_ids(path: Path) -> set[str]:
-    """Case ids with any record (ok, skipped, failed, crashed, timeout) in ``path``."""
-    if not Path(path).exists():
-        return set()
-    return {r.case_id for r in read_records(path)}
+    return recorded_case_ids(path, (Status.ok, Status.skipped))
 
 
 def records_frame(records: Iterable[CaseRecord]) -> "pd.DataFrame":
