@@ -43,7 +43,7 @@ with open(spec["results"], "a") as out:
     time.sleep(float(os.environ.get("FAKE_START_S", "0")))
     interval("start", t0)
     emit({"event": "engine_started"})
-    lock.timing()
+    lock.timing(emit)
     t0 = time.time()
     for c in spec["cases"]:
         case = Case(**c)

@@ -269,3 +269,35 @@ def test_waves_keep_slow_starters_together():
              for j in wave_order(jobs)]
     assert order == [("tiny", "triton", 4, 1), ("tiny", "fa3", 4, 1), ("tiny", "flashinfer", 1, 1),
                      ("tiny", "flashinfer", 8, 1), ("tiny", "triton", 4, 2), ("8b", "triton", 4, 1)]
+
+
+def test_group_clock_does_not_run_while_queued_for_the_timing_lock():
+    from specwatch.runner import GroupClock
+    from specwatch.timing_lock import TIMING_EVENT
+
+    now = [0.0]
+    clock = GroupClock(100, now=lambda: now[0])
+    now[0] = 60
+    clock.on_event("engine_started")
+    now[0] = 200                                   # 140 s queued behind other groups' timed batches
+    assert clock.elapsed() == 60 and not clock.expired() and clock.queued_s == 140
+    clock.on_event(TIMING_EVENT)
+    now[0] = 239
+    assert clock.elapsed() == 99 and not clock.expired()
+    now[0] = 241
+    assert clock.expired() and clock.queued_s == 140
+
+
+def test_a_group_queued_behind_a_wave_is_not_timed_out_for_waiting(tmp_path):
+    """Two groups in one wave, each timing 2 cases of 1.5 s: the second queues ~3 s for the timing
+    lock, so it spends ~6.3 s in all but ~3.3 s of its own; a 4.5 s group timeout must pass it."""
+    suite = _suite(tmp_path, topks="[1]")
+    os.environ.update(FAKE_START_S="0.3", FAKE_TIME_S="1.5")
+    try:
+        out, starts = _run(tmp_path, suite, parallel_starts=2, group_timeout_s=4.5)
+    finally:
+        for k in ("FAKE_START_S", "FAKE_TIME_S"):
+            os.environ.pop(k)
+    recs = list(read_records(out))
+    assert starts == 2 and len(recs) == 4 and all(r.status is Status.ok for r in recs), \
+        [(r.status, r.reason) for r in recs]

@@ -443,7 +443,7 @@ def main(spec_path: str) -> int:
         return 0
     start_s = time.perf_counter() - t0
     emit({"event": "engine_started", "engine_start_s": start_s})
-    waited_s = lock.timing()
+    waited_s = lock.timing(emit)
     facts_start = server_facts(engine)
     for c in cases:
         started = now()

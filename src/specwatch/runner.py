@@ -32,7 +32,8 @@ from specwatch.record import CaseRecord, Metric, RunSummary, Status, utcnow
 from specwatch.sglang_host import sglang_version
 from specwatch.store import append_record, append_run, finished_case_ids, recorded_case_ids, results_path
 from specwatch.suite import PlannedCase, Suite, matches
-from specwatch.timing_lock import ENV as TIMING_LOCK_ENV, HELD_EVENT, PARALLEL_ENV, TimingLock, WaveGate
+from specwatch.timing_lock import (ENV as TIMING_LOCK_ENV, HELD_EVENT, PARALLEL_ENV, TIMING_EVENT, TimingLock,
+                                   WaveGate)
 
 LOG_TAIL_LINES = 60
 POLL_S = 1.0
@@ -131,6 +132,7 @@ def run_group(suite: Suite, cases: list[Case], timeout_s: int, fault: Optional[s
             by_id = {c.case_id: c for c in remaining}
             seen_lines = 0
             engine_started = False
+            clock = GroupClock(timeout_s)
 
             def collect_new_lines() -> None:
                 """Record every case the worker has finished so far (records land as cases end)."""
@@ -145,6 +147,7 @@ def run_group(suite: Suite, cases: list[Case], timeout_s: int, fault: Optional[s
                         return  # a line still being written: read it next time
                     seen_lines += 1
                     engine_started |= line.get("event") == "engine_started"
+                    clock.on_event(line.get("event"))
                     if line.get("event") and on_event:
                         on_event(line["event"])
                     case = by_id.get(line.get("case_id"))
@@ -153,7 +156,6 @@ def run_group(suite: Suite, cases: list[Case], timeout_s: int, fault: Optional[s
                     on_record(record_from_worker(suite, case, line, fault, probe))
                     done.add(case.case_id)
 
-            deadline = time.monotonic() + timeout_s
             timed_out = False
             with open(log, "wb") as logf:
                 proc = subprocess.Popen([sys.executable, "-m", worker_module, str(spec)],
@@ -168,7 +170,7 @@ def run_group(suite: Suite, cases: list[Case], timeout_s: int, fault: Optional[s
                         break
                     except subprocess.TimeoutExpired:
                         collect_new_lines()
-                        if time.monotonic() > deadline:
+                        if clock.expired():
                             os.killpg(proc.pid, 9)
                             rc, timed_out = proc.wait(), True
                             break
@@ -182,7 +184,7 @@ def run_group(suite: Suite, cases: list[Case], timeout_s: int, fault: Optional[s
                 break
             log_text = log.read_text(errors="replace")
             if timed_out:
-                status, reason = Status.timeout, timeout_reason(timeout_s, log_text)
+                status, reason = Status.timeout, timeout_reason(timeout_s, log_text, clock.queued_s)
             else:
                 status = Status.crashed
                 reason = WORKER_DIED.format(rc=rc) + crash_cause(log_text)
@@ -194,6 +196,37 @@ def run_group(suite: Suite, cases: list[Case], timeout_s: int, fault: Optional[s
             for victim in victims:
                 on_record(failure_record(suite, victim, status, reason, _tail(log_text), fault, started, probe))
             remaining = [c for c in remaining if c not in victims]
+
+
+class GroupClock:
+    """A group's timeout clock. It does not run while the worker's engine is up and the worker
+    queues for the timing lock (from ``engine_started`` to ``TIMING_EVENT``): under
+    ``--parallel-starts`` that wait is other groups' timed batches, not this group's work (on the
+    H200 three flashinfer groups of a wave of 10 were cut at 280 s while queued, their engines up)."""
+
+    def __init__(self, timeout_s: float, now: Callable[[], float] = time.monotonic):
+        self.timeout_s, self._now = timeout_s, now
+        self._t0 = now()
+        self._paused_s = 0.0
+        self._queued_since: Optional[float] = None
+
+    def on_event(self, event: Optional[str]) -> None:
+        if event == "engine_started" and self._queued_since is None:
+            self._queued_since = self._now()
+        elif event == TIMING_EVENT and self._queued_since is not None:
+            self._paused_s += self._now() - self._queued_since
+            self._queued_since = None
+
+    @property
+    def queued_s(self) -> float:
+        """Seconds spent with the engine up, queued for the timing lock (not counted)."""
+        return self._paused_s + (self._now() - self._queued_since if self._queued_since is not None else 0.0)
+
+    def elapsed(self) -> float:
+        return self._now() - self._t0 - self.queued_s
+
+    def expired(self) -> bool:
+        return self.elapsed() > self.timeout_s
 
 
 TEARDOWN_WAIT_S = 30.0
@@ -271,10 +304,13 @@ def crash_cause(log_text: str, device: Optional[str] = None) -> str:
     return f"{dev}; surfaced as: {last[:200]}" if dev else last
 
 
-def timeout_reason(timeout_s: int, log_text: str) -> str:
-    """A group past its limit; when its log shows SGLang had already failed (a device-side assertion,
-    a scheduler exception), say so: the timeout is then that failure's teardown, not slowness."""
+def timeout_reason(timeout_s: int, log_text: str, queued_s: float = 0.0) -> str:
+    """A group past its limit (``queued_s``: time not counted, queued for the timing lock); when its
+    log shows SGLang had already failed (a device-side assertion, a scheduler exception), say so:
+    the timeout is then that failure's teardown, not slowness."""
     reason = f"engine group ran past {timeout_s} s"
+    if queued_s >= 1:
+        reason += f" (not counting {queued_s:.0f} s queued for the timing lock)"
     dev = device_assertion(log_text)
     if dev or "Scheduler hit an exception" in log_text:
         reason += f"; before that the log shows: {crash_cause(log_text, dev)}"

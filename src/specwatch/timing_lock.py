@@ -30,6 +30,10 @@ PARALLEL_ENV = "SPECWATCH_PARALLEL_STARTS"
 """Environment variable with K (recorded in each case's details)."""
 HELD_EVENT = "start_lock_held"
 """Worker results-file event: the worker holds the lock shared (it may start its engine)."""
+TIMING_EVENT = "timing_lock_held"
+"""Worker results-file event: the worker's engine is up and it now holds the lock exclusively (it
+times its cases); carries ``waited_s``. Between ``engine_started`` and this event the worker only
+queues behind other engines' timed batches, so the runner's group deadline does not run then."""
 
 
 class TimingLock:
@@ -72,9 +76,13 @@ class WorkerTimingLock(TimingLock):
             self.shared()
             emit({"event": HELD_EVENT})
 
-    def timing(self) -> float:
-        """Wait until no other worker is starting or timing; returns the seconds waited."""
-        return self.exclusive()
+    def timing(self, emit: Optional[Callable[[dict], None]] = None) -> float:
+        """Wait until no other worker is starting or timing; returns the seconds waited and, with
+        ``emit``, reports them as a ``TIMING_EVENT`` line (sent also without a lock: waited 0)."""
+        waited = self.exclusive()
+        if emit:
+            emit({"event": TIMING_EVENT, "waited_s": round(waited, 3)})
+        return waited
 
 
 class WaveGate(TimingLock):
