@@ -35,15 +35,19 @@ def test_allocator_benchmark_reports_planted_leak_and_skips():
         b.setup(64, 1, "row-widen-revert")
 
 
-def test_eagle_tree_reads_committed_records(monkeypatch):
+def test_eagle_tree_reads_committed_records(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECWATCH_SGLANG_VERSION", "0.5.17")
     if hasattr(eagle_tree.EagleTree, "_cache"):
         del eagle_tree.EagleTree._cache
     b = eagle_tree.EagleTree()
     b.setup("triton", 64, 8, 1, "second-choice")
     assert b.track_accept_length() == 2.0 and b.track_leaked_tokens() == 0
+    # a case with no ok record (here: a store without records; the committed one keeps growing)
+    monkeypatch.setenv("SPECWATCH_RESULTS", str(tmp_path))
+    del eagle_tree.EagleTree._cache
     with pytest.raises(NotImplementedError, match="no ok record"):
-        b.setup("fa3", 16, 2, 8, "perfect")
+        eagle_tree.EagleTree().setup("triton", 64, 8, 1, "second-choice")
+    del eagle_tree.EagleTree._cache
 
 
 def test_asv_discovers_every_benchmark(tmp_path):

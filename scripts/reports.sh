@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Regenerate the comparison reports in dashboards/reports/ from the committed results. Run after
+# `specwatch import` (and `specwatch asv-import` for the asv report); `specwatch dashboard` links them.
+# `specwatch compare` exits 1 on a regression: that is the report's verdict, not a failure here.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin=${SPECWATCH_BIN:-.venv/bin}
+out=dashboards/reports
+mkdir -p "$out"
+report() {  # report NAME BASE HEAD [compare options]
+  "$bin/specwatch" compare "$2" "$3" -o "$out/$1.md" "${@:4}" >/dev/null || [ $? = 1 ]
+  echo "$out/$1.md: $(sed -n 3p "$out/$1.md")"
+}
+# between versions, timed metrics must beat the A/A noise budgets (results/noise-budgets.json, from the pair below)
+for suite in smoke tree-page; do
+  report "sglang-0.5.16-vs-0.5.17-$suite" "sglang_version=0.5.16,suite=$suite" "sglang_version=0.5.17,suite=$suite" \
+    --budgets results/noise-budgets.json
+done
+# A/A: the two smoke runs of 0.5.17 (second session: engines started one by one; third: 8 at once)
+aa=b8380a250ad4d462372048ae79f4ab908a4557b6
+report aa-smoke-sglang-0.5.17 "suite=smoke,sglang_version=0.5.17,specwatch_commit!=$aa" \
+  "suite=smoke,sglang_version=0.5.17,specwatch_commit=$aa"
+# asv's own compare on the results `specwatch asv-import` wrote (one asv commit per SGLang version)
+versions=.asv/offline/sglang-versions
+if [ -d "$versions" ]; then
+  h16=$(git -C "$versions" log --format=%h --grep="sglang 0.5.16$")
+  h17=$(git -C "$versions" log --format=%h --grep="sglang 0.5.17$")
+  "$bin/asv" compare --config .asv/offline/asv.offline.json --only-changed "$h16" "$h17" \
+    > "$out/asv-compare-sglang-0.5.16-vs-0.5.17.md"
+  echo "$out/asv-compare-sglang-0.5.16-vs-0.5.17.md: $(grep -c '^| [+-]' "$out/asv-compare-sglang-0.5.16-vs-0.5.17.md") changed"
+else
+  echo "no $versions: run specwatch asv-import first (asv report left as it is)"
+fi
