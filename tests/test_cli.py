@@ -111,6 +111,26 @@ def test_results_health_names_failed_checks(tmp_path):
     assert res.exit_code == 0
     assert f"{bad.case_id} smoke triton p64 k4 bs1: failed no_kv_leak" in res.stdout
     assert good.case_id not in res.stdout
+    assert "engine start breakdown" not in res.stdout                  # no record has one yet
+
+
+def test_results_breaks_engine_starts_down(tmp_path):
+    from specwatch.record import Metric
+    from specwatch.store import append_record, records_frame, results_path
+    from records import case, record
+
+    recs = [record(case(page_size=p)) for p in (1, 16, 64)]
+    for r, start in zip(recs, (40.0, 50.0, 90.0)):
+        r.metrics["engine_start_time"] = Metric(value=start, unit="s")
+        r.details["probe"] = {"startup": {"load_weight": 1.0, "scheduler_e2e": start - 20,
+                                          "cuda_graph": {"decode": 3.0, "verify": 2.0}, "process_to_scheduler_init": 12.0}}
+        append_record(results_path(tmp_path, "m", "0.5.17", "smoke"), r)
+    row = records_frame(recs).iloc[0]
+    assert (row["start.cuda_graph"], row["start.scheduler_e2e"], row["start.process_to_scheduler_init"]) == (5.0, 20.0, 12.0)
+    res = runner.invoke(app, ["results", str(tmp_path)], terminal_width=200)
+    assert res.exit_code == 0 and "engine start breakdown" in res.stdout
+    line = next(x for x in res.stdout.splitlines() if "triton" in x and "0.5.17" in x and "50" in x)
+    assert "30" in line and "12" in line        # medians: start 50, scheduler 30, imports 12
 
 
 def test_run_on_gpu_path_shows_progress_and_records(tmp_path, monkeypatch):

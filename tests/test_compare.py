@@ -55,6 +55,13 @@ def test_improvement_status_and_membership():
     assert v[(C.case_id, "status")] is Verdict.now_fixed
     assert v[(D.case_id, "status")] is Verdict.new
     assert not has_regression(rows)
+    # a head-only ok case (the sweep grew) is folded out of the way; a head-only crash is not
+    text = markdown(compare_records(base, head + [rec(case(page_size=32), [1, 1, 1])]),
+                    "b", "h")
+    main, folded = text.split("<details>")
+    assert f"`{D.case_id}`" in main and "| new |" in main and "SIGSEGV" not in main and "crashed" in main
+    assert "1 case(s) only in head, healthy; 3 metric(s) the base did not record" in folded and f"`{case(page_size=32).case_id}`" in folded
+    assert f"`{case(page_size=32).case_id}`" not in main
     failing = compare_records([rec(A, [1, 1, 1])], [rec(A, [1, 1, 1], status=Status.crashed, reason="boom")])
     assert failing[0].verdict is Verdict.now_failing and has_regression(failing)
 
@@ -121,3 +128,30 @@ def test_aa_differences_name_the_conditions_that_differ():
     assert aa_differences([parallel], [again]) == []
     again.details["engine_kwargs"], parallel.details["engine_kwargs"] = {"sleep_on_idle": True}, {"page_size": 64}
     assert aa_differences([parallel], [again]) == ["engine arguments differ"]
+
+
+def test_runs_are_selected_by_id_or_by_recency(tmp_path):
+    """Two runs of one checkout (an A/A pair in one session) differ only in run_id; records from
+    before run ids are one run per specwatch commit."""
+    from datetime import timedelta
+
+    import pytest
+
+    from specwatch.compare import select
+    from specwatch.errors import SpecwatchInputError
+    from specwatch.store import append_record, results_path
+    from records import T0, prov
+
+    old, first, second = rec(A, [90, 91, 89]), rec(A, [100, 101, 99]), rec(A, [103, 104, 102])
+    old.provenance = prov(specwatch_commit="abc")
+    first.provenance = prov(specwatch_commit="def", run_id="r1", started_at=T0 + timedelta(hours=1))
+    second.provenance = prov(specwatch_commit="def", run_id="r2", started_at=T0 + timedelta(hours=2))
+    for r in (second, old, first):      # file order is not run order
+        append_record(results_path(tmp_path, "m", "0.5.17", r.suite, None, True), r)
+    assert select("sglang_version=0.5.17,run=-1", tmp_path) == [second]
+    assert select("run=-2,sglang_version=0.5.17", tmp_path) == [first]     # counted after the other terms
+    assert select("sglang_version=0.5.17,run=-3", tmp_path) == [old]
+    assert select("run=commit:abc", tmp_path) == [old] and select("run=r1", tmp_path) == [first]
+    assert select("run!=r2", tmp_path) == [old, first]
+    with pytest.raises(SpecwatchInputError, match="holds 3 run"):
+        select("run=-4", tmp_path)

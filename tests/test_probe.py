@@ -76,3 +76,20 @@ def test_the_target_attention_backend_is_named_with_whether_its_source_knows_dcp
         assert facts["target_attention_backend"] == {"class": "Backend", "module": name, "mentions_dcp": knows}
         del sys.modules[name]
     assert probe.scheduler_facts(Scheduler())["target_attention_backend"] is None   # no tp_worker: not judged
+
+
+def test_start_breakdown_reads_sglangs_own_startup_timing(monkeypatch):
+    """0.5.17's scheduler keeps ``startup_time`` (build_scheduler_startup_time) and the perf_counter
+    its constructor began at; the probe adds the time from interpreter start to that constructor."""
+    import time
+
+    probe = _load_probe(monkeypatch)
+    assert probe.scheduler_facts(Scheduler())["startup"] is None          # an SGLang without either
+    s = Scheduler()
+    s.scheduler_startup_begin = probe._PROCESS_T0 + 12.5
+    s.startup_time = {"load_weight": 1.25, "kv_cache_allocation": 0.5, "scheduler_e2e": 20.0,
+                      "cuda_graph": {"decode": 3.0}}
+    facts = probe.scheduler_facts(s)["startup"]
+    assert facts == {"load_weight": 1.25, "kv_cache_allocation": 0.5, "scheduler_e2e": 20.0,
+                     "cuda_graph": {"decode": 3.0}, "process_to_scheduler_init": 12.5}
+    assert probe._PROCESS_T0 <= time.perf_counter()

@@ -236,6 +236,10 @@ def test_every_run_leaves_a_summary_of_its_cost(tmp_path):
     assert run.engine_groups == 4 and run.worker_starts == starts == 6      # 2 topk-4 groups crash once more
     assert run.records == {"ok": 4, "crashed": 4} and not run.stopped_early
     assert run.wall_s > 0 and run.case_s >= 0 and run.cost_ratio is None or run.cost_ratio > 0
+    assert run.run_id and {r.provenance.run_id for r in read_records(out)} == {run.run_id}
+    _run(tmp_path, suite)                                   # a second run of the same checkout
+    ids = [r.provenance.run_id for r in read_records(out)]
+    assert len(set(ids)) == 2 and ids.count(run.run_id) == 8
 
 
 def test_bare_run_turns_the_probe_off_and_files_its_records_apart(tmp_path):

@@ -407,6 +407,13 @@ def results_cmd(root: Path = typer.Argument(Path("results"), help="Results root.
             "workers": r.worker_starts, "records": sum(r.records.values()), "wall s": round(r.wall_s),
             "case s": round(r.case_s), "ratio": None if r.cost_ratio is None else round(r.cost_ratio, 2)}
             for r in runs]))
+    phases = [c for c in df.columns if c.startswith("start.")]
+    if phases and "engine_start_time" in df:
+        started = df[df[phases].notna().any(axis=1)]
+        table = (started.groupby(["machine", "sglang_version", "attention_backend"])[["engine_start_time"] + phases]
+                 .median().round(1).reset_index())
+        table.columns = [c.removeprefix("start.") for c in table.columns]
+        _print_frame("engine start breakdown (median s; scheduler phases from SGLang's own startup timing)", table)
     checks = [c for c in df.columns if c.startswith("check.")]
     failing = df[df[checks].eq(False).any(axis=1)] if checks else df.iloc[0:0]
     if failing.empty:

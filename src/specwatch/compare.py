@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 
 from dataclasses import dataclass
+from datetime import datetime
 from enum import Enum
 from pathlib import Path
 from typing import Iterable, Optional
@@ -67,10 +68,34 @@ class Row:
         return self.head / self.base
 
 
+def run_key(r: CaseRecord) -> str:
+    """The run a record belongs to: its ``run_id``; records from before run ids existed are keyed by
+    their specwatch commit (then a run was one commit's sweep, as for the first smoke A/A pair)."""
+    return r.provenance.run_id or f"commit:{r.provenance.specwatch_commit}"
+
+
+def select_run(recs: list[CaseRecord], value: str, spec: str, negate: bool = False) -> list[CaseRecord]:
+    """``run=ID`` (a run id or ``commit:SHA``) or ``run=-N``: the N-th newest run among ``recs``
+    (runs ordered by their first record's start), e.g. ``run=-2`` vs ``run=-1`` for an A/A pair."""
+    if value.startswith("-") and value[1:].isdigit():
+        first: dict[str, datetime] = {}
+        for r in recs:
+            k = run_key(r)
+            first[k] = min(first.get(k, r.provenance.started_at), r.provenance.started_at)
+        runs = sorted(first, key=first.get)
+        n = int(value[1:])
+        if not 1 <= n <= len(runs):
+            raise SpecwatchInputError(None, f"run {value}: the selection holds {len(runs)} run(s)", field=spec)
+        value = runs[-n]
+    return [r for r in recs if (run_key(r) == value) != negate]
+
+
 def select(spec: str, root: Path) -> list[CaseRecord]:
     """A selection: a JSONL file or folder, or FIELD=VALUE[,FIELD!=VALUE...] over the store's records
-    (fields: sglang_version, sglang_commit, specwatch_commit, machine, suite, fault, probe; ``!=``
+    (fields: sglang_version, sglang_commit, specwatch_commit, machine, suite, fault, probe, run; ``!=``
     excludes, e.g. an A/A comparison of one run against the earlier runs of the same version).
+    ``run`` takes a run id or ``-N``, the N-th newest run of the records the other terms select
+    (``run=-2`` and ``run=-1``: the last two runs, an A/A pair of one session).
     Fault-injection and bare (probe-off) runs share case ids with clean runs, so a FIELD=VALUE
     selection holds clean, probed runs only unless it names ``fault`` or ``probe`` (``probe=off``)."""
     p = Path(spec)
@@ -83,10 +108,14 @@ def select(spec: str, root: Path) -> list[CaseRecord]:
         recs = [r for r in recs if r.provenance.fault is None]
     if "probe" not in named:
         recs = [r for r in recs if r.provenance.probe]
-    for term in terms:
+    runs = [t for t in terms if t.partition("=")[0].rstrip("!") == "run"]
+    for term in [t for t in terms if t not in runs] + runs:     # run=-N counts within the rest
         key, sep, value = term.partition("=")
         negate = key.endswith("!")
         key = key.rstrip("!")
+        if key == "run" and sep:
+            recs = select_run(recs, value, spec, negate)
+            continue
         getters = {
             "sglang_version": lambda r: r.provenance.sglang_version,
             "sglang_commit": lambda r: r.provenance.sglang_commit,
@@ -97,7 +126,7 @@ def select(spec: str, root: Path) -> list[CaseRecord]:
             "probe": lambda r: "on" if r.provenance.probe else "off",
         }
         if not sep or key not in getters:
-            raise SpecwatchInputError(None, f"not a results file or FIELD=VALUE with FIELD in {sorted(getters)}",
+            raise SpecwatchInputError(None, f"not a results file or FIELD=VALUE with FIELD in {sorted(getters) + ['run']}",
                                       field=spec)
         recs = [r for r in recs if (str(getters[key](r)) == value) != negate]
     return recs
@@ -218,13 +247,30 @@ def markdown(rows: list[Row], base_name: str, head_name: str, show_unchanged: bo
     summary = ", ".join(f"{n} {v.value}" for v, n in sorted(counts.items(), key=lambda kv: ORDER[kv[0]]))
     lines = [f"## specwatch: `{head_name}` vs `{base_name}`", "", summary or "no cases", ""]
     shown = [r for r in rows if show_unchanged or r.verdict is not Verdict.unchanged]
-    if shown:
-        lines += ["| verdict | case | metric | base | head | ratio | note |", "|---|---|---|---|---|---|---|"]
-        for r in shown:
-            ratio = "" if r.ratio is None else f"{r.ratio:.3f}"
-            lines.append(f"| {r.verdict.value} | `{r.case_id}` {r.label} | {r.metric} | {_fmt(r.base)} | "
-                         f"{_fmt(r.head)} {r.unit} | {ratio} | {r.note} |")
+    folded = [r for r in shown if _is_benign_new(r)]
+    if main := [r for r in shown if not _is_benign_new(r)]:
+        lines += _table(main)
+    if folded:   # coverage added by the head (a sweep that grew): listed, but out of the reviewer's way
+        cases = sum(r.metric == "status" for r in folded)
+        what = f"{cases} case(s) only in head, healthy; {len(folded) - cases} metric(s) the base did not record"
+        lines += ["", f"<details><summary>{what}</summary>", ""]
+        lines += _table(folded) + ["", "</details>"]
     return "\n".join(lines) + "\n"
+
+
+def _is_benign_new(r: Row) -> bool:
+    """A head-only case that is ok or skipped, or a metric the base did not record yet. A head-only
+    case that crashed or failed stays in the main table."""
+    return r.verdict is Verdict.new and (r.metric != "status" or r.note in (Status.ok.value, Status.skipped.value))
+
+
+def _table(rows: list[Row]) -> list[str]:
+    out = ["| verdict | case | metric | base | head | ratio | note |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ratio = "" if r.ratio is None else f"{r.ratio:.3f}"
+        out.append(f"| {r.verdict.value} | `{r.case_id}` {r.label} | {r.metric} | {_fmt(r.base)} | "
+                   f"{_fmt(r.head)} {r.unit} | {ratio} | {r.note} |")
+    return out
 
 
 def has_regression(rows: list[Row]) -> bool:

@@ -11,8 +11,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from specwatch.case import Case
 from specwatch.errors import NewerSchemaError, SpecwatchInputError
 
-SCHEMA_VERSION = 1
-"""Version of the record layout. Bump on any incompatible change; readers refuse newer ones."""
+SCHEMA_VERSION = 2
+"""Version of the record layout. Bump on any incompatible change; readers refuse newer ones.
+2: ``provenance.run_id`` and ``RunSummary.run_id`` (version-1 records read as before, without it)."""
 
 
 class Status(str, Enum):
@@ -67,6 +68,9 @@ class Provenance(BaseModel):
                         "(a bare timing run, ``specwatch run --bare``: throughput and acceptance, no memory facts).")
     started_at: datetime = Field(description="UTC start time of the case.")
     finished_at: datetime = Field(description="UTC end time of the case.")
+    run_id: Optional[str] = Field(default=None, description="The `specwatch run` invocation that recorded the case "
+                                  "(its RunSummary has the same id), so two runs of one checkout and SGLang, e.g. "
+                                  "an A/A pair, can be told apart. None: recorded before run ids existed.")
 
 
 class CaseRecord(BaseModel):
@@ -102,6 +106,13 @@ class CaseRecord(BaseModel):
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)
+
+
+def new_run_id() -> str:
+    """A `specwatch run` id: its UTC start to the second plus 6 random hex digits (sorts by time)."""
+    import secrets
+
+    return utcnow().strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
 
 
 def parse_record(data: dict, source: str = "<record>") -> CaseRecord:
@@ -151,6 +162,8 @@ class RunSummary(BaseModel):
     specwatch_commit: Optional[str] = Field(default=None, description="git commit of specwatch.")
     sglang_version: Optional[str] = Field(default=None, description="SGLang version run.")
     machine: str = Field(description="Machine label, as in records.")
+    run_id: Optional[str] = Field(default=None, description="Id stamped on every record of this run "
+                                  "(``provenance.run_id``). None: a summary from before run ids existed.")
     started_at: datetime = Field(description="UTC start of the run.")
     finished_at: datetime = Field(description="UTC end of the run.")
 

@@ -28,7 +28,7 @@ from typing import Callable, Iterable, Optional
 
 from specwatch.case import Backend, Case, ModelSize
 from specwatch.provenance import collect, host_facts, machine_label, specwatch_commit
-from specwatch.record import CaseRecord, Metric, RunSummary, Status, utcnow
+from specwatch.record import CaseRecord, Metric, RunSummary, Status, new_run_id, utcnow
 from specwatch.sglang_host import sglang_version
 from specwatch.store import append_record, append_run, finished_case_ids, recorded_case_ids, results_path
 from specwatch.suite import PlannedCase, Suite, matches
@@ -339,10 +339,11 @@ class GroupJob:
 def plan_run(suite: Suite, results_root: Path, facts: dict, emit_progress: Optional[Callable[[CaseRecord], None]],
              resume: bool = False, shard: Optional[Shard] = None, fault: Optional[str] = None,
              where: Optional[dict] = None, record_lock: Optional[threading.Lock] = None, probe: bool = True,
-             known_root: Optional[Path] = None) -> tuple[Path, list[GroupJob]]:
+             known_root: Optional[Path] = None, run_id: Optional[str] = None) -> tuple[Path, list[GroupJob]]:
     """Record the suite's skips, return its results file and its engine groups still to run.
     ``known_root``: another results root (e.g. the committed ``results/``) whose records of the
-    same machine, SGLang version, suite and fault, of any status, leave their cases out."""
+    same machine, SGLang version, suite and fault, of any status, leave their cases out.
+    ``run_id``: stamped on every record this run appends (``Provenance.run_id``)."""
     where_in_store = (machine_label(facts), sglang_version(), suite.name, fault, probe)
     out = results_path(results_root, *where_in_store)
     done = finished_case_ids(out) if resume else set()
@@ -351,6 +352,7 @@ def plan_run(suite: Suite, results_root: Path, facts: dict, emit_progress: Optio
     lock = record_lock or threading.Lock()
 
     def emit(rec: CaseRecord) -> None:
+        rec.provenance.run_id = run_id
         with lock:
             append_record(out, rec)
             if emit_progress:
@@ -405,6 +407,7 @@ def run_suites(suites: list[Suite], results_root: Path, faults: tuple[Optional[s
     record_lock = threading.Lock()
     outs, jobs = [], []
     tally = _Tally()
+    run_id = new_run_id()
 
     def on_record(rec: CaseRecord) -> None:
         tally.add(rec)
@@ -414,7 +417,7 @@ def run_suites(suites: list[Suite], results_root: Path, faults: tuple[Optional[s
     for suite in suites:
         for fault in faults:
             out, js = plan_run(suite, results_root, facts, on_record, resume, shard, fault, where, record_lock,
-                               probe=not bare, known_root=known_root)
+                               probe=not bare, known_root=known_root, run_id=run_id)
             outs.append(out)
             jobs += js
     if max_groups is not None:
@@ -434,7 +437,7 @@ def run_suites(suites: list[Suite], results_root: Path, faults: tuple[Optional[s
                 engine_start_s=round(sum(tally.engine_starts.values()), 3),
                 stopped_early=stopped_by is not None or tally.launched < len(jobs), stopped_by=stopped_by,
                 specwatch_commit=specwatch_commit(), sglang_version=sglang_version(), machine=machine_label(facts),
-                started_at=started_at, finished_at=utcnow()))
+                run_id=run_id, started_at=started_at, finished_at=utcnow()))
 
     with _kill_workers_on_sigterm(on_stop=summarize):
         if parallel_starts <= 1:

@@ -97,6 +97,19 @@ def finished_case_ids(path: Path) -> set[str]:
     return recorded_case_ids(path, (Status.ok, Status.skipped))
 
 
+def start_breakdown(r: CaseRecord) -> dict[str, float]:
+    """``start.PHASE`` seconds of the record's engine start, from the probe's ``startup`` facts
+    (SGLang's own breakdown plus the imports before the scheduler); CUDA-graph phases summed."""
+    facts = ((r.details or {}).get("probe") or {}).get("startup") or {}
+    out = {}
+    for k, v in facts.items():
+        if isinstance(v, dict):
+            v = sum(x for x in v.values() if isinstance(x, (int, float)))
+        if isinstance(v, (int, float)):
+            out[f"start.{k}"] = float(v)
+    return out
+
+
 def records_frame(records: Iterable[CaseRecord]) -> "pd.DataFrame":
     """One row per case run: case parameters, status, provenance and one column per metric value."""
     import pandas as pd
@@ -109,10 +122,11 @@ def records_frame(records: Iterable[CaseRecord]) -> "pd.DataFrame":
         row.update({
             "machine": prov.machine, "sglang_version": prov.sglang_version,
             "sglang_commit": prov.sglang_commit, "gpu_name": prov.gpu_name, "fault": prov.fault, "probe": prov.probe,
-            "started_at": prov.started_at, "specwatch_commit": prov.specwatch_commit,
+            "started_at": prov.started_at, "specwatch_commit": prov.specwatch_commit, "run_id": prov.run_id,
         })
         for name, m in r.metrics.items():
             row[name] = m.value
+        row.update(start_breakdown(r))
         for name, ok in r.checks.items():
             row[f"check.{name}"] = ok
         row["output_digest"] = (r.details or {}).get("output_digest")

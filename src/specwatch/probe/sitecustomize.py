@@ -11,8 +11,11 @@ same way. ``on_import`` is the one hook mechanism; set SPECWATCH_PROBE=0 to disa
 import importlib.abc
 import os
 import sys
+import time
 
 _HOOKS = {}
+_PROCESS_T0 = time.perf_counter()
+"""When this process loaded site (interpreter start, before any SGLang import)."""
 
 
 def on_import(module_name):
@@ -172,11 +175,29 @@ def scheduler_facts(sched):
     facts["leak_warnings"] = {k: getattr(holder, k, None) for k in
                               ("count_memory_leak_warnings", "count_req_pool_leak_warnings")}
     facts["strict_idle_check"] = os.environ.get("SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE", "default (on)")
+    facts["startup"] = startup_facts(sched)
     if torch.cuda.is_available():
         facts["cuda"] = {"max_allocated": torch.cuda.max_memory_allocated(),
                          "allocated": torch.cuda.memory_allocated(),
                          "max_reserved": torch.cuda.max_memory_reserved()}
     return facts
+
+
+def startup_facts(sched):
+    """Where the scheduler's start went, in seconds: SGLang's own breakdown where it keeps one
+    (0.5.17: ``Scheduler.startup_time``: weight loading, KV allocation, CUDA-graph capture, the
+    scheduler's constructor end to end) plus ``process_to_scheduler_init``, from this process's
+    interpreter start to the constructor (SGLang's imports). None when neither is there."""
+    import json
+
+    out = {}
+    own = getattr(sched, "startup_time", None)
+    if isinstance(own, dict):
+        out.update(json.loads(json.dumps(own, default=str)))
+    begin = getattr(sched, "scheduler_startup_begin", None)
+    if isinstance(begin, float):
+        out["process_to_scheduler_init"] = round(begin - _PROCESS_T0, 3)
+    return out or None
 
 
 NEAR_FULL = 0.95
