@@ -115,3 +115,13 @@ def test_context_limit_rule_matches_sglangs_refusal():
         assert "You requested a total of 8215 tokens: 7824 tokens from the input" in plan[r.case_id].skip
     runnable = [p for p in plan.values() if p.skip is None]
     assert {p.case.input_len for p in runnable} == {7776}
+
+
+def test_every_shipped_suite_loads_and_the_profiles_suite_covers_the_imperfect_profiles():
+    from specwatch.case import Profile
+
+    for path in sorted(SUITES.glob("*.toml")):
+        assert load_suite(path).plan(), path.name
+    plan = load_suite(SUITES / "profiles.toml").plan()
+    assert {p.case.profile for p in plan} == {Profile.q01, Profile.q03, Profile.random}
+    assert all(p.skip is None for p in plan) and {p.case.topk for p in plan} == {1, 4}
