@@ -346,3 +346,23 @@ def test_records_carry_the_running_sglangs_own_sizing():
     assert metrics["sglang_alloc_len_per_decode"]["value"] == details["sglang_sizing"]["alloc_len_per_decode"]
     _, checks, _ = memory_and_leaks(FakeEngine(CASE, row_width=4096), CASE)
     assert not checks["req_to_token_matches_sglang_sizing"]
+
+
+def test_engine_arguments_fit_older_sglang_releases():
+    """0.5.12/0.5.13 (read from their ServerArgs): one cuda_graph_max_bs, prefill graphs called
+    piecewise, no dcp_size; a harness-only argument an SGLang lacks is dropped and said, a case
+    argument it lacks goes through so that SGLang refuses the case (a recorded result)."""
+    from pathlib import Path
+
+    from specwatch.engine_worker import engine_kwargs, fit_server_args, server_arg_names
+
+    kw = engine_kwargs(CASE.model_copy(update={"dcp": 2, "tp": 2}), Path("/t"), Path("/d"), 8)
+    old = set(kw) - {"cuda_graph_max_bs_decode", "disable_prefill_cuda_graph", "dcp_size", "sleep_on_idle"} \
+        | {"cuda_graph_max_bs", "disable_piecewise_cuda_graph"}
+    fitted, dropped = fit_server_args(kw, old)
+    assert fitted["cuda_graph_max_bs"] == 8 and fitted["disable_piecewise_cuda_graph"] is True
+    assert "cuda_graph_max_bs_decode" not in fitted and "disable_prefill_cuda_graph" not in fitted
+    assert dropped == ["sleep_on_idle"] and fitted["dcp_size"] == 2
+    current = server_arg_names()
+    if current is not None:                 # the CPU tier's SGLang 0.5.17: everything fits as is
+        assert fit_server_args(kw, current) == (kw, [])

@@ -104,6 +104,45 @@ def engine_kwargs(case: Case, target: Path, draft, max_bs: int, kv_tokens: int |
     return kw
 
 
+RENAMED_ARGS = {
+    "cuda_graph_max_bs_decode": "cuda_graph_max_bs",
+    "disable_prefill_cuda_graph": "disable_piecewise_cuda_graph",
+}
+"""Engine arguments specwatch passes under their 0.5.14+ names -> the same setting's name in older
+releases (0.5.12-0.5.13: one ``cuda_graph_max_bs``; prefill graphs were the "piecewise" graphs)."""
+HARNESS_ARGS = {"sleep_on_idle", "enforce_disable_flashinfer_allreduce_fusion", "disable_prefill_cuda_graph"}
+"""Arguments that only tune how specwatch runs the engine, not the case: dropped (and recorded)
+where the installed SGLang lacks them. Any other unknown argument goes to SGLang, which refuses
+it: a version without a feature the case needs (e.g. ``dcp_size`` before 0.5.15) is a result."""
+
+
+def fit_server_args(kw: dict, known: set[str]) -> tuple[dict, list[str]]:
+    """``kw`` for an SGLang whose ``ServerArgs`` has the fields ``known``: renamed where an older
+    release names the setting differently, harness-only arguments it lacks dropped (returned)."""
+    out, dropped = {}, []
+    for k, v in kw.items():
+        if k in known:
+            out[k] = v
+        elif RENAMED_ARGS.get(k) in known:
+            out[RENAMED_ARGS[k]] = v
+        elif k in HARNESS_ARGS:
+            dropped.append(k)
+        else:
+            out[k] = v
+    return out, dropped
+
+
+def server_arg_names() -> set[str] | None:
+    """Field names of the installed SGLang's ``ServerArgs`` (None: not importable)."""
+    try:
+        import dataclasses
+
+        from sglang.srt.server_args import ServerArgs
+        return {f.name for f in dataclasses.fields(ServerArgs)}
+    except Exception:
+        return None
+
+
 def recorded_kwargs(kw: dict) -> dict:
     """The engine arguments a record keeps (paths dropped: they differ per host)."""
     return {k: v for k, v in kw.items() if not k.endswith("_path")}
@@ -431,9 +470,11 @@ def main(spec_path: str) -> int:
     gen_s = time.perf_counter() - t0
     import sglang
 
+    known = server_arg_names()       # before the clock: the engine imports it anyway
     t0 = time.perf_counter()
     try:
         kwargs = engine_kwargs(first, target, draft, max(c.batch_size for c in cases), kv_pool_tokens(cases))
+        kwargs, dropped_args = fit_server_args(kwargs, known) if known else (kwargs, [])
         engine = sglang.Engine(**kwargs)
     except Exception as e:
         tail = traceback.format_exc()[-4000:]
@@ -461,6 +502,8 @@ def main(spec_path: str) -> int:
             res["details"].update(details)
             res["details"]["sglang_version"] = facts_start.get("version")
             res["details"]["engine_kwargs"] = recorded_kwargs(kwargs)
+            if dropped_args:
+                res["details"]["engine_args_not_in_this_sglang"] = dropped_args
             if lock.enabled:
                 res["details"]["parallel_starts"] = int(os.environ.get(PARALLEL_ENV, "0")) or None
                 res["details"]["waited_for_timing_s"] = round(waited_s, 3)
