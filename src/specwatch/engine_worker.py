@@ -27,7 +27,7 @@ from pathlib import Path
 from specwatch.case import Algorithm, Case, ModelSize, Profile, Workload
 from specwatch.memory_model import SizingInput, reference_sizing, sglang_sizing
 from specwatch.oracle import SHAPES, Oracle, ensure_models
-from specwatch.timing_lock import PARALLEL_ENV, WorkerTimingLock
+from specwatch.timing_lock import ENGINE_STARTED_EVENT, PARALLEL_ENV, WorkerTimingLock
 
 KV_TOKENS = {ModelSize.tiny: 1 << 18, ModelSize.tiny_attn: 1 << 18, ModelSize.tiny_mla: 1 << 18, ModelSize.llama_1b: 1 << 17,
              ModelSize.llama_8b: 1 << 16}
@@ -483,7 +483,7 @@ def main(spec_path: str) -> int:
                   "reason": f"engine start: {type(e).__name__}: {e}"[:2000], "log_tail": tail})
         return 0
     start_s = time.perf_counter() - t0
-    emit({"event": "engine_started", "engine_start_s": start_s})
+    emit({"event": ENGINE_STARTED_EVENT, "engine_start_s": start_s})
     waited_s = lock.timing(emit)
     facts_start = server_facts(engine)
     for c in cases:

@@ -32,8 +32,8 @@ from specwatch.record import CaseRecord, Metric, RunSummary, Status, new_run_id,
 from specwatch.sglang_host import sglang_version
 from specwatch.store import append_record, append_run, finished_case_ids, recorded_case_ids, results_path
 from specwatch.suite import PlannedCase, Suite, matches
-from specwatch.timing_lock import (ENV as TIMING_LOCK_ENV, HELD_EVENT, PARALLEL_ENV, TIMING_EVENT, TimingLock,
-                                   WaveGate)
+from specwatch.timing_lock import (ENGINE_STARTED_EVENT, ENV as TIMING_LOCK_ENV, HELD_EVENT, PARALLEL_ENV,
+                                   TIMING_EVENT, TimingLock, WaveGate)
 
 LOG_TAIL_LINES = 60
 POLL_S = 1.0
@@ -146,7 +146,7 @@ def run_group(suite: Suite, cases: list[Case], timeout_s: int, fault: Optional[s
                     except json.JSONDecodeError:
                         return  # a line still being written: read it next time
                     seen_lines += 1
-                    engine_started |= line.get("event") == "engine_started"
+                    engine_started |= line.get("event") == ENGINE_STARTED_EVENT
                     clock.on_event(line.get("event"))
                     if line.get("event") and on_event:
                         on_event(line["event"])
@@ -211,7 +211,7 @@ class GroupClock:
         self._queued_since: Optional[float] = None
 
     def on_event(self, event: Optional[str]) -> None:
-        if event == "engine_started" and self._queued_since is None:
+        if event == ENGINE_STARTED_EVENT and self._queued_since is None:
             self._queued_since = self._now()
         elif event == TIMING_EVENT and self._queued_since is not None:
             self._paused_s += self._now() - self._queued_since

@@ -30,6 +30,8 @@ PARALLEL_ENV = "SPECWATCH_PARALLEL_STARTS"
 """Environment variable with K (recorded in each case's details)."""
 HELD_EVENT = "start_lock_held"
 """Worker results-file event: the worker holds the lock shared (it may start its engine)."""
+ENGINE_STARTED_EVENT = "engine_started"
+"""Worker results-file event: ``sglang.Engine`` is up (carries ``engine_start_s``)."""
 TIMING_EVENT = "timing_lock_held"
 """Worker results-file event: the worker's engine is up and it now holds the lock exclusively (it
 times its cases); carries ``waited_s``. Between ``engine_started`` and this event the worker only
