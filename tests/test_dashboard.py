@@ -135,3 +135,48 @@ def test_overhead_table_sets_each_probed_case_beside_its_bare_run():
     assert rows["p1"]["verdict"] == "within 2%" and rows["p1"]["specwatch / bare"] == round(1000 / 1010, 4)
     assert rows["p64"]["verdict"] == "slower by more than 2%"
     assert overhead_table(records_frame([record(a)])).empty
+
+
+def test_health_matrix_shows_coverage_and_what_went_wrong(tmp_path):
+    """A suite planning page 1/64 x topk 1/4 x batch 1/8: a crash, a failed lossless check, a
+    cell never run, a re-run that fixed an earlier timeout, and a row with no record at all."""
+    from datetime import timedelta
+
+    from specwatch.dashboard import health_matrix
+    from specwatch.record import Status
+    from specwatch.suite import load_suite
+    from records import T0
+
+    (tmp_path / "grid.toml").write_text("""
+[suite]
+name = "grid"
+[[matrix]]
+attention_backend = ["triton", "fa3"]
+page_size = [1, 64]
+topk = [1, 4]
+num_draft_tokens = [8]
+batch_size = [1, 8]
+""")
+    plan = {(p.case.attention_backend.value, p.case.page_size, p.case.topk, p.case.batch_size): p.case
+            for p in load_suite(tmp_path / "grid.toml").plan()}
+    recs = []
+    for (be, page, topk, bs), c in plan.items():
+        if be == "fa3" or (page, topk) == (64, 4) or (page, topk, bs) == (1, 1, 8):
+            continue                                            # fa3: nothing; p64 k4: not run; one half-run cell
+        r = record(c)
+        r.suite = "grid"
+        r.checks["lossless"] = not (page, topk, bs) == (1, 4, 8)
+        if (page, topk, bs) == (64, 1, 8):
+            r = record(c, status=Status.crashed, reason="boom")
+            r.suite = "grid"
+        if (page, topk, bs) == (1, 1, 1):                          # timed out first, ok on the re-run
+            early = record(c, status=Status.timeout, reason="slow", started_at=T0 - timedelta(hours=1))
+            early.suite = "grid"
+            recs.append(early)
+        recs.append(r)
+    h = health_matrix(records_frame(recs), tmp_path).set_index(["backend", "page"])
+    assert list(h.index) == [("triton", 1), ("triton", 64)]       # fa3 ran nothing: no row
+    assert h.loc[("triton", 1), "topk 1"] == "1/2 ok; 1 not run"
+    assert h.loc[("triton", 1), "topk 4"] == "2/2 ok; lossless ✗ 1"
+    assert h.loc[("triton", 64), "topk 1"] == "1/2 ok; 1 crashed"
+    assert h.loc[("triton", 64), "topk 4"] == "not run"

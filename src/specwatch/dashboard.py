@@ -123,6 +123,56 @@ def dcp_summary(matrix: pd.DataFrame) -> pd.DataFrame:
                + ["outputs = dcp 1"]].fillna("not run")
 
 
+OWN_TABLES = ("dcp", "faults")
+"""Suites the dashboard shows in tables of their own (DCP support, fault injection)."""
+
+
+def health_matrix(df: pd.DataFrame, suites_dir: Optional[Path] = Path("suites")) -> pd.DataFrame:
+    """Every other suite's coverage and health at a glance: one row per machine, SGLang version,
+    suite, model, algorithm, backend and page size, one column per topk; a cell says how many of
+    the cases the suite plans there have an ok latest record, then what went wrong in the rest (a
+    non-ok status, or a failed check such as ``lossless`` or ``accept_length_matches_oracle``, with
+    counts). Cells the suite plans but nothing recorded say "not run" (rows without any record are
+    left out); batch sizes and profiles fold. Only cases the suite file plans today count (a case
+    its validity rules now skip, or a matrix since edited, is not a gap)."""
+    if df.empty:
+        return pd.DataFrame()
+    from specwatch.suite import load_suite
+
+    clean = df[~df.suite.isin(OWN_TABLES)]
+    latest = clean.sort_values("started_at").drop_duplicates(["machine", "sglang_version", "suite", "case_id"],
+                                                             keep="last")
+    key = ["model", "algorithm", "attention_backend", "page_size"]
+    checks = [c for c in latest.columns if c.startswith("check.")]
+    rows = []
+    for (machine, version, suite), g in latest.groupby(["machine", "sglang_version", "suite"], sort=True):
+        path = suites_dir / f"{suite}.toml" if suites_dir else None
+        planned = pd.DataFrame([{**p.case.params(), "case_id": p.case.case_id} for p in load_suite(path).plan()
+                                if not p.skip and not p.duplicate]) \
+            if path and path.exists() else g[key + ["topk", "case_id"]]
+        for k, plan in planned.groupby(key, sort=True):
+            row = dict(zip(("machine", "sglang", "suite", "model", "algo", "backend", "page"), (machine, version, suite, *k)))
+            rec = g[(g[key] == pd.Series(dict(zip(key, k)))).all(axis=1)]
+            for topk, want in plan.groupby("topk"):
+                got = rec[rec.case_id.isin(want.case_id)]     # records of cases the suite no longer plans: out
+                if got.empty:
+                    row[f"topk {topk}"] = "not run"
+                    continue
+                ok = got[got.status == "ok"]
+                issues = [f"{n} {st}" for st, n in got[got.status != "ok"].status.value_counts().items()]
+                if (missing := len(want) - len(got)) > 0:
+                    issues.append(f"{missing} not run")
+                issues += [f"{c[len('check.'):]} ✗ {n}" for c in checks if (n := int((ok[c] == False).sum()))]  # noqa: E712
+                row[f"topk {topk}"] = f"{len(ok)}/{len(want)} ok" + "".join(f"; {i}" for i in issues)
+            if not rec.empty:         # a row with no record at all (e.g. a reduced run of an old version): left out
+                rows.append(row)
+    out = pd.DataFrame(rows)
+    if out.empty:
+        return out
+    topks = sorted((c for c in out.columns if c.startswith("topk ")), key=lambda c: int(c.split()[1]))
+    return out[[c for c in out.columns if not c.startswith("topk ")] + topks].fillna("–")
+
+
 OVERHEAD_BUDGET = 0.02
 """Harness overhead the GPU-runner issue allows: specwatch's tokens/s within 2% of a bare run's."""
 OVER_BUDGET = f"slower by more than {OVERHEAD_BUDGET:.0%}"
@@ -163,7 +213,10 @@ def build(df: pd.DataFrame, out: Path, tables: Optional[dict[str, pd.DataFrame]]
     if "probe" in df:
         df = df[df.probe != False]        # noqa: E712 (bare runs: only in the overhead table)
     matrix = dcp_matrix(df)
-    tables = {"DCP support summary (suites/dcp.toml, folded over page size and topk)": dcp_summary(matrix),
+    tables = {"Coverage and health per suite (latest record of each case; rows with no record left out; "
+              "DCP and faults have tables of their own)":
+              health_matrix(df),
+              "DCP support summary (suites/dcp.toml, folded over page size and topk)": dcp_summary(matrix),
               "DCP support matrix (suites/dcp.toml)": matrix,
               "Harness overhead (specwatch run --bare)": overhead, **(tables or {})}
     plots = make_all(df, out / "plots")
