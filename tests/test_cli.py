@@ -122,6 +122,7 @@ def test_results_breaks_engine_starts_down(tmp_path):
     recs = [record(case(page_size=p)) for p in (1, 16, 64)]
     for r, start in zip(recs, (40.0, 50.0, 90.0)):
         r.metrics["engine_start_time"] = Metric(value=start, unit="s")
+        r.metrics["decode_throughput"] = Metric(value=100.0, unit="tokens/s", samples=[90.0, 100.0, start + 70])
         r.details["probe"] = {"startup": {"load_weight": 1.0, "scheduler_e2e": start - 20,
                                           "cuda_graph": {"decode": 3.0, "verify": 2.0}, "process_to_scheduler_init": 12.0}}
         append_record(results_path(tmp_path, "m", "0.5.17", "smoke"), r)
@@ -131,6 +132,8 @@ def test_results_breaks_engine_starts_down(tmp_path):
     assert res.exit_code == 0 and "engine start breakdown" in res.stdout
     line = next(x for x in res.stdout.splitlines() if "triton" in x and "0.5.17" in x and "50" in x)
     assert "30" in line and "12" in line        # medians: start 50, scheduler 30, imports 12
+    assert "spread within a case's repeats" in res.stdout     # spreads 0.2, 0.3, 0.7: median 0.3
+    assert any("tiny" in x and "0.3 " in x + " " and "│ 3 " in x for x in res.stdout.splitlines())
 
 
 def test_run_on_gpu_path_shows_progress_and_records(tmp_path, monkeypatch):

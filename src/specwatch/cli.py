@@ -407,6 +407,13 @@ def results_cmd(root: Path = typer.Argument(Path("results"), help="Results root.
             "workers": r.worker_starts, "records": sum(r.records.values()), "wall s": round(r.wall_s),
             "case s": round(r.case_s), "ratio": None if r.cost_ratio is None else round(r.cost_ratio, 2)}
             for r in runs]))
+    if "decode_throughput_spread" in df:
+        clean = df.decode_throughput_spread.notna() & df.fault.isna() & (df.probe != False)  # noqa: E712
+        spread = df[clean].groupby(["machine", "sglang_version", "suite", "model", "batch_size"])
+        _print_frame("decode tokens/s spread within a case's repeats ((max - min) / median; clean runs)", spread.agg(
+            cases=("decode_throughput_spread", "size"),
+            median=("decode_throughput_spread", "median"),
+            p90=("decode_throughput_spread", lambda v: v.quantile(0.9))).round(3).reset_index())
     phases = [c for c in df.columns if c.startswith("start.")]
     if phases and "engine_start_time" in df:
         started = df[df[phases].notna().any(axis=1)]

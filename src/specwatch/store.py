@@ -126,6 +126,10 @@ def records_frame(records: Iterable[CaseRecord]) -> "pd.DataFrame":
         })
         for name, m in r.metrics.items():
             row[name] = m.value
+        dt = r.metrics.get("decode_throughput")
+        if dt is not None and len(dt.samples) >= 2 and dt.value:
+            # the repeats' own spread (one engine, back to back): what a single run can resolve
+            row["decode_throughput_spread"] = (max(dt.samples) - min(dt.samples)) / dt.value
         row.update(start_breakdown(r))
         for name, ok in r.checks.items():
             row[f"check.{name}"] = ok
