@@ -221,3 +221,35 @@ def test_overhead_exits_1_when_the_probe_costs_more_than_2_percent(tmp_path):
     store([record(case(page_size=1), tps=900.0), record(case(page_size=1), tps=1000.0, probe=False)])
     res = runner.invoke(app, ["overhead", "--results", str(tmp_path)])
     assert res.exit_code == 1 and "slower by more than 2%" in res.output
+
+
+def test_plan_leaves_out_known_cases_and_estimates_device_time(tmp_path):
+    from datetime import datetime, timezone
+
+    from records import record
+    from specwatch.record import RunSummary
+    from specwatch.store import append_record, append_run
+    from specwatch.suite import load_suite
+
+    smoke = load_suite(SUITES / "smoke.toml").plan()
+    done = [p.case for p in smoke if p.case.attention_backend.value == "triton"]
+    for c in done:
+        r = record(c, machine="m")
+        append_record(tmp_path / "m" / "sglang-0.5.17" / "smoke.jsonl", r)
+    now = datetime(2026, 11, 30, tzinfo=timezone.utc)
+    for wall in (200.0, 300.0, 9000.0):      # 20 and 30 s per group (4 groups: 100 s); the last was cut by SIGTERM: left out
+        append_run(tmp_path, RunSummary(suites=["smoke"], faults=[None], parallel_starts=8, engine_groups=10,
+                                        worker_starts=10, records={"ok": 10}, wall_s=wall, case_s=50.0,
+                                        engine_start_s=400.0, stopped_early=wall > 1000,
+                                        stopped_by="SIGTERM" if wall > 1000 else None, machine="m",
+                                        sglang_version="0.5.17", started_at=now, finished_at=now))
+    res = runner.invoke(app, ["plan", str(SUITES / "smoke.toml"), "--known", str(tmp_path), "--machine", "m",
+                              "--sglang-version", "0.5.17", "--json"])
+    assert res.exit_code == 0, res.stdout
+    lines = res.stdout.splitlines()
+    assert lines[0] == f"smoke: {len(done)} case(s) already recorded for m / SGLang 0.5.17; 4 left in 4 engine group(s)"
+    assert "≈ 2 device minutes" in lines[1] and "median 25 s" in lines[1] and "over 2 run(s)" in lines[1]
+    left = [json.loads(x) for x in lines[2:]]
+    assert len(left) == 4 and {x["attention_backend"] for x in left} == {"flashinfer"}
+    res = runner.invoke(app, ["plan", str(SUITES / "smoke.toml"), "--known", str(tmp_path)])
+    assert res.exit_code == 2 and "--machine and --sglang-version" in res.stderr

@@ -38,10 +38,34 @@ def _load(path: Path):
 
 @app.command()
 def plan(suite: Path = typer.Argument(..., help="Suite file (suites/*.toml)."),
-         as_json: bool = typer.Option(False, "--json", help="Print JSON lines instead of a table.")) -> None:
-    """List the cases a suite expands to, with skipped ones and why."""
+         as_json: bool = typer.Option(False, "--json", help="Print JSON lines instead of a table."),
+         where: list[str] = typer.Option([], help="Only cases with FIELD=V1[,V2] (repeatable), as in run."),
+         known: Optional[Path] = typer.Option(None, help="Leave out cases recorded under this results root for "
+                                              "--machine and --sglang-version (as run --known does) and estimate "
+                                              "the device time of the rest from that machine's runs.ndjson."),
+         machine: Optional[str] = typer.Option(None, help="With --known: the machine label, e.g. nvidia-h200-x1."),
+         sglang_version: Optional[str] = typer.Option(None, help="With --known: the SGLang version, e.g. 0.5.17."),
+         ) -> None:
+    """List the cases a suite expands to, with skipped ones and why; with --where / --known, only
+    what a run would still do, its engine groups and, from the machine's past runs, its device time."""
+    from specwatch.suite import matches, parse_where
+
     s = _load(suite)
-    planned = s.plan()
+    try:
+        flt = parse_where(where)
+    except SpecwatchInputError as e:
+        _fail(e)
+    if known is not None and not (machine and sglang_version):
+        _fail(SpecwatchInputError(None, "--known needs --machine and --sglang-version (where the run will happen)",
+                                  field="--known"))
+    planned = [p for p in s.plan() if not flt or matches(p.case, flt)]
+    if known is not None:
+        from specwatch.store import recorded_case_ids, results_path
+
+        done = recorded_case_ids(results_path(known, machine, sglang_version, s.name))
+        left = [p for p in planned if p.case.case_id not in done]
+        _print_device_estimate(s.name, left, len(planned) - len(left), known, machine, sglang_version)
+        planned = left
     if as_json:
         for p in planned:
             print(json.dumps({"case_id": p.case.case_id, "skip": p.skip, "duplicate": p.duplicate,
@@ -58,6 +82,25 @@ def plan(suite: Path = typer.Argument(..., help="Suite file (suites/*.toml)."),
                   f"{c.input_len}->{c.output_len}", c.profile.value, c.workload.value,
                   "run" if p.skip is None else f"[yellow]skip[/yellow]: {p.skip}")
     console.print(t)
+
+
+def _print_device_estimate(name: str, left: list, n_known: int, root: Path, machine: str, version: str) -> None:
+    """Engine groups still to run and, from the machine's recorded runs, the device time they cost."""
+    import statistics
+
+    from specwatch.runner import engine_groups
+    from specwatch.store import RUNS_FILE, read_runs
+
+    groups = engine_groups(p.case for p in left if p.skip is None and not p.duplicate)
+    console.print(f"{name}: {n_known} case(s) already recorded for {machine} / SGLang {version}; "
+                  f"{len(left)} left in {len(groups)} engine group(s)")
+    runs = [r for f in sorted((Path(root) / machine).glob(f"*/{RUNS_FILE}")) for r in read_runs(f)
+            if r.engine_groups and not r.stopped_by]
+    if groups and runs:
+        per_group = statistics.median(r.wall_s / r.engine_groups for r in runs)
+        console.print(f"≈ {len(groups) * per_group / 60:.0f} device minutes at the recorded pace "
+                      f"(median {per_group:.0f} s of wall time per engine group over {len(runs)} run(s) on "
+                      f"{machine}; first-use compiles on a fresh host come on top)")
 
 
 def _cuda_available() -> bool:
