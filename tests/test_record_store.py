@@ -68,6 +68,20 @@ def test_frame_has_one_row_per_run(tmp_path):
     assert df.output_throughput.tolist() == [100.0, 100.0] and (df.page_size == 64).all()
 
 
+def test_latest_rows_keep_the_newest_record_whole():
+    """An ok run, then a crash of the same case: the crash is the latest, and none of the ok run's
+    metrics may ride along with it (groupby().last() would fill them in)."""
+    from datetime import timedelta
+
+    from records import T0
+    from specwatch.store import latest_rows
+
+    c = case()
+    df = records_frame([record(c), record(c, status=Status.crashed, reason="boom", started_at=T0 + timedelta(hours=1))])
+    (row,) = latest_rows(df, ["sglang_version", "case_id"]).to_dict("records")
+    assert row["status"] == "crashed" and row["output_throughput"] != row["output_throughput"]   # NaN
+
+
 def test_import_places_records_and_skips_repeats(tmp_path):
     src = tmp_path / "fetched.jsonl"
     a, b = record(case(page_size=1), sglang_version="0.5.16"), record(case(page_size=16))

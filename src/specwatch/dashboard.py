@@ -12,6 +12,7 @@ import pandas as pd
 from specwatch.case import CASE_FIELDS, Case
 from specwatch.plots import make_all
 from specwatch.runner import WORKER_DIED_RE
+from specwatch.store import latest_rows
 
 PLOT_TITLES = {
     "memory_vs_topk": "req_to_token and KV reserve vs topk (analytic model lines, measured points)",
@@ -56,7 +57,7 @@ def dcp_matrix(df: pd.DataFrame) -> pd.DataFrame:
     d = df[df.suite == "dcp"]
     if d.empty:
         return pd.DataFrame()
-    d = d.sort_values("started_at").groupby(["sglang_version", "case_id"], as_index=False).last()
+    d = latest_rows(d, ["sglang_version", "case_id"])
     recs = d.sort_values(["model", "algorithm", "attention_backend", "page_size", "topk", "workload", "dcp"]) \
         .to_dict("records")                    # dicts: check.* columns are not attribute names
     by_id = {(r["sglang_version"], r["case_id"]): r for r in recs}
@@ -140,8 +141,7 @@ def health_matrix(df: pd.DataFrame, suites_dir: Optional[Path] = Path("suites"))
     from specwatch.suite import load_suite
 
     clean = df[~df.suite.isin(OWN_TABLES)]
-    latest = clean.sort_values("started_at").drop_duplicates(["machine", "sglang_version", "suite", "case_id"],
-                                                             keep="last")
+    latest = latest_rows(clean, ["machine", "sglang_version", "suite", "case_id"])
     key = ["model", "algorithm", "attention_backend", "page_size"]
     checks = [c for c in latest.columns if c.startswith("check.")]
     rows = []
@@ -185,8 +185,8 @@ def overhead_table(df: pd.DataFrame, metric: str = "output_throughput") -> pd.Da
     side, latest ok record of each per SGLang version and machine."""
     if df.empty or "probe" not in df or not (df.probe == False).any():  # noqa: E712
         return pd.DataFrame()
-    ok = df[(df.status == "ok") & df.fault.isna() & df[metric].notna()].sort_values("started_at")
-    last = ok.groupby(["machine", "sglang_version", "case_id", "probe"], as_index=False).last()
+    ok = df[(df.status == "ok") & df.fault.isna() & df[metric].notna()]
+    last = latest_rows(ok, ["machine", "sglang_version", "case_id", "probe"])
     bare = last[last.probe == False]  # noqa: E712
     rows = []
     for _, b in bare.iterrows():

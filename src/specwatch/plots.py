@@ -18,6 +18,7 @@ from matplotlib.ticker import NullFormatter  # noqa: E402
 from specwatch.case import Algorithm  # noqa: E402
 from specwatch.memory_model import SizingInput, reference_sizing  # noqa: E402
 from specwatch.sglang_host import version_key  # noqa: E402
+from specwatch.store import latest_rows  # noqa: E402
 
 PAGES = (1, 16, 64, 256)
 TOPKS = (1, 2, 4, 8)
@@ -100,8 +101,7 @@ def across_versions(df: pd.DataFrame, out: Path, metrics=VERSION_METRICS) -> lis
         versions = sorted(ok.sglang_version.dropna().unique(), key=version_key)
         per_version = [set(ok[ok.sglang_version == v].case_id) for v in versions]
         common = sorted(set.intersection(*per_version)) if per_version else []
-        latest = (ok[ok.case_id.isin(common)].sort_values("started_at")
-                  .groupby(["case_id", "sglang_version"]).last().reset_index())
+        latest = latest_rows(ok[ok.case_id.isin(common)], ["case_id", "sglang_version"])
     for ax, (m, unit) in zip(axes, metrics):
         if common and m in latest:
             for cid, g in latest.groupby("case_id"):

@@ -138,6 +138,13 @@ def records_frame(records: Iterable[CaseRecord]) -> "pd.DataFrame":
     return pd.DataFrame(rows)
 
 
+def latest_rows(df: "pd.DataFrame", by: list[str]) -> "pd.DataFrame":
+    """The newest row (by ``started_at``) of each ``by`` group of a records frame, whole: unlike
+    ``groupby(by).last()``, which takes each column's last non-null value and so can pair a
+    crashed record's status with an older record's metrics or output digest."""
+    return df.sort_values("started_at").drop_duplicates(by, keep="last")
+
+
 def import_records(paths: Iterable[Path], root: Path) -> dict[Path, int]:
     """Validate records from files (e.g. fetched from a GPU host) and append each to its place in
     the store (machine, sglang version and suite from the record). Records already stored (same
