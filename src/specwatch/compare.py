@@ -74,26 +74,36 @@ def run_key(r: CaseRecord) -> str:
     return r.provenance.run_id or f"commit:{r.provenance.specwatch_commit}"
 
 
-def select_run(recs: list[CaseRecord], value: str, spec: str, negate: bool = False) -> list[CaseRecord]:
-    """``run=ID`` (a run id or ``commit:SHA``) or ``run=-N``: the N-th newest run among ``recs``
-    (runs ordered by their first record's start), e.g. ``run=-2`` vs ``run=-1`` for an A/A pair."""
-    if value.startswith("-") and value[1:].isdigit():
-        first: dict[str, datetime] = {}
-        for r in recs:
-            k = run_key(r)
-            first[k] = min(first.get(k, r.provenance.started_at), r.provenance.started_at)
-        runs = sorted(first, key=first.get)
-        n = int(value[1:])
-        if not 1 <= n <= len(runs):
-            raise SpecwatchInputError(None, f"run {value}: the selection holds {len(runs)} run(s)", field=spec)
-        value = runs[-n]
-    return [r for r in recs if (run_key(r) == value) != negate]
+def newest_run(recs: list[CaseRecord], n: int, spec: str) -> str:
+    """The ``run_key`` of the n-th newest run among ``recs`` (runs ordered by their first record's
+    start): ``run=-N`` in a selection, e.g. ``run=-2`` vs ``run=-1`` for an A/A pair."""
+    first: dict[str, datetime] = {}
+    for r in recs:
+        k = run_key(r)
+        first[k] = min(first.get(k, r.provenance.started_at), r.provenance.started_at)
+    runs = sorted(first, key=first.get)
+    if not 1 <= n <= len(runs):
+        raise SpecwatchInputError(None, f"run -{n}: the selection holds {len(runs)} run(s)", field=spec)
+    return runs[-n]
+
+
+SELECT_FIELDS = {
+    "sglang_version": lambda r: r.provenance.sglang_version,
+    "sglang_commit": lambda r: r.provenance.sglang_commit,
+    "specwatch_commit": lambda r: r.provenance.specwatch_commit,
+    "machine": lambda r: r.provenance.machine,
+    "suite": lambda r: r.suite,
+    "fault": lambda r: r.provenance.fault or "none",
+    "probe": lambda r: "on" if r.provenance.probe else "off",
+    "run": run_key,
+}
+"""FIELD -> the value of a record a FIELD=VALUE selection term compares with."""
 
 
 def select(spec: str, root: Path) -> list[CaseRecord]:
     """A selection: a JSONL file or folder, or FIELD=VALUE[,FIELD!=VALUE...] over the store's records
-    (fields: sglang_version, sglang_commit, specwatch_commit, machine, suite, fault, probe, run; ``!=``
-    excludes, e.g. an A/A comparison of one run against the earlier runs of the same version).
+    (fields: ``SELECT_FIELDS``; ``!=`` excludes, e.g. an A/A comparison of one run against the
+    earlier runs of the same version).
     ``run`` takes a run id or ``-N``, the N-th newest run of the records the other terms select
     (``run=-2`` and ``run=-1``: the last two runs, an A/A pair of one session).
     Fault-injection and bare (probe-off) runs share case ids with clean runs, so a FIELD=VALUE
@@ -101,34 +111,23 @@ def select(spec: str, root: Path) -> list[CaseRecord]:
     p = Path(spec)
     if p.exists():
         return load_records([p] if p.is_file() else result_files(p))
+    terms = []
+    for term in spec.split(","):
+        key, sep, value = term.partition("=")
+        if not sep or key.rstrip("!") not in SELECT_FIELDS:
+            raise SpecwatchInputError(None, f"not a results file or FIELD=VALUE with FIELD in {sorted(SELECT_FIELDS)}",
+                                      field=spec)
+        terms.append((key.rstrip("!"), key.endswith("!"), value))
     recs = load_records(result_files(root))
-    terms = spec.split(",")
-    named = {t.partition("=")[0].rstrip("!") for t in terms}
+    named = {key for key, _, _ in terms}
     if "fault" not in named:
         recs = [r for r in recs if r.provenance.fault is None]
     if "probe" not in named:
         recs = [r for r in recs if r.provenance.probe]
-    runs = [t for t in terms if t.partition("=")[0].rstrip("!") == "run"]
-    for term in [t for t in terms if t not in runs] + runs:     # run=-N counts within the rest
-        key, sep, value = term.partition("=")
-        negate = key.endswith("!")
-        key = key.rstrip("!")
-        if key == "run" and sep:
-            recs = select_run(recs, value, spec, negate)
-            continue
-        getters = {
-            "sglang_version": lambda r: r.provenance.sglang_version,
-            "sglang_commit": lambda r: r.provenance.sglang_commit,
-            "specwatch_commit": lambda r: r.provenance.specwatch_commit,
-            "machine": lambda r: r.provenance.machine,
-            "suite": lambda r: r.suite,
-            "fault": lambda r: r.provenance.fault or "none",
-            "probe": lambda r: "on" if r.provenance.probe else "off",
-        }
-        if not sep or key not in getters:
-            raise SpecwatchInputError(None, f"not a results file or FIELD=VALUE with FIELD in {sorted(getters) + ['run']}",
-                                      field=spec)
-        recs = [r for r in recs if (str(getters[key](r)) == value) != negate]
+    for key, negate, value in sorted(terms, key=lambda t: t[0] == "run"):   # run=-N counts within the rest
+        if key == "run" and value.startswith("-") and value[1:].isdigit():
+            value = newest_run(recs, int(value[1:]), spec)
+        recs = [r for r in recs if (str(SELECT_FIELDS[key](r)) == value) != negate]
     return recs
 
 
