@@ -172,6 +172,13 @@ def metric(value, unit, samples=None, expected=None, exact=False, higher_is_bett
             "higher_is_better": higher_is_better}
 
 
+def greedy_sampling(case: Case) -> dict:
+    """Sampling parameters of every batch a case sends: greedy (the oracle chain is the expected
+    output) for exactly ``output_len`` tokens (``ignore_eos``, which near-full's pool sizing relies on:
+    SGLang then reserves each request's whole output at admission)."""
+    return {"temperature": 0.0, "max_new_tokens": case.output_len, "ignore_eos": True}
+
+
 def draft_oracle_for(case: Case, oracle: Oracle) -> Oracle | None:
     """The oracle the draft follows, where its acceptance has a closed form: the case's own profile
     for EAGLE/EAGLE3, the perfect chain for STANDALONE; None for NGRAM and random drafts."""
@@ -203,7 +210,7 @@ def run_multi_turn(engine, case: Case, repeats: int, warmup: bool) -> dict:
     (so the radix cache serves it) plus new tokens. Outputs, acceptance and the share of prompt
     tokens the cache served are recorded per repeat; timing covers the whole conversation."""
     oracle = Oracle(SHAPES[case.model], 0, case.profile)
-    sp = {"temperature": 0.0, "max_new_tokens": case.output_len, "ignore_eos": True}
+    sp = greedy_sampling(case)
     lens = case.prompt_lens()
     if warmup:
         starts = prompt_starts(case, "warmup", case.batch_size)
@@ -255,7 +262,7 @@ def run_multi_turn(engine, case: Case, repeats: int, warmup: bool) -> dict:
 
 def run_case(engine, case: Case, repeats: int, warmup: bool) -> dict:
     oracle = Oracle(SHAPES[case.model], 0, case.profile)
-    sp = {"temperature": 0.0, "max_new_tokens": case.output_len, "ignore_eos": True}
+    sp = greedy_sampling(case)
 
     def batch(tag):
         starts = prompt_starts(case, tag, case.batch_size)
