@@ -175,9 +175,21 @@ def test_noise_writes_budgets_and_checks_a_held_out_pair(tmp_path):
     assert res.exit_code == 0, res.stdout
     assert "1 of 1 timed metrics flagged" in res.stdout and "100.0%" in res.stdout
     data = json.loads(budgets.read_text())
-    assert data["false_positive_rate"] == 1.0 and abs(list(data["budgets"].values())[0] - 0.45) < 1e-9
+    assert data["pairs"][0]["false_positive_rate"] == 1.0 and abs(list(data["budgets"].values())[0] - 0.45) < 1e-9
     res = runner.invoke(app, ["noise", str(files[1]), str(files[2]), "--budgets", str(budgets)])
     assert res.exit_code == 0 and "under the budgets" in res.stdout and "0 of 1 flagged" in res.stdout
+    # a second pair merged in: both pairs kept, each budget covers the larger of the two spreads
+    (budgets_v1 := tmp_path / "v1.json").write_text(json.dumps({"base": "a", "head": "b", "false_positive_rate": 1.0,
+                                                                "budgets": {"other/output_throughput": 0.9}}))
+    res = runner.invoke(app, ["noise", str(files[1]), str(files[2]), "-o", str(budgets_v1), "--merge"])
+    assert res.exit_code == 0, res.stdout
+    merged = json.loads(budgets_v1.read_text())
+    assert [p["base"] for p in merged["pairs"]] == ["a", str(files[1])]
+    klass = next(k for k in data["budgets"])
+    assert merged["budgets"]["other/output_throughput"] == 0.9
+    assert abs(merged["budgets"][klass] - round(1.5 * (85 - 70) / 70, 4)) < 1e-9    # 0.3214: this pair's own
+    res = runner.invoke(app, ["noise", str(files[0]), str(files[1]), "-o", str(budgets_v1), "--merge"])
+    assert abs(json.loads(budgets_v1.read_text())["budgets"][klass] - 0.45) < 1e-9  # the larger spread wins
     bad = tmp_path / "bad.json"
     bad.write_text("[]")
     res = runner.invoke(app, ["compare", str(files[0]), str(files[1]), "--budgets", str(bad)])

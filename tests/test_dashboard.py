@@ -127,13 +127,21 @@ def test_overhead_table_sets_each_probed_case_beside_its_bare_run():
     from specwatch.dashboard import overhead_table
     from records import T0
 
-    a, b = case(page_size=1), case(page_size=64)
+    a, b, c = case(page_size=1), case(page_size=64), case(page_size=16)
     recs = [record(a, tps=1000.0), record(a, tps=1010.0, probe=False),          # -1.0%: within 2%
-            record(b, tps=900.0), record(b, tps=1000.0, probe=False),           # -10%
-            record(b, tps=1000.0, started_at=T0 - timedelta(days=1))]           # older probed run: ignored
+            record(b, tps=900.0), record(b, tps=1000.0, probe=False),           # -10%, one run each
+            record(c, tps=950.0), record(c, tps=1000.0, probe=False),           # -5%, but two probed runs
+            record(c, tps=1000.0, started_at=T0 - timedelta(days=1))]           # differ by 5.1%
     rows = {r["case"].split()[3]: r for r in overhead_table(records_frame(recs)).to_dict("records")}
     assert rows["p1"]["verdict"] == "within 2%" and rows["p1"]["specwatch / bare"] == round(1000 / 1010, 4)
-    assert rows["p64"]["verdict"] == "slower by more than 2%"
+    assert rows["p64"]["verdict"] == "slower by more than 2%" and rows["p64"]["run-to-run spread"] == "unmeasured"
+    # the median of the probed runs (975) against the bare run: 2.5% slower, inside the 5.1% between runs
+    assert rows["p16"]["specwatch / bare"] == 0.975 and rows["p16"]["runs bare / probed"] == "1 / 2"
+    assert rows["p16"]["verdict"].startswith("inconclusive") and rows["p16"]["run-to-run spread"] == "5.1%"
+    recs.append(record(c, tps=1001.0, probe=False, started_at=T0 - timedelta(days=2)))
+    recs[6] = record(c, tps=951.0, started_at=T0 - timedelta(days=1))          # runs agree within 0.1%
+    rows = {r["case"].split()[3]: r for r in overhead_table(records_frame(recs)).to_dict("records")}
+    assert rows["p16"]["verdict"] == "slower by more than 2%"
     assert overhead_table(records_frame([record(a)])).empty
 
 

@@ -314,10 +314,12 @@ def noise(base: str = typer.Argument(..., help="First run of an A/A pair (same S
           margin: float = typer.Option(1.5, help="Budget = margin x the largest A/A change seen."),
           output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write noise budgets JSON here."),
           budgets: Optional[Path] = typer.Option(None, help="Also report the false-positive rate under these "
-                                                 "budgets (derived from another A/A pair: a held-out check).")) -> None:
+                                                 "budgets (derived from another A/A pair: a held-out check)."),
+          merge: bool = typer.Option(False, "--merge", help="With --output naming an existing budget file: keep its "
+                                     "pairs and budgets, take per class/metric the larger of old and new.")) -> None:
     """A/A comparison: the false-positive rate of `compare` on two runs of the same version, and
     per-class noise budgets derived from their spread (use with `compare --budgets`)."""
-    from specwatch.compare import aa_differences, compare_records, noise_report
+    from specwatch.compare import aa_differences, compare_records, merge_budgets, noise_report
 
     b, h = _selections(base, head, results)
     for line in aa_differences(b, h):
@@ -334,10 +336,23 @@ def noise(base: str = typer.Argument(..., help="First run of an A/A pair (same S
     _print_frame("largest A/A change per noise class and metric",
                  pd.DataFrame([{"class/metric": k, "max |change|": f"{v:.1%}"} for k, v in sorted(rep.spread.items())]))
     if output:
-        output.write_text(json.dumps({"base": base, "head": head, "timed_metrics": rep.timed, "flagged": rep.flagged,
-                                      "false_positive_rate": rep.false_positive_rate, "margin": margin,
-                                      "budgets": rep.budgets(margin, threshold)}, indent=1) + "\n")
-        console.print(f"wrote {output}")
+        # run=-N is relative to the store's newest run: keep the run ids it meant when this was written
+        pair = {"base": base, "head": head,
+                "base_runs": sorted({r.provenance.run_id for r in b if r.provenance.run_id}),
+                "head_runs": sorted({r.provenance.run_id for r in h if r.provenance.run_id}),
+                "timed_metrics": rep.timed, "flagged": rep.flagged,
+                "false_positive_rate": rep.false_positive_rate, "margin": margin}
+        new_budgets = rep.budgets(margin, threshold)
+        pairs = [pair]
+        if merge and output.exists():
+            old = _budgets(output) or {}
+            prev = json.loads(output.read_text())
+            # a file from one pair kept that pair's fields at the top level
+            pairs = prev.get("pairs") or [{k: prev[k] for k in pair if k in prev}]
+            pairs.append(pair)
+            new_budgets = merge_budgets(old, new_budgets)
+        output.write_text(json.dumps({"pairs": pairs, "budgets": new_budgets}, indent=1) + "\n")
+        console.print(f"wrote {output} ({len(pairs)} A/A pair(s), {len(new_budgets)} budgets)")
 
 
 @app.command()
@@ -363,7 +378,9 @@ def dashboard(results: Path = typer.Option(Path("results"), help="Results root."
 @app.command()
 def overhead(results: Path = typer.Option(Path("results"), help="Results root.")) -> None:
     """Harness overhead: tokens/s of each case run with specwatch's probe next to its bare run
-    (``specwatch run SUITE --bare``). Exit 1 when a case is more than 2% slower with the probe."""
+    (``specwatch run SUITE --bare``), medians over all runs of each kind. Exit 1 when a case is more
+    than 2% slower with the probe and the gap exceeds the spread between runs of one kind (or that
+    spread is unmeasured: one run each); interleave bare and probed runs to measure it."""
     from specwatch.dashboard import OVER_BUDGET, overhead_table
     from specwatch.store import load_records, records_frame, result_files
 

@@ -295,6 +295,12 @@ class NoiseReport:
         return {k: round(max(floor, margin * v), 4) for k, v in sorted(self.spread.items())}
 
 
+def merge_budgets(old: dict[str, float], new: dict[str, float]) -> dict[str, float]:
+    """Budgets from several A/A pairs: per class/metric the largest (each pair's run-to-run
+    noise is a sample; a budget must cover every pair seen, and classes only one pair has stay)."""
+    return {k: max(old.get(k, 0.0), new.get(k, 0.0)) for k in sorted(set(old) | set(new))}
+
+
 def aa_differences(base: Iterable[CaseRecord], head: Iterable[CaseRecord]) -> list[str]:
     """What makes two runs not an A/A pair: run conditions that differ between them (SGLang version,
     machine, GPU, driver, probe on/off, parallel starts, engine arguments), each as one line."""
