@@ -9,7 +9,7 @@
 set -uo pipefail
 commit=${1:?commit}; shift
 site=${SPECWATCH_SITE:-/tmp/specwatch-site}
-source "$site/env.sh"
+source "$(dirname "$0")/kit-env.sh" "$site"
 export PYTHONPATH=$PWD/src:$PYTHONPATH SPECWATCH_COMMIT=$commit PYTHONUNBUFFERED=1
 [ "${KEEP_LOGS:-0}" = 1 ] && export SPECWATCH_LOG_DIR=/tmp/sw-logs && mkdir -p /tmp/sw-logs
 R=${SPECWATCH_DEVICE_RESULTS:-/tmp/sw-results}

@@ -90,6 +90,16 @@ def test_dcp_matrix_shows_outcomes_and_compares_outputs_with_the_dcp1_twin():
     assert rows[("triton", 64, 2)]["outcome"].startswith("crashed: Capture cuda graph failed: DCP Triton")
     assert rows[("triton", 64, 2)]["same outputs as dcp 1"] == ""
     assert dcp_matrix(records_frame([record()])).empty                      # no dcp suite, no table
+    # near-full twins lengthen their prompts each to its own pool: judged by the oracle, not the digest
+    twins = [dcp_record(d, str(d), page_size=16) for d in (1, 2)]
+    for d, (t, ext) in enumerate(zip(twins, (384, 512))):
+        t.details["near_full_calibration"] = {"input_len": 512 + ext}
+        t.metrics["lossless_mismatches"] = Metric(value=d, unit="tokens", exact=True)   # the dcp-2 one: 1
+    rows = {(r["page"], r["dcp"]): r for r in dcp_matrix(records_frame(twins)).to_dict("records")}
+    assert rows[(16, 2)]["same outputs as dcp 1"] == "DIFFERENT"
+    twins[1].metrics["lossless_mismatches"] = Metric(value=0, unit="tokens", exact=True)
+    rows = {(r["page"], r["dcp"]): r for r in dcp_matrix(records_frame(twins)).to_dict("records")}
+    assert rows[(16, 2)]["same outputs as dcp 1"] == "prompts calibrated apart; both lossless"
 
     from specwatch.dashboard import dcp_summary
 

@@ -227,7 +227,8 @@ def test_near_full_pool_holds_the_largest_batchs_peak_in_whole_pages():
     assert near_full_request_tokens(nf[0]) == per_request
     pool = kv_pool_tokens(nf)
     assert pool == 16 * per_request and pool % CASE.page_size == 0
-    # usage after the first decode step (prompts + the reserve allocated ahead) already passes 0.95
+    # by specwatch's reserve model, usage after the first decode step would already pass 0.95; measured on
+    # the H200 it peaked at 0.9375, so run_case calibrates the prompts (next test)
     assert 16 * (6144 + reserve) / pool > 0.95
     # DCP: SGLang's allocator holds max_total_tokens * dcp virtual slots, so the pool asked for is per
     # rank, in whole pages, and each request is rounded to allocator pages (page * dcp)
@@ -366,3 +367,61 @@ def test_engine_arguments_fit_older_sglang_releases():
     current = server_arg_names()
     if current is not None:                 # the CPU tier's SGLang 0.5.17: everything fits as is
         assert fit_server_args(kw, current) == (kw, [])
+
+
+def test_near_full_prompts_are_calibrated_to_the_warmups_measured_peak():
+    """The H200 run this was made for: pool from specwatch's reserve model, measured peak 0.9375 at page
+    64 and 256, no decode step above 0.95. The prompts grow by whole pages to aim the peak at 0.99."""
+    from specwatch.case import Workload
+    from specwatch.engine_worker import NEAR_FULL_TARGET, near_full_extension
+
+    nf = CASE.model_copy(update={"workload": Workload.near_full, "batch_size": 16, "input_len": 6144,
+                                 "output_len": 256, "topk": 8, "num_draft_tokens": 16})
+    for page, slots, ext in ((64, 135168, 384), (256, 233472, 512)):      # the two measured engines
+        c = nf.model_copy(update={"page_size": page})
+        assert near_full_extension(0.9375, slots, c) == ext
+        peak = 0.9375 + 16 * ext / slots
+        assert peak <= NEAR_FULL_TARGET and peak - 16 * 256 / slots > 0.95   # above 0.95 from the first decode step
+    assert near_full_extension(0.995, 135168, nf) == 0                    # already past the target: unchanged
+    assert near_full_extension(0.0, 10 ** 9, nf) == 8192 - 6144 - 256     # never past the model's context
+
+    class NearFullEngine(FakeEngine):
+        def __init__(self, case):
+            super().__init__(case)
+            self.prompt_lens, self.reads = [], 0
+
+        def generate(self, input_ids, sampling_params):
+            self.prompt_lens.append(len(input_ids[0]))
+            return super().generate(input_ids, sampling_params)
+
+        def get_server_info(self):
+            info = super().get_server_info()
+            self.reads += 1
+            info["internal_states"][0]["specwatch"]["occupancy"] = {"batches": 90, "near_full": 0, "peak": 0.9375}
+            return info
+
+    eng = NearFullEngine(nf)
+    res = run_case(eng, nf, repeats=2, warmup=True, calibrate=True)
+    ext = near_full_extension(0.9375, 4096 * 64, nf)                       # the fake allocator: 4096 pages
+    assert ext > 0 and eng.reads == 1
+    assert eng.prompt_lens == [6144] + [6144 + ext] * 4                    # warm-up, then 2 x (prefill, timed)
+    assert res["details"]["near_full_calibration"]["input_len"] == 6144 + ext
+    assert res["checks"]["lossless"] and res["checks"]["accept_length_matches_oracle"]
+    eng = NearFullEngine(nf)                                               # a bare run has no probe to read
+    assert run_case(eng, nf, repeats=1, warmup=True)["details"]["near_full_calibration"] is None
+    assert eng.prompt_lens == [6144] * 3 and eng.reads == 0
+
+
+def test_near_full_share_is_also_counted_over_decode_steps_only():
+    from specwatch.engine_worker import memory_and_leaks
+
+    class Eng(FakeEngine):
+        def get_server_info(self):
+            info = super().get_server_info()
+            info["internal_states"][0]["specwatch"]["occupancy"] = {
+                "batches": 100, "near_full": 60, "peak": 0.97, "decode_batches": 64, "decode_near_full": 60}
+            return info
+
+    metrics, _, _ = memory_and_leaks(Eng(CASE), CASE)
+    assert metrics["near_full_batch_share"]["value"] == 0.6
+    assert metrics["near_full_decode_share"]["value"] == 60 / 64

@@ -52,12 +52,14 @@ def test_occupancy_is_sampled_per_batch_and_reset_on_read(monkeypatch):
     probe = _load_probe(monkeypatch)
     probe._patch_scheduler(types.SimpleNamespace(Scheduler=Scheduler))
     s = Scheduler()
-    for used in (100, 960, 990, 500):
+    decode = types.SimpleNamespace(forward_mode=types.SimpleNamespace(is_decode=lambda: True))
+    prefill = types.SimpleNamespace(forward_mode=types.SimpleNamespace(is_decode=lambda: False))
+    for used, batch in ((100, prefill), (960, decode), (990, prefill), (500, decode), (970, "no mode")):
         s.token_to_kv_pool_allocator.used = used
-        assert s.run_batch("b") == "b"
+        assert s.run_batch(batch) is batch
     facts = s.get_internal_state(None)["specwatch"]
-    assert facts["occupancy"] == {"batches": 4, "near_full": 2, "peak": 0.99}
-    assert facts["req_to_token"]["row_width"] == 8 and facts["allocator"]["available"] == 500
+    assert facts["occupancy"] == {"batches": 5, "near_full": 3, "peak": 0.99, "decode_batches": 2, "decode_near_full": 1}
+    assert facts["req_to_token"]["row_width"] == 8 and facts["allocator"]["available"] == 30
     assert s.get_internal_state(None)["specwatch"]["occupancy"] is None     # reset: a new case starts
 
 

@@ -305,3 +305,23 @@ def test_a_group_queued_behind_a_wave_is_not_timed_out_for_waiting(tmp_path):
     recs = list(read_records(out))
     assert starts == 2 and len(recs) == 4 and all(r.status is Status.ok for r in recs), \
         [(r.status, r.reason) for r in recs]
+
+
+def test_kit_env_adds_the_folders_a_kits_pth_files_name(tmp_path):
+    """A kit's site is on PYTHONPATH, where Python ignores .pth files: 0.5.15's `cutlass` lives behind one."""
+    import subprocess
+    from pathlib import Path
+
+    site = tmp_path / "site"
+    pkg = site / "nvidia_cutlass_dsl" / "python_packages" / "cutlass"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("FOUND = 1\n")
+    (site / "nvidia_cutlass_dsl.pth").write_text("nvidia_cutlass_dsl/python_packages\nimport os\n# c\n")
+    (site / "env.sh").write_text(f"export PYTHONPATH={site}\n")
+    script = Path(__file__).resolve().parents[1] / "scripts" / "kit-env.sh"
+    probe = "import cutlass, sys; print(cutlass.FOUND)"
+    out = subprocess.run(["bash", "-c", f"source {script} {site} && python3 -c '{probe}'"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "1", out.stderr
+    bare = subprocess.run(["bash", "-c", f"source {site}/env.sh && python3 -c '{probe}'"], capture_output=True, text=True)
+    assert bare.returncode != 0 and "No module named 'cutlass'" in bare.stderr

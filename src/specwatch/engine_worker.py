@@ -55,13 +55,34 @@ def near_full_request_tokens(case: Case) -> int:
     return -(-(case.input_len + case.output_len + reserve) // page) * page
 
 
+NEAR_FULL_TARGET = 0.99
+"""Peak token usage near-full's calibrated prompts aim at (``near_full_extension``)."""
+
+
+def near_full_extension(peak_usage: float, allocator_slots: int, case: Case) -> int:
+    """Prompt tokens to add to each request of a near-full batch so that its peak token usage,
+    measured on the warm-up batch, reaches ``NEAR_FULL_TARGET``: whole allocator pages, never
+    negative. The pool (``kv_pool_tokens``) comes from specwatch's model of SGLang's per-decode
+    reserve, which over-estimates what SGLang allocates ahead: on the H200 (0.5.17, tiny, topk 8,
+    6144 -> 256, batch 16) the measured peak was 0.9375 at page 64 and 256, and no batch passed 0.95.
+    A prompt token more is a KV slot more at every step (page-aligned, the reserve is unchanged),
+    so the measured peak plus ``batch_size x extension`` is the new peak; with output_len at most 5%
+    of the request (``validity``) usage stays above 0.95 from the first decode step on."""
+    page = case.page_size * case.dcp                 # a prompt token is one allocator (virtual) slot
+    slack = (NEAR_FULL_TARGET - peak_usage) * allocator_slots
+    room = SHAPES[case.model].max_position - case.input_len - case.output_len   # the context still fits
+    return max(0, min(int(slack // case.batch_size // page), room // page) * page)
+
+
 def kv_pool_tokens(cases: list[Case]) -> int:
     """``max_total_tokens`` for an engine group: fixed per model, or sized to the batch (near-full).
 
     near-full: the largest batch's peak (``near_full_request_tokens`` per request), so SGLang admits
     the whole batch at once and its own reservations, not a queue, decide the occupancy. (The first
     design, 97% of prompts + a quarter of the outputs, let only three of four requests in: measured
-    on 2xH200, peak usage 0.93-0.96 and 0-22% of batches above 0.95.)
+    on 2xH200, peak usage 0.93-0.96 and 0-22% of batches above 0.95.) The reserve model over-estimates
+    what SGLang allocates ahead (peak 0.9375 on the H200), so ``run_case`` then lengthens the prompts
+    to the warm-up's measured peak (``near_full_extension``).
     Under DCP, SGLang takes ``max_total_tokens`` per rank and sizes its allocator to
     ``max_total_tokens * dcp`` virtual slots (0.5.17's kv_cache_configurator; seen on the x2 host:
     2^18 passed, an allocator of 2^19), so near-full asks for the need / dcp, in whole pages."""
@@ -260,17 +281,29 @@ def run_multi_turn(engine, case: Case, repeats: int, warmup: bool) -> dict:
             "details": {"output_digest": digest.hexdigest()[:16], "turn_prompt_lens": lens}}
 
 
-def run_case(engine, case: Case, repeats: int, warmup: bool) -> dict:
+def run_case(engine, case: Case, repeats: int, warmup: bool, calibrate: bool = False) -> dict:
+    """One case's timed batches. ``calibrate`` (a probed near-full case): after the warm-up batch,
+    lengthen every prompt by ``near_full_extension`` of the peak usage the probe measured on it."""
     oracle = Oracle(SHAPES[case.model], 0, case.profile)
     sp = greedy_sampling(case)
+    input_len = case.input_len
 
     def batch(tag):
         starts = prompt_starts(case, tag, case.batch_size)
-        chains = [oracle.chain(s, case.input_len + case.output_len) for s in starts]
-        return [c[: case.input_len] for c in chains], [c[case.input_len:] for c in chains]
+        chains = [oracle.chain(s, input_len + case.output_len) for s in starts]
+        return [c[:input_len] for c in chains], [c[input_len:] for c in chains]
 
+    calibration = None
     if warmup:
         engine.generate(input_ids=batch("warmup")[0], sampling_params=sp)
+        if calibrate and case.workload is Workload.near_full:
+            sw = server_facts(engine)["specwatch"]      # reads (and resets) the warm-up's occupancy
+            occ, alloc = sw.get("occupancy") or {}, sw.get("allocator") or {}
+            if occ.get("batches") and alloc.get("size"):
+                extension = near_full_extension(occ["peak"], alloc["size"], case)
+                input_len += extension
+                calibration = {"warmup_peak_token_usage": occ["peak"], "prompt_extension": extension,
+                               "input_len": input_len, "target": NEAR_FULL_TARGET}
 
     tps, decode_tps, als, rates, step_ms, itl_ms, walls, mismatches, verify = [], [], [], [], [], [], [], 0, []
     prefills: list[float] = []
@@ -341,7 +374,7 @@ def run_case(engine, case: Case, repeats: int, warmup: bool) -> dict:
         # every repeat (its own prompts) against its own oracle value
         checks["accept_length_matches_oracle"] = matches_oracle(als, expected_per_repeat)
     return {"metrics": metrics, "checks": checks,
-            "details": {"accept_histogram": hist, "prefill_s": prefills,
+            "details": {"accept_histogram": hist, "prefill_s": prefills, "near_full_calibration": calibration,
                         # identical prompts (seeded by dcp_twin_id) must give identical outputs
                         "output_digest": digest.hexdigest()[:16],
                         "decode_split_repeats": len(decode_tps)}}
@@ -432,6 +465,9 @@ def memory_and_leaks(engine, case: Case) -> tuple[dict, dict, dict]:
         if occ and occ.get("batches"):
             metrics["peak_token_usage"] = metric(occ["peak"], "1", exact=False, higher_is_better=None)
             metrics["near_full_batch_share"] = metric(occ["near_full"] / occ["batches"], "1")
+            if occ.get("decode_batches"):
+                # decode steps only (prefill chunks and the prefill-only batches run below it by design)
+                metrics["near_full_decode_share"] = metric(occ["decode_near_full"] / occ["decode_batches"], "1")
         warn = sw.get("leak_warnings") or {}
         if any(v is not None for v in warn.values()):
             # SGLang's own idle leak check (strict by default: a leak would have crashed the scheduler)
@@ -496,8 +532,10 @@ def main(spec_path: str) -> int:
     for c in cases:
         started = now()
         try:
-            run = run_multi_turn if c.workload is Workload.long_prompt_multi_turn else run_case
-            res = run(engine, c, spec["repeats"], spec["warmup"])
+            if c.workload is Workload.long_prompt_multi_turn:
+                res = run_multi_turn(engine, c, spec["repeats"], spec["warmup"])
+            else:
+                res = run_case(engine, c, spec["repeats"], spec["warmup"], calibrate=spec.get("probe", True))
             if spec.get("probe", True):
                 mem_metrics, mem_checks, details = memory_and_leaks(engine, c)
             else:   # bare run: no probe in SGLang's processes, so no facts to read (timing baseline)

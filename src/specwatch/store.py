@@ -134,6 +134,8 @@ def records_frame(records: Iterable[CaseRecord]) -> "pd.DataFrame":
         for name, ok in r.checks.items():
             row[f"check.{name}"] = ok
         row["output_digest"] = (r.details or {}).get("output_digest")
+        # near-full prompts lengthened after the warm-up (engine_worker.near_full_extension)
+        row["calibrated_input_len"] = ((r.details or {}).get("near_full_calibration") or {}).get("input_len")
         rows.append(row)
     return pd.DataFrame(rows)
 

@@ -225,10 +225,15 @@ def _patch_run_batch(cls):
     def run_batch(self, batch, *args, **kwargs):
         try:
             u = token_usage(self)
-            occ = self.__dict__.setdefault("_specwatch_occupancy", {"batches": 0, "near_full": 0, "peak": 0.0})
+            occ = self.__dict__.setdefault("_specwatch_occupancy", {"batches": 0, "near_full": 0, "peak": 0.0,
+                                                                    "decode_batches": 0, "decode_near_full": 0})
             occ["batches"] += 1
             occ["near_full"] += u > NEAR_FULL
             occ["peak"] = max(occ["peak"], u)
+            mode = getattr(batch, "forward_mode", None)
+            if mode is not None and mode.is_decode():   # decode steps: where near-full must hold
+                occ["decode_batches"] += 1
+                occ["decode_near_full"] += u > NEAR_FULL
         except Exception:
             pass
         return original(self, batch, *args, **kwargs)
