@@ -7,7 +7,7 @@ _kit_site=${1:?usage: source kit-env.sh SITE}
 source "$_kit_site/env.sh"
 for _pth in "$_kit_site"/*.pth; do
   [ -f "$_pth" ] || continue
-  while read -r _line; do
+  while read -r _line || [ -n "$_line" ]; do   # the last line may lack its newline (cutlass-dsl's does)
     case $_line in ""|"#"*|import*) ;; *) [ -d "$_kit_site/$_line" ] && PYTHONPATH=$PYTHONPATH:$_kit_site/$_line ;; esac
   done < "$_pth"
 done

@@ -316,7 +316,7 @@ def test_kit_env_adds_the_folders_a_kits_pth_files_name(tmp_path):
     pkg = site / "nvidia_cutlass_dsl" / "python_packages" / "cutlass"
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text("FOUND = 1\n")
-    (site / "nvidia_cutlass_dsl.pth").write_text("nvidia_cutlass_dsl/python_packages\nimport os\n# c\n")
+    (site / "nvidia_cutlass_dsl.pth").write_text("# c\nimport os\nnvidia_cutlass_dsl/python_packages")  # no final newline, as shipped
     (site / "env.sh").write_text(f"export PYTHONPATH={site}\n")
     script = Path(__file__).resolve().parents[1] / "scripts" / "kit-env.sh"
     probe = "import cutlass, sys; print(cutlass.FOUND)"
