@@ -8,6 +8,8 @@
 # SPECWATCH_SITE selects an installed kit (default /tmp/specwatch-site), e.g. another SGLang version.
 set -uo pipefail
 commit=${1:?commit}; shift
+# provenance names the checkout by its full hash (a short one was passed once: records say 6f6aba3ac)
+[[ $commit =~ ^[0-9a-f]{40}$ ]] || { echo "device-run.sh: COMMIT must be a full 40-hex git hash, got '$commit'" >&2; exit 2; }
 site=${SPECWATCH_SITE:-/tmp/specwatch-site}
 source "$(dirname "$0")/kit-env.sh" "$site"
 export PYTHONPATH=$PWD/src:$PYTHONPATH SPECWATCH_COMMIT=$commit PYTHONUNBUFFERED=1

@@ -16,10 +16,13 @@ for suite in smoke tree-page; do
   report "sglang-0.5.16-vs-0.5.17-$suite" "sglang_version=0.5.16,suite=$suite" "sglang_version=0.5.17,suite=$suite" \
     --budgets results/noise-budgets.json
 done
-# A/A: the two smoke runs of 0.5.17 (second session: engines started one by one; third: 8 at once)
+# A/A: the first two smoke runs of 0.5.17 (second session: engines started one by one; third: 8 at once)
 aa=b8380a250ad4d462372048ae79f4ab908a4557b6
-report aa-smoke-sglang-0.5.17 "suite=smoke,sglang_version=0.5.17,specwatch_commit!=$aa" \
+report aa-smoke-sglang-0.5.17 "suite=smoke,sglang_version=0.5.17,specwatch_commit!=$aa,specwatch_commit!=6f6aba3ac" \
   "suite=smoke,sglang_version=0.5.17,specwatch_commit=$aa"
+# the clean pair (sixth session: same checkout, same K = 8, back to back), by run id
+report aa-smoke-sglang-0.5.17-back-to-back "suite=smoke,sglang_version=0.5.17,run=20261130T125310Z-f61b83" \
+  "suite=smoke,sglang_version=0.5.17,run=20261130T125438Z-74fc85"
 # asv's own compare on the results `specwatch asv-import` wrote (one asv commit per SGLang version)
 versions=.asv/offline/sglang-versions
 if [ -d "$versions" ]; then

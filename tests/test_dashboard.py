@@ -198,3 +198,22 @@ batch_size = [1, 8]
     assert h.loc[("triton", 1), "topk 4"] == "2/2 ok; lossless ✗ 1"
     assert h.loc[("triton", 64), "topk 1"] == "1/2 ok; 1 crashed"
     assert h.loc[("triton", 64), "topk 4"] == "not run"
+
+
+def test_a_version_that_ran_nothing_ok_keeps_its_place_on_the_version_axis():
+    from specwatch.plots import version_axis
+    from specwatch.record import Status
+
+    recs = []
+    for v, status in (("0.5.14", Status.ok), ("0.5.15", Status.crashed), ("0.5.16", Status.ok)):
+        for page in (1, 64):
+            r = record(case(page_size=page), status=status, reason=None if status is Status.ok else "boom")
+            r.provenance.sglang_version = v
+            recs.append(r)
+    recs[-1] = record(case(page_size=64), status=Status.timeout, reason="slow")     # 0.5.16 p64 not ok
+    recs[-1].provenance.sglang_version = "0.5.16"
+    versions, labels, common = version_axis(records_frame(recs))
+    assert versions == ["0.5.14", "0.5.15", "0.5.16"]
+    assert labels[0] == "0.5.14" and labels[1] == "0.5.15\nno ok case:\n2 crashed" and labels[2] == "0.5.16"
+    assert common == [case(page_size=1).case_id]                 # ok on 0.5.14 and 0.5.16 (0.5.15 ran none)
+    assert version_axis(records_frame([])) == ([], [], [])

@@ -91,24 +91,43 @@ VERSION_METRICS = (("output_throughput", "tokens/s"), ("accept_length", "tokens/
                    ("req_to_token_bytes", "bytes"))
 
 
+def version_axis(df: pd.DataFrame) -> tuple[list, list[str], list[str]]:
+    """The across-versions x axis: every SGLang version with a record (in version order), its tick
+    label, and the cases ok on every version that has an ok case. A version with no ok case keeps
+    its place, labelled with its latest statuses (e.g. '0.5.15 / no ok case: 12 crashed'), so a
+    version that could not run never silently drops out of the trend."""
+    if df.empty:
+        return [], [], []
+    ok = df[df.status == "ok"]
+    versions = sorted(df.sglang_version.dropna().unique(), key=version_key)
+    with_ok = [v for v in versions if (ok.sglang_version == v).any()]
+    per_version = [set(ok[ok.sglang_version == v].case_id) for v in with_ok]
+    common = sorted(set.intersection(*per_version)) if per_version else []
+    labels = []
+    for v in versions:
+        if v in with_ok:
+            labels.append(str(v))
+        else:
+            counts = latest_rows(df[df.sglang_version == v], ["case_id"]).status.value_counts()
+            labels.append(f"{v}\nno ok case:\n" + ", ".join(f"{n} {st}" for st, n in counts.items()))
+    return versions, labels, common
+
+
 def across_versions(df: pd.DataFrame, out: Path, metrics=VERSION_METRICS) -> list[Path]:
-    """One line per case present (ok) in every SGLang version, so a change in the case mix can never
-    look like a change in SGLang; the latest record of each case per version."""
+    """One line per case present (ok) in every SGLang version that has an ok case, so a change in the
+    case mix can never look like a change in SGLang; the latest record of each case per version
+    (``version_axis``: versions that ran nothing ok stay on the axis, as a gap in every line)."""
     fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 4))
-    ok = df[df.status == "ok"] if not df.empty else df
-    common: list = []
-    if not ok.empty:
-        versions = sorted(ok.sglang_version.dropna().unique(), key=version_key)
-        per_version = [set(ok[ok.sglang_version == v].case_id) for v in versions]
-        common = sorted(set.intersection(*per_version)) if per_version else []
-        latest = latest_rows(ok[ok.case_id.isin(common)], ["case_id", "sglang_version"])
+    versions, labels, common = version_axis(df)
+    if common:
+        latest = latest_rows(df[(df.status == "ok") & df.case_id.isin(common)], ["case_id", "sglang_version"])
     for ax, (m, unit) in zip(axes, metrics):
         if common and m in latest:
             for cid, g in latest.groupby("case_id"):
                 g = g.set_index("sglang_version").reindex(versions)
-                ax.plot([str(v) for v in versions], g[m].values, marker="o", alpha=0.7, lw=1)
+                ax.plot(labels, g[m].values, marker="o", alpha=0.7, lw=1)
         ax.set(xlabel="SGLang version", ylabel=f"{m} ({unit})",
-               title=f"{m}: {len(common)} cases run on every version")
+               title=f"{m}\n{len(common)} cases ok on every version that ran")
     return _save(fig, out, "across_versions")
 
 
