@@ -83,6 +83,12 @@ def test_aa_noise_report_and_budgets_silence_between_run_noise():
     assert not has_regression(compare_records(run1, run2, budgets=budgets))
     worse = [rec(A, [40, 41, 39]), rec(B, [200, 201, 199])]                   # -60%: beyond the budget
     assert has_regression(compare_records(run1, worse, budgets=budgets))
+    # budgets from A/A pairs that never measured this class leave it at the threshold, and the note says so
+    other = {"8b/bs8/output_throughput": 0.1}
+    moved = [r for r in compare_records(run1, [rec(A, [100, 101, 99]), rec(B, [150, 151, 149])], budgets=other)
+             if r.verdict is Verdict.regressed]
+    assert [r.case_id for r in moved] == [B.case_id]
+    assert f"no noise budget for {noise_class(B)}/output_throughput: 5% threshold" in moved[0].note
 
 
 def test_selection_holds_clean_probed_runs_unless_it_names_fault_or_probe(tmp_path):

@@ -221,6 +221,10 @@ def compare_records(base: Iterable[CaseRecord], head: Iterable[CaseRecord], thre
                     note = "; ".join(x for x in (note, sizing_change(b, h)) if x)
             else:
                 verdict, note = _timed_verdict(bm, hm, budget_for(budgets, klass, name, threshold), alpha)
+                if budgets and verdict is not Verdict.unchanged and not ({f"{klass}/{name}", klass} & set(budgets)):
+                    # the A/A pairs behind the budgets never measured this class/metric (a new metric, a
+                    # new model or batch size): the plain threshold applied, say so next to the verdict
+                    note = f"{note}; no noise budget for {klass}/{name}: {threshold:.0%} threshold"
             timed = not hm.exact and len(bm.samples) >= 2 and len(hm.samples) >= 2
             rows.append(Row(cid, label, name, bm.value, hm.value, hm.unit, verdict, note, timed, klass))
         for name, ok in h.checks.items():
