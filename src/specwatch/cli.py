@@ -295,14 +295,17 @@ def _selections(base: str, head: str, results: Path):
     return b, h
 
 
-def _budgets(path: Optional[Path]) -> Optional[dict]:
-    if path is None:
-        return None
+def _budget_file(path: Path) -> tuple[dict, dict]:
+    """A noise-budget file: its whole JSON and its budgets (CLASS[/METRIC] -> relative change)."""
     try:
         data = json.loads(path.read_text())
-        return {str(k): float(v) for k, v in data["budgets"].items()}
+        return data, {str(k): float(v) for k, v in data["budgets"].items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         _fail(SpecwatchInputError(path, f"not a noise-budget file ({type(e).__name__}: {e})", field="budgets"))
+
+
+def _budgets(path: Optional[Path]) -> Optional[dict]:
+    return None if path is None else _budget_file(path)[1]
 
 
 @app.command()
@@ -345,8 +348,7 @@ def noise(base: str = typer.Argument(..., help="First run of an A/A pair (same S
         new_budgets = rep.budgets(margin, threshold)
         pairs = [pair]
         if merge and output.exists():
-            old = _budgets(output) or {}
-            prev = json.loads(output.read_text())
+            prev, old = _budget_file(output)
             # a file from one pair kept that pair's fields at the top level
             pairs = prev.get("pairs") or [{k: prev[k] for k in pair if k in prev}]
             pairs.append(pair)

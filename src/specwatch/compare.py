@@ -167,12 +167,16 @@ def noise_class(case) -> str:
     return f"{case.model.value}/bs{case.batch_size}"
 
 
+def budget_key(budgets: Optional[dict], klass: str, metric: str) -> Optional[str]:
+    """The budget that applies to a class's timed metric: ``CLASS/METRIC``, else ``CLASS``, else None."""
+    return next((k for k in (f"{klass}/{metric}", klass) if k in (budgets or {})), None)
+
+
 def budget_for(budgets: Optional[dict], klass: str, metric: str, threshold: float) -> float:
     """The relative change a timed metric must exceed: the class/metric budget when one is set
     (never below ``threshold``), else ``threshold``."""
-    if not budgets:
-        return threshold
-    return max(threshold, budgets.get(f"{klass}/{metric}", budgets.get(klass, threshold)))
+    key = budget_key(budgets, klass, metric)
+    return threshold if key is None else max(threshold, budgets[key])
 
 
 SIZING_EXPLAINED = frozenset({"req_to_token_bytes", "req_to_token_row_width", "sglang_alloc_len_per_decode",
@@ -221,7 +225,7 @@ def compare_records(base: Iterable[CaseRecord], head: Iterable[CaseRecord], thre
                     note = "; ".join(x for x in (note, sizing_change(b, h)) if x)
             else:
                 verdict, note = _timed_verdict(bm, hm, budget_for(budgets, klass, name, threshold), alpha)
-                if budgets and verdict is not Verdict.unchanged and not ({f"{klass}/{name}", klass} & set(budgets)):
+                if budgets and verdict is not Verdict.unchanged and budget_key(budgets, klass, name) is None:
                     # the A/A pairs behind the budgets never measured this class/metric (a new metric, a
                     # new model or batch size): the plain threshold applied, say so next to the verdict
                     note = f"{note}; no noise budget for {klass}/{name}: {threshold:.0%} threshold"

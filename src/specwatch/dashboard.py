@@ -4,6 +4,7 @@ statuses, and the latest comparison reports (``dashboards/reports/*.md``)."""
 from __future__ import annotations
 
 import html
+import statistics
 from pathlib import Path
 from typing import Optional
 
@@ -12,7 +13,7 @@ import pandas as pd
 from specwatch.case import CASE_FIELDS, Case
 from specwatch.plots import make_all
 from specwatch.runner import WORKER_DIED_RE
-from specwatch.store import latest_rows
+from specwatch.store import latest_rows, relative_spread
 
 PLOT_TITLES = {
     "memory_vs_topk": "req_to_token and KV reserve vs topk (analytic model lines, measured points)",
@@ -186,14 +187,6 @@ WITHIN_NOISE = "inconclusive: the gap is within run-to-run noise"
 """``overhead_table``'s verdict when the gap exceeds the budget but not the spread between runs of one kind."""
 
 
-def _run_spread(values: list[float]) -> Optional[float]:
-    """(max - min) / median over the runs of one kind; None with a single run (noise unmeasured)."""
-    if len(values) < 2:
-        return None
-    med = float(pd.Series(values).median())
-    return (max(values) - min(values)) / med if med else None
-
-
 def overhead_table(df: pd.DataFrame, metric: str = "output_throughput") -> pd.DataFrame:
     """Harness overhead: each case measured with specwatch's probe in SGLang's processes and bare
     (``specwatch run --bare``: SGLang as installed, same engine arguments, same prompts), side by
@@ -212,8 +205,9 @@ def overhead_table(df: pd.DataFrame, metric: str = "output_throughput") -> pd.Da
         if not bare or not probed:
             continue
         b = g.iloc[-1]
-        ratio = float(pd.Series(probed).median() / pd.Series(bare).median())
-        spreads = [s for s in (_run_spread(bare), _run_spread(probed)) if s is not None]
+        bare_med, probed_med = statistics.median(bare), statistics.median(probed)
+        ratio = probed_med / bare_med
+        spreads = [s for s in (relative_spread(bare), relative_spread(probed)) if s is not None]   # None: one run
         noise = max(spreads) if spreads else None
         gap = abs(ratio - 1)
         if gap <= OVERHEAD_BUDGET:
@@ -225,8 +219,7 @@ def overhead_table(df: pd.DataFrame, metric: str = "output_throughput") -> pd.Da
         rows.append({"machine": machine, "sglang": version, "suite": b.suite,
                      "case": f"{b.model} {b.algorithm} {b.attention_backend} p{b.page_size} k{b.topk} bs{b.batch_size}",
                      "runs bare / probed": f"{len(bare)} / {len(probed)}",
-                     f"bare {metric}": round(float(pd.Series(bare).median()), 1),
-                     f"specwatch {metric}": round(float(pd.Series(probed).median()), 1),
+                     f"bare {metric}": round(bare_med, 1), f"specwatch {metric}": round(probed_med, 1),
                      "specwatch / bare": round(ratio, 4),
                      "run-to-run spread": "unmeasured" if noise is None else f"{noise:.1%}",
                      "verdict": verdict})

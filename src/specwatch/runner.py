@@ -131,12 +131,11 @@ def run_group(suite: Suite, cases: list[Case], timeout_s: int, fault: Optional[s
             done: set[str] = set()
             by_id = {c.case_id: c for c in remaining}
             seen_lines = 0
-            engine_started = False
             clock = GroupClock(timeout_s)
 
             def collect_new_lines() -> None:
                 """Record every case the worker has finished so far (records land as cases end)."""
-                nonlocal seen_lines, engine_started
+                nonlocal seen_lines
                 if not results.exists():
                     return
                 lines = results.read_text().splitlines()
@@ -146,7 +145,6 @@ def run_group(suite: Suite, cases: list[Case], timeout_s: int, fault: Optional[s
                     except json.JSONDecodeError:
                         return  # a line still being written: read it next time
                     seen_lines += 1
-                    engine_started |= line.get("event") == ENGINE_STARTED_EVENT
                     clock.on_event(line.get("event"))
                     if line.get("event") and on_event:
                         on_event(line["event"])
@@ -189,7 +187,7 @@ def run_group(suite: Suite, cases: list[Case], timeout_s: int, fault: Optional[s
                 status = Status.crashed
                 reason = WORKER_DIED.format(rc=rc) + crash_cause(log_text)
             # A death before the engine came up hits every case of the group alike.
-            died_at_start = not engine_started and not done
+            died_at_start = not clock.engine_started and not done
             victims = remaining if died_at_start else remaining[:1]
             if died_at_start and len(remaining) > 1:
                 reason = "engine start: " + reason
@@ -209,9 +207,12 @@ class GroupClock:
         self._t0 = now()
         self._paused_s = 0.0
         self._queued_since: Optional[float] = None
+        self.engine_started = False
+        """Whether the worker's engine came up (a death before it hits every case of the group)."""
 
     def on_event(self, event: Optional[str]) -> None:
-        if event == ENGINE_STARTED_EVENT and self._queued_since is None:
+        if event == ENGINE_STARTED_EVENT and not self.engine_started:
+            self.engine_started = True
             self._queued_since = self._now()
         elif event == TIMING_EVENT and self._queued_since is not None:
             self._paused_s += self._now() - self._queued_since

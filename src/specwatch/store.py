@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Iterator, Optional
@@ -97,6 +98,14 @@ def finished_case_ids(path: Path) -> set[str]:
     return recorded_case_ids(path, (Status.ok, Status.skipped))
 
 
+def relative_spread(values: list[float]) -> Optional[float]:
+    """(max - min) / median of ``values``; None with fewer than two or a zero median."""
+    if len(values) < 2:
+        return None
+    med = statistics.median(values)
+    return (max(values) - min(values)) / med if med else None
+
+
 def start_breakdown(r: CaseRecord) -> dict[str, float]:
     """``start.PHASE`` seconds of the record's engine start, from the probe's ``startup`` facts
     (SGLang's own breakdown plus the imports before the scheduler); CUDA-graph phases summed."""
@@ -127,9 +136,9 @@ def records_frame(records: Iterable[CaseRecord]) -> "pd.DataFrame":
         for name, m in r.metrics.items():
             row[name] = m.value
         dt = r.metrics.get("decode_throughput")
-        if dt is not None and len(dt.samples) >= 2 and dt.value:
+        if dt is not None and (spread := relative_spread(dt.samples)) is not None:
             # the repeats' own spread (one engine, back to back): what a single run can resolve
-            row["decode_throughput_spread"] = (max(dt.samples) - min(dt.samples)) / dt.value
+            row["decode_throughput_spread"] = spread
         row.update(start_breakdown(r))
         for name, ok in r.checks.items():
             row[f"check.{name}"] = ok
