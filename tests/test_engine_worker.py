@@ -371,19 +371,30 @@ def test_engine_arguments_fit_older_sglang_releases():
 
 def test_near_full_prompts_are_calibrated_to_the_warmups_measured_peak():
     """The H200 run this was made for: pool from specwatch's reserve model, measured peak 0.9375 at page
-    64 and 256, no decode step above 0.95. The prompts grow by whole pages to aim the peak at 0.99."""
+    64 and 256 (15 requests' worth of the modelled pool), no decode step above 0.95. The prompts are
+    resized by whole pages so the batch fits with one page per request to spare: above 0.95 from the
+    first decode step to the last, whichever explains the 0.9375."""
     from specwatch.case import Workload
-    from specwatch.engine_worker import NEAR_FULL_TARGET, near_full_extension
+    from specwatch.engine_worker import near_full_extension
 
     nf = CASE.model_copy(update={"workload": Workload.near_full, "batch_size": 16, "input_len": 6144,
                                  "output_len": 256, "topk": 8, "num_draft_tokens": 16})
-    for page, slots, ext in ((64, 135168, 384), (256, 233472, 512)):      # the two measured engines
+    for page, slots in ((64, 135168), (256, 233472)):                    # the two measured engines
         c = nf.model_copy(update={"page_size": page})
-        assert near_full_extension(0.9375, slots, c) == ext
-        peak = 0.9375 + 16 * ext / slots
-        assert peak <= NEAR_FULL_TARGET and peak - 16 * 256 / slots > 0.95   # above 0.95 from the first decode step
-    assert near_full_extension(0.995, 135168, nf) == 0                    # already past the target: unchanged
-    assert near_full_extension(0.0, 10 ** 9, nf) == 8192 - 6144 - 256     # never past the model's context
+        for running in (16, 15):              # all 16 held less than modelled / one was retracted
+            occ = {"peak": 0.9375, "decode_peak": 0.9375, "decode_peak_requests": running}
+            ext = near_full_extension(occ, slots, c)
+            assert ext % page == 0
+            per_request = 0.9375 * slots / running + ext
+            peak = 16 * per_request / slots
+            assert 16 * (per_request + page) <= slots < 16 * (per_request + 2 * page)   # one spare page each
+            assert peak - 256 * 16 / slots > 0.95          # prompts + reserve alone are past 0.95
+        assert near_full_extension({"peak": 0.9375, "decode_peak": 0.9375, "decode_peak_requests": 15}, slots, c) < 0
+    # an older probe's occupancy (no decode peak): the overall peak over the whole batch
+    assert near_full_extension({"peak": 0.9375}, 135168, nf.model_copy(update={"page_size": 64})) == 448
+    assert near_full_extension({"peak": 0.0}, 10 ** 9, nf) == 8192 - 6144 - 256     # never past the model's context
+    assert near_full_extension({"peak": 1.0, "decode_peak": 1.0, "decode_peak_requests": 1}, 10 ** 5, nf) == -3072
+    # ^ one request filled the pool: never below half the planned prompt
 
     class NearFullEngine(FakeEngine):
         def __init__(self, case):
@@ -397,12 +408,13 @@ def test_near_full_prompts_are_calibrated_to_the_warmups_measured_peak():
         def get_server_info(self):
             info = super().get_server_info()
             self.reads += 1
-            info["internal_states"][0]["specwatch"]["occupancy"] = {"batches": 90, "near_full": 0, "peak": 0.9375}
+            info["internal_states"][0]["specwatch"]["occupancy"] = dict(OCC)
             return info
 
+    OCC = {"batches": 90, "near_full": 0, "peak": 0.9375, "decode_peak": 0.9, "decode_peak_requests": 16}
     eng = NearFullEngine(nf)
     res = run_case(eng, nf, repeats=2, warmup=True, calibrate=True)
-    ext = near_full_extension(0.9375, 4096 * 64, nf)                       # the fake allocator: 4096 pages
+    ext = near_full_extension(OCC, 4096 * 64, nf)                          # the fake allocator: 4096 pages
     assert ext > 0 and eng.reads == 1
     assert eng.prompt_lens == [6144] + [6144 + ext] * 4                    # warm-up, then 2 x (prefill, timed)
     assert res["details"]["near_full_calibration"]["input_len"] == 6144 + ext

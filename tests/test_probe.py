@@ -52,14 +52,18 @@ def test_occupancy_is_sampled_per_batch_and_reset_on_read(monkeypatch):
     probe = _load_probe(monkeypatch)
     probe._patch_scheduler(types.SimpleNamespace(Scheduler=Scheduler))
     s = Scheduler()
-    decode = types.SimpleNamespace(forward_mode=types.SimpleNamespace(is_decode=lambda: True))
+    decode = types.SimpleNamespace(forward_mode=types.SimpleNamespace(is_decode=lambda: True), reqs=[1, 2, 3])
+    decode2 = types.SimpleNamespace(forward_mode=types.SimpleNamespace(is_decode=lambda: True), reqs=[1, 2])
     prefill = types.SimpleNamespace(forward_mode=types.SimpleNamespace(is_decode=lambda: False))
-    for used, batch in ((100, prefill), (960, decode), (990, prefill), (500, decode), (970, "no mode")):
+    for used, batch in ((100, prefill), (960, decode), (990, prefill), (500, decode), (970, "no mode"),
+                        (700, decode2)):
         s.token_to_kv_pool_allocator.used = used
         assert s.run_batch(batch) is batch
     facts = s.get_internal_state(None)["specwatch"]
-    assert facts["occupancy"] == {"batches": 5, "near_full": 3, "peak": 0.99, "decode_batches": 2, "decode_near_full": 1}
-    assert facts["req_to_token"]["row_width"] == 8 and facts["allocator"]["available"] == 30
+    assert facts["occupancy"] == {"batches": 6, "near_full": 3, "peak": 0.99, "decode_batches": 3, "decode_near_full": 1,
+                                  "decode_peak": 0.96, "decode_peak_requests": 3, "max_decode_requests": 3,
+                                  "retracted_requests": 0}
+    assert facts["req_to_token"]["row_width"] == 8 and facts["allocator"]["available"] == 300
     assert s.get_internal_state(None)["specwatch"]["occupancy"] is None     # reset: a new case starts
 
 
@@ -95,3 +99,30 @@ def test_start_breakdown_reads_sglangs_own_startup_timing(monkeypatch):
     assert facts == {"load_weight": 1.25, "kv_cache_allocation": 0.5, "scheduler_e2e": 20.0,
                      "cuda_graph": {"decode": 3.0}, "process_to_scheduler_init": 12.5}
     assert probe._PROCESS_T0 <= time.perf_counter()
+
+
+def test_requests_retracted_from_decode_are_counted_until_the_next_read(monkeypatch):
+    """SGLang's retract_decode (KV pool too full for the next step) returns the retracted requests
+    first; the probe counts them into the case's occupancy and starts again from 0."""
+    probe = _load_probe(monkeypatch)
+
+    class Sched(Scheduler):           # unpatched methods of its own (another test patched Scheduler's)
+        def run_batch(self, batch):
+            return batch
+
+        def get_internal_state(self, recv_req):
+            return {}
+
+    probe._patch_scheduler(types.SimpleNamespace(Scheduler=Sched))
+
+    class ScheduleBatch:
+        def retract_decode(self, server_args):
+            return ["r1", "r2"], 0.5, []
+
+    probe._patch_retract(types.SimpleNamespace(ScheduleBatch=ScheduleBatch))
+    s = Sched()
+    s.run_batch(types.SimpleNamespace(forward_mode=types.SimpleNamespace(is_decode=lambda: True), reqs=[1]))
+    assert ScheduleBatch().retract_decode(None) == (["r1", "r2"], 0.5, [])
+    assert s.get_internal_state(None)["specwatch"]["occupancy"]["retracted_requests"] == 2
+    s.run_batch(types.SimpleNamespace(forward_mode=None))
+    assert s.get_internal_state(None)["specwatch"]["occupancy"]["retracted_requests"] == 0

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import statistics
 import sys
@@ -55,23 +56,30 @@ def near_full_request_tokens(case: Case) -> int:
     return -(-(case.input_len + case.output_len + reserve) // page) * page
 
 
-NEAR_FULL_TARGET = 0.99
-"""Peak token usage near-full's calibrated prompts aim at (``near_full_extension``)."""
+def near_full_extension(occupancy: dict, allocator_slots: int, case: Case) -> int:
+    """Prompt tokens to add to (negative: take from) each request of a near-full batch, measured on
+    its warm-up batch, so that the whole batch fits the pool with one allocator page per request to
+    spare and no more: whole pages, within the model's context.
 
-
-def near_full_extension(peak_usage: float, allocator_slots: int, case: Case) -> int:
-    """Prompt tokens to add to each request of a near-full batch so that its peak token usage,
-    measured on the warm-up batch, reaches ``NEAR_FULL_TARGET``: whole allocator pages, never
-    negative. The pool (``kv_pool_tokens``) comes from specwatch's model of SGLang's per-decode
-    reserve, which over-estimates what SGLang allocates ahead: on the H200 (0.5.17, tiny, topk 8,
-    6144 -> 256, batch 16) the measured peak was 0.9375 at page 64 and 256, and no batch passed 0.95.
-    A prompt token more is a KV slot more at every step (page-aligned, the reserve is unchanged),
-    so the measured peak plus ``batch_size x extension`` is the new peak; with output_len at most 5%
-    of the request (``validity``) usage stays above 0.95 from the first decode step on."""
+    The pool (``kv_pool_tokens``) comes from specwatch's model of SGLang's per-decode reserve. On the
+    H200 (0.5.17, tiny, topk 8, 6144 -> 256, batch 16) the measured peak was 0.9375 at page 64 and
+    256, exactly 15 requests' worth of the modelled pool, and no step passed 0.95: either the model
+    over-estimates what SGLang allocates ahead, or a pool with no spare page lost a request (SGLang
+    retracts one when the next decode step does not fit, and it then runs alone). The probe's decode
+    peak and the requests running at it give the real per-request hold, so the calibration needs
+    neither explanation. A prompt token more is a KV slot more at every step; the spare page per
+    request covers a last verify step that commits past ``output_len`` (up to num_steps tokens), and
+    ``validity`` keeps output_len within 5% of the request, so usage stays above 0.95 from the first
+    decode step on. Occupancy without a decode peak (older probes): the overall peak, whole batch."""
     page = case.page_size * case.dcp                 # a prompt token is one allocator (virtual) slot
-    slack = (NEAR_FULL_TARGET - peak_usage) * allocator_slots
+    usage = occupancy.get("decode_peak") or occupancy["peak"]
+    running = occupancy.get("decode_peak_requests") or case.batch_size
+    per_request = usage * allocator_slots / running
+    spare = allocator_slots - case.batch_size * (per_request + page)
+    pages = math.floor(spare / (case.batch_size * page))
     room = SHAPES[case.model].max_position - case.input_len - case.output_len   # the context still fits
-    return max(0, min(int(slack // case.batch_size // page), room // page) * page)
+    floor_pages = -(case.input_len // 2 // page)      # never below half the planned prompt
+    return max(floor_pages, min(pages, room // page)) * page
 
 
 def kv_pool_tokens(cases: list[Case]) -> int:
@@ -81,8 +89,8 @@ def kv_pool_tokens(cases: list[Case]) -> int:
     the whole batch at once and its own reservations, not a queue, decide the occupancy. (The first
     design, 97% of prompts + a quarter of the outputs, let only three of four requests in: measured
     on 2xH200, peak usage 0.93-0.96 and 0-22% of batches above 0.95.) The reserve model over-estimates
-    what SGLang allocates ahead (peak 0.9375 on the H200), so ``run_case`` then lengthens the prompts
-    to the warm-up's measured peak (``near_full_extension``).
+    what SGLang allocates ahead or leaves no spare page (peak 0.9375 on the H200), so ``run_case`` then
+    resizes the prompts to the warm-up's measured decode peak (``near_full_extension``).
     Under DCP, SGLang takes ``max_total_tokens`` per rank and sizes its allocator to
     ``max_total_tokens * dcp`` virtual slots (0.5.17's kv_cache_configurator; seen on the x2 host:
     2^18 passed, an allocator of 2^19), so near-full asks for the need / dcp, in whole pages."""
@@ -283,7 +291,7 @@ def run_multi_turn(engine, case: Case, repeats: int, warmup: bool) -> dict:
 
 def run_case(engine, case: Case, repeats: int, warmup: bool, calibrate: bool = False) -> dict:
     """One case's timed batches. ``calibrate`` (a probed near-full case): after the warm-up batch,
-    lengthen every prompt by ``near_full_extension`` of the peak usage the probe measured on it."""
+    resize every prompt by ``near_full_extension`` of the decode peak the probe measured on it."""
     oracle = Oracle(SHAPES[case.model], 0, case.profile)
     sp = greedy_sampling(case)
     input_len = case.input_len
@@ -300,10 +308,10 @@ def run_case(engine, case: Case, repeats: int, warmup: bool, calibrate: bool = F
             sw = server_facts(engine)["specwatch"]      # reads (and resets) the warm-up's occupancy
             occ, alloc = sw.get("occupancy") or {}, sw.get("allocator") or {}
             if occ.get("batches") and alloc.get("size"):
-                extension = near_full_extension(occ["peak"], alloc["size"], case)
+                extension = near_full_extension(occ, alloc["size"], case)
                 input_len += extension
                 calibration = {"warmup_peak_token_usage": occ["peak"], "prompt_extension": extension,
-                               "input_len": input_len, "target": NEAR_FULL_TARGET}
+                               "input_len": input_len, "warmup_occupancy": occ}
 
     tps, decode_tps, als, rates, step_ms, itl_ms, walls, mismatches, verify = [], [], [], [], [], [], [], 0, []
     prefills: list[float] = []
@@ -468,6 +476,10 @@ def memory_and_leaks(engine, case: Case) -> tuple[dict, dict, dict]:
             if occ.get("decode_batches"):
                 # decode steps only (prefill chunks and the prefill-only batches run below it by design)
                 metrics["near_full_decode_share"] = metric(occ["decode_near_full"] / occ["decode_batches"], "1")
+            if "retracted_requests" in occ:
+                # requests SGLang took out of a decode batch for lack of KV slots (each one then reruns)
+                metrics["retracted_requests"] = metric(occ["retracted_requests"], "requests", exact=True,
+                                                       higher_is_better=False)
         warn = sw.get("leak_warnings") or {}
         if any(v is not None for v in warn.values()):
             # SGLang's own idle leak check (strict by default: a leak would have crashed the scheduler)

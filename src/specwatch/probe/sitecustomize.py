@@ -217,28 +217,62 @@ def token_usage(sched) -> float:
     return 1.0 - (int(a.available_size()) + evictable) / max(int(a.size), 1)
 
 
+_RETRACTED = [0]
+"""Requests SGLang retracted from decode batches (KV pool too full for the next step) since the
+last read: each one goes back to the queue and is prefilled again later, so a near-full batch that
+loses one runs that request alone afterwards, far below full."""
+
+
+def _new_occupancy() -> dict:
+    return {"batches": 0, "near_full": 0, "peak": 0.0, "decode_batches": 0, "decode_near_full": 0,
+            "decode_peak": 0.0, "decode_peak_requests": 0, "max_decode_requests": 0}
+
+
 def _patch_run_batch(cls):
     """Sample token usage before every batch the scheduler runs; read and reset by
-    get_internal_state, so each case's facts cover the batches since the last read."""
+    get_internal_state, so each case's facts cover the batches since the last read. Decode
+    batches also note how many requests ran: the usage per request at the decode peak is what
+    near-full's calibration sizes prompts by (``engine_worker.near_full_extension``)."""
     original = cls.run_batch
 
     def run_batch(self, batch, *args, **kwargs):
         try:
             u = token_usage(self)
-            occ = self.__dict__.setdefault("_specwatch_occupancy", {"batches": 0, "near_full": 0, "peak": 0.0,
-                                                                    "decode_batches": 0, "decode_near_full": 0})
+            occ = self.__dict__.get("_specwatch_occupancy")
+            if occ is None:
+                occ = self.__dict__["_specwatch_occupancy"] = _new_occupancy()
             occ["batches"] += 1
             occ["near_full"] += u > NEAR_FULL
             occ["peak"] = max(occ["peak"], u)
             mode = getattr(batch, "forward_mode", None)
             if mode is not None and mode.is_decode():   # decode steps: where near-full must hold
+                n = len(getattr(batch, "reqs", ()) or ())
                 occ["decode_batches"] += 1
                 occ["decode_near_full"] += u > NEAR_FULL
+                occ["max_decode_requests"] = max(occ["max_decode_requests"], n)
+                if u > occ["decode_peak"]:
+                    occ["decode_peak"], occ["decode_peak_requests"] = u, n
         except Exception:
             pass
         return original(self, batch, *args, **kwargs)
 
     cls.run_batch = run_batch
+
+
+@on_import("sglang.srt.managers.schedule_batch")
+def _patch_retract(module):
+    cls = module.ScheduleBatch
+    original = cls.retract_decode
+
+    def retract_decode(self, *args, **kwargs):
+        ret = original(self, *args, **kwargs)
+        try:
+            _RETRACTED[0] += len(ret[0])            # (retracted_reqs, new_token_ratio, ...)
+        except Exception:
+            pass
+        return ret
+
+    cls.retract_decode = retract_decode
 
 
 @on_import("sglang.srt.managers.scheduler")
@@ -255,7 +289,11 @@ def _patch_scheduler(module):
             state = getattr(ret, "internal_state", ret)
             try:
                 state["specwatch"] = scheduler_facts(self)
-                state["specwatch"]["occupancy"] = self.__dict__.pop("_specwatch_occupancy", None)
+                occ = self.__dict__.pop("_specwatch_occupancy", None)
+                if occ is not None:
+                    occ["retracted_requests"] = _RETRACTED[0]
+                _RETRACTED[0] = 0
+                state["specwatch"]["occupancy"] = occ
             except Exception as e:
                 state["specwatch"] = {"error": repr(e)}
         except Exception as e:
