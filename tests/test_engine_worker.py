@@ -155,6 +155,11 @@ def test_engine_kwargs_map_case_fields():
     assert kw["speculative_algorithm"] == "EAGLE" and kw["page_size"] == 64 and kw["dcp_size"] == 2
     assert kw["speculative_draft_load_format"] == "dummy" and kw["tp_size"] == 2
     assert "dcp_size" not in engine_kwargs(CASE, Path("/t"), Path("/d"), 8)
+    # near-full prefills whole prompts (a chunked one left the 16th of 16 requests waiting on the H200)
+    from specwatch.case import Workload
+    assert engine_kwargs(CASE.model_copy(update={"workload": Workload.near_full}), Path("/t"), Path("/d"), 16
+                         )["chunked_prefill_size"] == -1
+    assert "chunked_prefill_size" not in engine_kwargs(CASE, Path("/t"), Path("/d"), 8)
 
 
 def test_acceptance_is_checked_per_repeat_against_its_own_prompts():

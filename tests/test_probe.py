@@ -62,7 +62,9 @@ def test_occupancy_is_sampled_per_batch_and_reset_on_read(monkeypatch):
     facts = s.get_internal_state(None)["specwatch"]
     assert facts["occupancy"] == {"batches": 6, "near_full": 3, "peak": 0.99, "decode_batches": 3, "decode_near_full": 1,
                                   "decode_peak": 0.96, "decode_peak_requests": 3, "max_decode_requests": 3,
-                                  "retracted_requests": 0}
+                                  "decode_waiting_max": 0, "retracted_requests": 0}
+    assert facts["scheduler_limits"] == {"max_running_requests": None, "chunked_prefill_size": None,
+                                         "max_prefill_tokens": None}
     assert facts["req_to_token"]["row_width"] == 8 and facts["allocator"]["available"] == 300
     assert s.get_internal_state(None)["specwatch"]["occupancy"] is None     # reset: a new case starts
 

@@ -119,6 +119,13 @@ def engine_kwargs(case: Case, target: Path, draft, max_bs: int, kv_tokens: int |
     )
     if case.dcp > 1:
         kw["dcp_size"] = case.dcp
+    if case.workload is Workload.near_full:
+        # No chunked prefill: on the H200 (0.5.17, batch 16 x 6144 in chunks) only 15 requests ever
+        # decoded together, none retracted, and the 16th ran alone afterwards. Reading 0.5.17's
+        # scheduler: a chunked request holds a req slot and sits in the round's can_run_list, so
+        # get_num_allocatable_reqs counts it twice; with one slot left the round marks the running
+        # batch full, and that flag holds until a request finishes. Whole prompts admit all 16.
+        kw["chunked_prefill_size"] = -1
     if draft is not None:
         kw["speculative_draft_model_path"] = str(draft)
         if case.profile is Profile.random:

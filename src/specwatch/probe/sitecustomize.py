@@ -176,6 +176,9 @@ def scheduler_facts(sched):
                               ("count_memory_leak_warnings", "count_req_pool_leak_warnings")}
     facts["strict_idle_check"] = os.environ.get("SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE", "default (on)")
     facts["startup"] = startup_facts(sched)
+    # the scheduler's admission limits as it resolved them (a near-full batch must fit them all)
+    facts["scheduler_limits"] = {k: getattr(sched, k, None) for k in
+                                 ("max_running_requests", "chunked_prefill_size", "max_prefill_tokens")}
     if torch.cuda.is_available():
         facts["cuda"] = {"max_allocated": torch.cuda.max_memory_allocated(),
                          "allocated": torch.cuda.memory_allocated(),
@@ -247,6 +250,8 @@ def _patch_run_batch(cls):
             mode = getattr(batch, "forward_mode", None)
             if mode is not None and mode.is_decode():   # decode steps: where near-full must hold
                 n = len(getattr(batch, "reqs", ()) or ())
+                occ["decode_waiting_max"] = max(occ.get("decode_waiting_max", 0),
+                                                len(getattr(self, "waiting_queue", ()) or ()))
                 occ["decode_batches"] += 1
                 occ["decode_near_full"] += u > NEAR_FULL
                 occ["max_decode_requests"] = max(occ["max_decode_requests"], n)
