@@ -1,6 +1,6 @@
 """CPU tier: SGLang's allocator classes driven through spec-decode steps (needs sglang importable)."""
 
-from benchmarks.common import SpecwatchBenchmark
+from benchmarks.common import SpecwatchBenchmark, suite_values
 
 
 class AllocatorSimulation(SpecwatchBenchmark):
@@ -43,3 +43,26 @@ class AllocatorSimulation(SpecwatchBenchmark):
         from specwatch.allocator_sim import simulate
 
         simulate(self.config)
+
+
+class ProbeSample(SpecwatchBenchmark):
+    """What specwatch's probe adds to each batch SGLang runs (its run_batch wrapper on SGLang's own
+    allocator, on the CPU): the harness overhead that GPU runs cannot separate from engine noise."""
+
+    param_names = ["page_size"]
+    params = [suite_values("tree-page", "page_size")]
+
+    def skip(self, p):
+        from specwatch.sglang_host import sglang_importable
+
+        return None if sglang_importable() else "sglang is not importable in this environment"
+
+    def make_case(self, p):
+        return p["page_size"]
+
+    def track_probe_time_per_batch(self, *args):
+        from specwatch.probe_cost import sample_cost_us
+
+        return sample_cost_us(self.case)
+
+    track_probe_time_per_batch.unit = "us"

@@ -23,6 +23,9 @@ report aa-smoke-sglang-0.5.17 "suite=smoke,sglang_version=0.5.17,specwatch_commi
 # the clean pair (sixth session: same checkout, same K = 8, back to back), by run id
 report aa-smoke-sglang-0.5.17-back-to-back "suite=smoke,sglang_version=0.5.17,run=20261130T125310Z-f61b83" \
   "suite=smoke,sglang_version=0.5.17,run=20261130T125438Z-74fc85"
+# the 8b pairs (seventh session: bare, probed, bare, probed, bare interleaved): the probed pair by run id
+report aa-model-8b-sglang-0.5.17 "suite=model-8b,sglang_version=0.5.17,run=20261130T135740Z-0cae65" \
+  "suite=model-8b,sglang_version=0.5.17,run=20261130T140108Z-43359b"
 # asv's own compare on the results `specwatch asv-import` wrote (one asv commit per SGLang version)
 versions=.asv/offline/sglang-versions
 if [ -d "$versions" ]; then

@@ -39,6 +39,7 @@ with open(spec["results"], "a") as out:
     t0 = time.time()
     if Case(**spec["cases"][0]).num_steps == 5:
         print("NotImplementedError: engine refused at start (fake)", flush=True)
+        signal.signal(signal.SIGQUIT, signal.SIG_DFL)   # a background shell starts us with SIGQUIT ignored
         os.kill(os.getpid(), signal.SIGQUIT)
     time.sleep(float(os.environ.get("FAKE_START_S", "0")))
     interval("start", t0)

@@ -233,6 +233,7 @@ def test_overhead_exits_1_when_the_probe_costs_more_than_2_percent(tmp_path):
     store([record(case(page_size=1), tps=900.0), record(case(page_size=1), tps=1000.0, probe=False)])
     res = runner.invoke(app, ["overhead", "--results", str(tmp_path)])
     assert res.exit_code == 1 and "slower by more than 2%" in res.output
+    assert "geometric mean 0.9463, probed faster in 0 of 2" in res.output    # sqrt(0.995 x 0.9)
 
 
 def test_plan_leaves_out_known_cases_and_estimates_device_time(tmp_path):

@@ -55,6 +55,8 @@ def test_fault_table_puts_each_fault_run_beside_the_clean_run():
     c = case(page_size=64, topk=8, num_draft_tokens=16)
     clean, faulty = record(c), record(c, fault="accept-off-by-one")
     clean.checks["lossless"], faulty.checks["lossless"] = True, False
+    from specwatch.record import Metric
+    faulty.metrics["fault_code_runs"] = Metric(value=64, unit="calls")
     crashed = record(case(page_size=256, topk=8, num_draft_tokens=16), status=Status.crashed,
                      reason="AssertionError: draft over-allocation", fault="row-widen-revert")
     t = fault_table(records_frame([clean, faulty, crashed]))
@@ -63,6 +65,8 @@ def test_fault_table_puts_each_fault_run_beside_the_clean_run():
     assert rows["accept-off-by-one"]["clean run"] == "all checks pass"
     assert rows["row-widen-revert"]["fault run"].startswith("crashed: AssertionError")
     assert rows["row-widen-revert"]["clean run"] == "no clean run"
+    assert rows["accept-off-by-one"]["faulted code ran"] == "64 times"
+    assert rows["row-widen-revert"]["faulted code ran"] == "not counted"     # crashed / an older record
 
 
 def test_dcp_matrix_shows_outcomes_and_compares_outputs_with_the_dcp1_twin():
@@ -134,7 +138,7 @@ def test_memory_plot_places_only_records_measured_at_the_lines_settings():
 def test_overhead_table_sets_each_probed_case_beside_its_bare_run():
     from datetime import timedelta
 
-    from specwatch.dashboard import overhead_table
+    from specwatch.dashboard import PROBE_CLOCK, overhead_table
     from records import T0
 
     a, b, c = case(page_size=1), case(page_size=64), case(page_size=16)
@@ -148,6 +152,16 @@ def test_overhead_table_sets_each_probed_case_beside_its_bare_run():
     # the median of the probed runs (975) against the bare run: 2.5% slower, inside the 5.1% between runs
     assert rows["p16"]["specwatch / bare"] == 0.975 and rows["p16"]["runs bare / probed"] == "1 / 2"
     assert rows["p16"]["verdict"].startswith("inconclusive") and rows["p16"]["run-to-run spread"] == "5.1%"
+    assert rows["p16"]["probe per step"] == "not recorded"
+    from specwatch.record import Metric
+    for r in (recs[4], recs[6]):    # the probe timed itself: 5 us a batch against 8 ms steps (0.0625%)
+        r.metrics["probe_time_per_batch"] = Metric(value=5.0, unit="us")
+        r.metrics["step_time"] = Metric(value=8.0, unit="ms")
+    rows = {r["case"].split()[3]: r for r in overhead_table(records_frame(recs)).to_dict("records")}
+    assert rows["p16"]["verdict"] == PROBE_CLOCK and rows["p16"]["probe per step"] == "0.062%"
+    recs[4].metrics["probe_time_per_batch"] = recs[6].metrics["probe_time_per_batch"] = Metric(value=500.0, unit="us")
+    rows = {r["case"].split()[3]: r for r in overhead_table(records_frame(recs)).to_dict("records")}
+    assert rows["p16"]["verdict"].startswith("inconclusive")       # 6% of a step: the clock cannot clear it
     recs.append(record(c, tps=1001.0, probe=False, started_at=T0 - timedelta(days=2)))
     recs[6] = record(c, tps=951.0, started_at=T0 - timedelta(days=1))          # runs agree within 0.1%
     rows = {r["case"].split()[3]: r for r in overhead_table(records_frame(recs)).to_dict("records")}

@@ -24,8 +24,10 @@ def test_every_fault_applies_to_installed_sglang_and_restores(name):
 def test_row_widen_revert_is_caught_by_the_cpu_tier():
     x = SizingInput(Algorithm.EAGLE, 64, 8, 3, 16, 512, 4)
     assert compare(x)[2] == []
+    before = faults.HITS["row-widen-revert"]
     with faults.applied("row-widen-revert"):
         _, _, diffs = compare(x)
+        assert faults.HITS["row-widen-revert"] > before          # the edit counts its own runs
         assert {d.field for d in diffs} == {"req_to_token_extra_context_len", "req_to_token_row_width",
                                           "req_to_token_bytes"}
         res = simulate(SimConfig(64, 8, 3, 16, accept=AcceptPattern.random))   # SGLang's (patched) sizing
@@ -50,8 +52,10 @@ def test_draft_page_mismatch_changes_the_draft_pool_page():
     try:
         fake.loc_space_scale = kcc.KVCacheConfigurator.loc_space_scale.fget(fake)
         assert prop.fget(fake) == 512                     # 0.5.17: the draft pool pages like the allocator
+        before = faults.HITS["draft-page-mismatch"]
         with faults.applied("draft-page-mismatch"):
             assert kcc.KVCacheConfigurator.pool_page_size.fget(fake) == 64
+        assert faults.HITS["draft-page-mismatch"] == before + 1
         assert kcc.KVCacheConfigurator.__dict__["pool_page_size"] is prop
     finally:
         kcc.get_schedule = orig_sched

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 from pathlib import Path
 from typing import Optional
@@ -18,7 +19,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Benchmark and regression tracking for SGLang speculative decoding.")
 model_app = typer.Typer(no_args_is_help=True, help="CPU tier: memory model and allocator simulation.")
 app.add_typer(model_app, name="model")
-console = Console(width=None if sys.stdout.isatty() else 200)
+console = Console(width=None if sys.stdout.isatty() else 260)
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
 
 
@@ -394,6 +395,10 @@ def overhead(results: Path = typer.Option(Path("results"), help="Results root.")
         console.print("no case has both a probed and a bare run (specwatch run SUITE --bare)")
         return
     _print_frame("harness overhead (output tokens/s)", t)
+    ratios = t["specwatch / bare"]
+    # one probe cost would slow every case alike; engine-to-engine noise moves cases both ways
+    console.print(f"all {len(t)} cases: specwatch / bare geometric mean {statistics.geometric_mean(ratios):.4f}, "
+                  f"probed faster in {int((ratios > 1).sum())} of {len(t)}")
     raise typer.Exit(1 if (t.verdict == OVER_BUDGET).any() else 0)
 
 

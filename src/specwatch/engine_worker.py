@@ -483,10 +483,18 @@ def memory_and_leaks(engine, case: Case) -> tuple[dict, dict, dict]:
             if occ.get("decode_batches"):
                 # decode steps only (prefill chunks and the prefill-only batches run below it by design)
                 metrics["near_full_decode_share"] = metric(occ["decode_near_full"] / occ["decode_batches"], "1")
+            if "probe_s" in occ:
+                # what the probe's per-batch sample itself costs (timed inside the scheduler): the
+                # harness-overhead bound that engine-to-engine noise cannot blur (specwatch overhead)
+                metrics["probe_time_per_batch"] = metric(occ["probe_s"] / occ["batches"] * 1e6, "us",
+                                                         higher_is_better=False)
             if "retracted_requests" in occ:
                 # requests SGLang took out of a decode batch for lack of KV slots (each one then reruns)
                 metrics["retracted_requests"] = metric(occ["retracted_requests"], "requests", exact=True,
                                                        higher_is_better=False)
+        if "fault_code_runs" in sw:
+            # a fault run whose edited code never ran in this case could not have been caught
+            metrics["fault_code_runs"] = metric(sw["fault_code_runs"], "calls", exact=False, higher_is_better=None)
         warn = sw.get("leak_warnings") or {}
         if any(v is not None for v in warn.values()):
             # SGLang's own idle leak check (strict by default: a leak would have crashed the scheduler)

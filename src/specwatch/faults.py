@@ -13,10 +13,26 @@ Edits are written against SGLang 0.5.17; a version where the matched text is gon
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Iterator, Optional
 
 from specwatch.allocator_sim import SimFault
+
+HITS: Counter = Counter()
+"""Times each fault's edited code ran in this process: every edit calls ``hit``. A fault run whose
+edit never ran cannot have been caught, and its record says so (``fault_code_runs``)."""
+
+
+def hit(name: str) -> int:
+    """Count one run of fault ``name``'s edited code; 0, so an expression can add it."""
+    HITS[name] += 1
+    return 0
+
+
+def _hit(name: str) -> str:
+    """The statement (or term) an edit adds to count its own runs."""
+    return f'__import__("specwatch.faults", fromlist=["hit"]).hit("{name}")'
 
 
 @dataclass(frozen=True)
@@ -41,7 +57,7 @@ def _draft_pool_paged_by_server_page() -> Callable[[], None]:
 
     cls = kcc.KVCacheConfigurator
     original = cls.__dict__["pool_page_size"]
-    cls.pool_page_size = property(lambda self: kcc.get_schedule().page_size)
+    cls.pool_page_size = property(lambda self: hit("draft-page-mismatch") + kcc.get_schedule().page_size)
 
     def undo() -> None:
         cls.pool_page_size = original
@@ -61,6 +77,7 @@ patches:
       - match: |
           if server_args.speculative_algorithm is not None and server_args.page_size > 1:
         replacement: |
+          """ + _hit("row-widen-revert") + """
           if False:
 """,
         modules=("sglang.srt.mem_cache.allocation_sizing",),
@@ -80,7 +97,7 @@ patches:
           // page_size
           * page_size,
         replacement: |
-          r.kv_committed_len + double_alloc,
+          r.kv_committed_len + double_alloc + 0 * """ + _hit("unaligned-watermark") + """,
 """,
         modules=("sglang.srt.speculative.eagle_utils",),
         sim_fault=SimFault.unaligned_watermark,
@@ -108,6 +125,7 @@ patches:
           if topk <= 1:
               return
         replacement: |
+          """ + _hit("no-prefix-tail-dup") + """
           return
 """,
         modules=("sglang.srt.speculative.eagle_worker_common",),
@@ -127,6 +145,7 @@ patches:
       - match: |
           next_draft_input = EagleDraftInput(bonus_tokens=bonus_tokens)
         replacement: |
+          """ + _hit("accept-off-by-one") + """
           accept_lens = torch.clamp(accept_lens - 1, min=1)
           next_draft_input = EagleDraftInput(bonus_tokens=bonus_tokens)
 """,

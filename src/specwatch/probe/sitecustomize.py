@@ -228,7 +228,7 @@ loses one runs that request alone afterwards, far below full."""
 
 def _new_occupancy() -> dict:
     return {"batches": 0, "near_full": 0, "peak": 0.0, "decode_batches": 0, "decode_near_full": 0,
-            "decode_peak": 0.0, "decode_peak_requests": 0, "max_decode_requests": 0}
+            "decode_peak": 0.0, "decode_peak_requests": 0, "max_decode_requests": 0, "probe_s": 0.0}
 
 
 def _patch_run_batch(cls):
@@ -239,6 +239,7 @@ def _patch_run_batch(cls):
     original = cls.run_batch
 
     def run_batch(self, batch, *args, **kwargs):
+        t0 = time.perf_counter()
         try:
             u = token_usage(self)
             occ = self.__dict__.get("_specwatch_occupancy")
@@ -257,6 +258,7 @@ def _patch_run_batch(cls):
                 occ["max_decode_requests"] = max(occ["max_decode_requests"], n)
                 if u > occ["decode_peak"]:
                     occ["decode_peak"], occ["decode_peak_requests"] = u, n
+            occ["probe_s"] += time.perf_counter() - t0      # the probe's own cost on the batch's path
         except Exception:
             pass
         return original(self, batch, *args, **kwargs)
@@ -294,6 +296,10 @@ def _patch_scheduler(module):
             state = getattr(ret, "internal_state", ret)
             try:
                 state["specwatch"] = scheduler_facts(self)
+                fault = os.environ.get("SPECWATCH_FAULT")
+                fm = sys.modules.get("specwatch.faults")
+                if fault and fm is not None:      # how often the fault's edited code ran, since the last read
+                    state["specwatch"]["fault_code_runs"] = fm.HITS.pop(fault, 0)
                 occ = self.__dict__.pop("_specwatch_occupancy", None)
                 if occ is not None:
                     occ["retracted_requests"] = _RETRACTED[0]
