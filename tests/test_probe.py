@@ -146,8 +146,9 @@ def test_the_probes_per_batch_cost_on_sglangs_own_allocator_is_microseconds():
 
 
 def test_a_fault_runs_edited_code_is_counted_per_case(monkeypatch):
-    """Each fault's edit calls specwatch.faults.hit; the probe hands the count of the active fault to
-    the case and starts again, so a fault run can say whether the faulted code ran at all."""
+    """Each fault's edit calls specwatch.faults.hit; the probe hands the active fault's count so far
+    in this engine to each case (a total: sizing edits run once, at start-up), so a fault run can
+    say whether the faulted code ran at all."""
     from specwatch import faults
 
     probe = _load_probe(monkeypatch)
@@ -163,6 +164,10 @@ def test_a_fault_runs_edited_code_is_counted_per_case(monkeypatch):
     s = Sched()
     assert "fault_code_runs" not in s.get_internal_state(None)["specwatch"]      # a clean run
     monkeypatch.setenv("SPECWATCH_FAULT", "accept-off-by-one")
+    monkeypatch.setattr(faults, "HITS", faults.Counter())
     faults.hit("accept-off-by-one"), faults.hit("accept-off-by-one")
     assert s.get_internal_state(None)["specwatch"]["fault_code_runs"] == 2
-    assert s.get_internal_state(None)["specwatch"]["fault_code_runs"] == 0
+    faults.hit("accept-off-by-one")
+    assert s.get_internal_state(None)["specwatch"]["fault_code_runs"] == 3
+    monkeypatch.setenv("SPECWATCH_FAULT", "unaligned-watermark")
+    assert s.get_internal_state(None)["specwatch"]["fault_code_runs"] == 0     # never ran

@@ -45,7 +45,7 @@ def fault_table(df: pd.DataFrame) -> pd.DataFrame:
         rows.append({"fault": r.fault, "sglang": r.sglang_version, "case": f"{r.attention_backend} p{r.page_size} "
                      f"k{r.topk} bs{r.batch_size} {r.input_len}->{r.output_len}", "fault run": verdict(r),
                      # an edit that never ran cannot be caught (records before the count say "not counted")
-                     "faulted code ran": "not counted" if runs is None or pd.isna(runs) else f"{int(runs)} times",
+                     "faulted code ran": "not counted" if runs is None or pd.isna(runs) else f"{int(runs)} times in its engine",
                      "clean run": verdict(c.iloc[-1]) if len(c) else "no clean run"})
     return pd.DataFrame(rows)
 

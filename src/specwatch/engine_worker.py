@@ -62,12 +62,12 @@ def near_full_extension(occupancy: dict, allocator_slots: int, case: Case) -> in
     spare and no more: whole pages, within the model's context.
 
     The pool (``kv_pool_tokens``) comes from specwatch's model of SGLang's per-decode reserve. On the
-    H200 (0.5.17, tiny, topk 8, 6144 -> 256, batch 16) the measured peak was 0.9375 at page 64 and
-    256, exactly 15 requests' worth of the modelled pool, and no step passed 0.95: either the model
-    over-estimates what SGLang allocates ahead, or a pool with no spare page lost a request (SGLang
-    retracts one when the next decode step does not fit, and it then runs alone). The probe's decode
-    peak and the requests running at it give the real per-request hold, so the calibration needs
-    neither explanation. A prompt token more is a KV slot more at every step; the spare page per
+    H200 (0.5.17, tiny, topk 8, 6144 -> 256, batch 16) the first peak was 0.9375 at page 64 and 256:
+    15 requests decoded, each holding exactly the modelled peak, while the 16th waited (chunked
+    prefill; ``engine_kwargs``). With whole-prompt prefill the warm-up filled the pool (1.000) and
+    this took one page off each prompt (timed peak 0.98-0.99). The probe's decode peak and the
+    requests running at it give the real per-request hold whatever the pool model says, so a model
+    that is off moves the prompts, not the occupancy. A prompt token more is a KV slot more at every step; the spare page per
     request covers a last verify step that commits past ``output_len`` (up to num_steps tokens), and
     ``validity`` keeps output_len within 5% of the request, so usage stays above 0.95 from the first
     decode step on. Occupancy without a decode peak (older probes): the overall peak, whole batch."""

@@ -21,7 +21,8 @@ from specwatch.allocator_sim import SimFault
 
 HITS: Counter = Counter()
 """Times each fault's edited code ran in this process: every edit calls ``hit``. A fault run whose
-edit never ran cannot have been caught, and its record says so (``fault_code_runs``)."""
+edit never ran cannot have been caught, and its records say so (``fault_code_runs``: the engine's
+total up to each case)."""
 
 
 def hit(name: str) -> int:

@@ -298,8 +298,10 @@ def _patch_scheduler(module):
                 state["specwatch"] = scheduler_facts(self)
                 fault = os.environ.get("SPECWATCH_FAULT")
                 fm = sys.modules.get("specwatch.faults")
-                if fault and fm is not None:      # how often the fault's edited code ran, since the last read
-                    state["specwatch"]["fault_code_runs"] = fm.HITS.pop(fault, 0)
+                if fault and fm is not None:
+                    # how often the fault's edited code has run in this engine so far: a total, since
+                    # some edits (sizing) run once at start-up and every later case lives with them
+                    state["specwatch"]["fault_code_runs"] = fm.HITS.get(fault, 0)
                 occ = self.__dict__.pop("_specwatch_occupancy", None)
                 if occ is not None:
                     occ["retracted_requests"] = _RETRACTED[0]
