@@ -134,6 +134,12 @@ def test_aa_differences_name_the_conditions_that_differ():
     assert aa_differences([parallel], [again]) == []
     again.details["engine_kwargs"], parallel.details["engine_kwargs"] = {"sleep_on_idle": True}, {"page_size": 64}
     assert aa_differences([parallel], [again]) == ["engine arguments differ"]
+    # a busy host on one side (load average around each case): named, below a core's worth not
+    quiet, busy = rec(A, [100, 100, 100]), rec(A, [100, 100, 100])
+    quiet.details["host_load"], busy.details["host_load"] = {"before": 0.4, "after": 0.6}, {"before": 3.0, "after": 4.0}
+    assert aa_differences([quiet], [busy]) == ["host load while timing (1-min average, median over cases): 0.5 vs 3.5"]
+    busy.details["host_load"] = {"before": 1.2, "after": None}
+    assert aa_differences([quiet], [busy]) == [] and aa_differences([quiet], [serial]) == []
 
 
 def test_runs_are_selected_by_id_or_by_recency(tmp_path):

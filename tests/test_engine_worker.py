@@ -314,6 +314,7 @@ def test_worker_main_end_to_end_on_a_fake_sglang(tmp_path, monkeypatch, workload
     assert lines[0]["event"] == "engine_started"
     rec = lines[-1]
     assert rec["case_id"] == case.case_id and rec["status"] == "ok", rec.get("log_tail")
+    assert rec["details"]["host_load"]["before"] >= 0 and rec["details"]["host_load"]["after"] >= 0
     assert rec["checks"]["lossless"] and rec["checks"]["accept_length_matches_oracle"]
     assert rec["details"]["engine_kwargs"]["sleep_on_idle"] is True and "model_path" not in rec["details"]["engine_kwargs"]
     assert got["shutdown"] and got["model_path"] == str(tmp_path / "t")

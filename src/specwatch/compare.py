@@ -15,6 +15,7 @@ gone, now failing, now fixed.
 from __future__ import annotations
 
 import json
+import statistics
 
 from dataclasses import dataclass
 from datetime import datetime
@@ -309,6 +310,18 @@ def merge_budgets(old: dict[str, float], new: dict[str, float]) -> dict[str, flo
     return {k: max(old.get(k, 0.0), new.get(k, 0.0)) for k in sorted(set(old) | set(new))}
 
 
+HOST_LOAD_GAP = 1.0
+"""Difference in the hosts' load average (one busy core) that makes two runs not an A/A pair."""
+
+
+def host_load(recs: list[CaseRecord]) -> Optional[float]:
+    """Median over records of the host's load average around each case (``details.host_load``)."""
+    vals = [statistics.mean(v for v in (d.get("before"), d.get("after")) if v is not None)
+            for d in ((r.details or {}).get("host_load") or {} for r in recs)
+            if d.get("before") is not None or d.get("after") is not None]
+    return statistics.median(vals) if vals else None
+
+
 def aa_differences(base: Iterable[CaseRecord], head: Iterable[CaseRecord]) -> list[str]:
     """What makes two runs not an A/A pair: run conditions that differ between them (SGLang version,
     machine, GPU, driver, probe on/off, parallel starts, engine arguments), each as one line."""
@@ -324,8 +337,12 @@ def aa_differences(base: Iterable[CaseRecord], head: Iterable[CaseRecord]) -> li
                 out.setdefault(key, set()).add(value)
         return out
 
-    b, h = conditions(list(base)), conditions(list(head))
+    base, head = list(base), list(head)
+    b, h = conditions(base), conditions(head)
     lines = []
+    loads = [host_load(recs) for recs in (base, head)]
+    if None not in loads and abs(loads[0] - loads[1]) >= HOST_LOAD_GAP:
+        lines.append(f"host load while timing (1-min average, median over cases): {loads[0]:.1f} vs {loads[1]:.1f}")
     for key in sorted(set(b) | set(h)):
         bv, hv = b.get(key, set()) - {None}, h.get(key, set()) - {None}
         if bv and hv and bv != hv:

@@ -208,6 +208,15 @@ def metric(value, unit, samples=None, expected=None, exact=False, higher_is_bett
             "higher_is_better": higher_is_better}
 
 
+def host_load() -> float | None:
+    """The host's 1-minute load average: a timed case on a busy host (another engine compiling,
+    leftover processes) is slower for reasons of its own; ``compare.aa_differences`` names it."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
+
+
 def greedy_sampling(case: Case) -> dict:
     """Sampling parameters of every batch a case sends: greedy (the oracle chain is the expected
     output) for exactly ``output_len`` tokens (``ignore_eos``, which near-full's pool sizing relies on:
@@ -558,6 +567,7 @@ def main(spec_path: str) -> int:
     facts_start = server_facts(engine)
     for c in cases:
         started = now()
+        load_before = host_load()
         try:
             if c.workload is Workload.long_prompt_multi_turn:
                 res = run_multi_turn(engine, c, spec["repeats"], spec["warmup"])
@@ -574,6 +584,7 @@ def main(spec_path: str) -> int:
             res["details"].update(details)
             res["details"]["sglang_version"] = facts_start.get("version")
             res["details"]["engine_kwargs"] = recorded_kwargs(kwargs)
+            res["details"]["host_load"] = {"before": load_before, "after": host_load()}
             if dropped_args:
                 res["details"]["engine_args_not_in_this_sglang"] = dropped_args
             if lock.enabled:
