@@ -196,6 +196,33 @@ def test_noise_writes_budgets_and_checks_a_held_out_pair(tmp_path):
     assert res.exit_code == 2 and "bad.json" in res.output and "budgets" in res.output
 
 
+def test_noise_holdout_judges_each_pair_under_the_other_pairs_budgets(tmp_path):
+    """Pair A moves 30% (budget 45%), pair B 1% (budget: the 5% floor). Left out in turn: A under
+    B's budget is flagged, B under A's is not; the markdown copy has one row per pair."""
+    from records import case, record
+    from specwatch.record import Metric
+    from specwatch.store import append_record
+
+    files = []
+    for i, level in enumerate((100, 70, 85, 84)):
+        r = record(case(page_size=64))
+        r.metrics["output_throughput"] = Metric(value=level, unit="tokens/s", samples=[level - 1, level, level + 1],
+                                                higher_is_better=True)
+        files.append(tmp_path / f"run{i}.jsonl")
+        append_record(files[-1], r)
+    budgets = tmp_path / "budgets.json"
+    assert runner.invoke(app, ["noise", str(files[0]), str(files[1]), "-o", str(budgets)]).exit_code == 0
+    res = runner.invoke(app, ["noise-holdout", str(budgets)])
+    assert res.exit_code == 2 and "two or more" in res.output
+    assert runner.invoke(app, ["noise", str(files[2]), str(files[3]), "-o", str(budgets), "--merge"]).exit_code == 0
+    md = tmp_path / "holdout.md"
+    res = runner.invoke(app, ["noise-holdout", str(budgets), "-o", str(md)])
+    assert res.exit_code == 0, res.output
+    assert "held out, clean pairs: 1 of 2 timed metrics flagged (50.0%" in res.output
+    rows = [line for line in md.read_text().splitlines() if line.startswith("| ") and ".jsonl" in line]
+    assert len(rows) == 2 and all(line.count(" | ") == 6 for line in rows)
+
+
 def test_import_takes_a_fetched_folder_with_records_and_run_summaries(tmp_path):
     from datetime import datetime, timezone
 

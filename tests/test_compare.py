@@ -165,5 +165,6 @@ def test_runs_are_selected_by_id_or_by_recency(tmp_path):
     assert select("sglang_version=0.5.17,run=-3", tmp_path) == [old]
     assert select("run=commit:abc", tmp_path) == [old] and select("run=r1", tmp_path) == [first]
     assert select("run!=r2", tmp_path) == [old, first]
+    assert select("run=commit:abc|r2", tmp_path) == [second, old] and select("run!=r1|r2", tmp_path) == [old]
     with pytest.raises(SpecwatchInputError, match="holds 3 run"):
         select("run=-4", tmp_path)

@@ -358,6 +358,53 @@ def noise(base: str = typer.Argument(..., help="First run of an A/A pair (same S
         console.print(f"wrote {output} ({len(pairs)} A/A pair(s), {len(new_budgets)} budgets)")
 
 
+@app.command("noise-holdout")
+def noise_holdout(budget_file: Path = typer.Argument(Path("results/noise-budgets.json"),
+                                                     help="Budget file whose A/A pairs to check (specwatch noise -o)."),
+                  results: Path = typer.Option(Path("results"), help="Results root the pairs' selections read."),
+                  threshold: float = typer.Option(0.05, help="Default relative threshold (as in compare)."),
+                  alpha: float = typer.Option(0.1, help="Mann-Whitney U p-value (as in compare)."),
+                  output: Optional[Path] = typer.Option(None, "--output", "-o", help="Also write the table as markdown.")
+                  ) -> None:
+    """Held-out false-positive rate of `compare --budgets`: each A/A pair of a budget file judged
+    under the budgets of the other pairs only (leave one out), at the pairs' own margin."""
+    import pandas as pd
+
+    from specwatch.compare import aa_differences, held_out, pair_selections
+
+    data, _ = _budget_file(budget_file)
+    pairs = data.get("pairs") or []
+    if len(pairs) < 2:
+        _fail(SpecwatchInputError(budget_file, "a held-out check needs two or more A/A pairs", field="pairs"))
+    selected = [_selections(*pair_selections(p), results) for p in pairs]
+    margin = float(pairs[0].get("margin", 1.5))
+    rows, clean = [], []
+    for h in held_out(selected, threshold=threshold, alpha=alpha, margin=margin):
+        base, head = pair_selections(pairs[h.pair])
+        differ = aa_differences(*selected[h.pair])
+        clean.append(not differ)
+        rows.append({"pair": f"{base} -> {head}",
+                     # a pair whose runs differ is no A/A: its budgets count (larger, as compare uses
+                     # them), its own flags do not
+                     "conditions": "not clean, not counted: " + "; ".join(differ) if differ else "clean",
+                     "timed metrics": h.timed, f"flagged at {threshold:.0%}": h.flagged_plain,
+                     "flagged under the other pairs' budgets": h.flagged,
+                     "held-out false-positive rate": f"{h.flagged / h.timed:.1%}" if h.timed else "-",
+                     "no budget from another pair": h.unbudgeted})
+    t = pd.DataFrame(rows)
+    counted = t[clean]
+    total, flagged = int(counted["timed metrics"].sum()), int(counted["flagged under the other pairs' budgets"].sum())
+    summary = (f"held out, clean pairs: {flagged} of {total} timed metrics flagged ({flagged / max(total, 1):.1%}; "
+               f"goal <= 1%)")
+    _print_frame("A/A pairs, each under the other pairs' noise budgets", t)
+    console.print(summary)
+    if output:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        table = t.assign(pair=t.pair.str.replace("|", "\\|", regex=False)).to_markdown(index=False)   # run=A|B
+        output.write_text(f"# Held-out A/A check of {budget_file}\n\n{summary}\n\n{table}\n")
+        console.print(f"wrote {output}")
+
+
 @app.command()
 def dashboard(results: Path = typer.Option(Path("results"), help="Results root."),
               out: Path = typer.Option(Path("dashboards"), help="Dashboard folder.")) -> None:

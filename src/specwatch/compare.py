@@ -105,6 +105,7 @@ def select(spec: str, root: Path) -> list[CaseRecord]:
     """A selection: a JSONL file or folder, or FIELD=VALUE[,FIELD!=VALUE...] over the store's records
     (fields: ``SELECT_FIELDS``; ``!=`` excludes, e.g. an A/A comparison of one run against the
     earlier runs of the same version).
+    ``FIELD=A|B`` matches either value (``run=ID1|ID2``: a side made of two runs).
     ``run`` takes a run id or ``-N``, the N-th newest run of the records the other terms select
     (``run=-2`` and ``run=-1``: the last two runs, an A/A pair of one session).
     Fault-injection and bare (probe-off) runs share case ids with clean runs, so a FIELD=VALUE
@@ -128,7 +129,8 @@ def select(spec: str, root: Path) -> list[CaseRecord]:
     for key, negate, value in sorted(terms, key=lambda t: t[0] == "run"):   # run=-N counts within the rest
         if key == "run" and value.startswith("-") and value[1:].isdigit():
             value = newest_run(recs, int(value[1:]), spec)
-        recs = [r for r in recs if (str(SELECT_FIELDS[key](r)) == value) != negate]
+        values = set(value.split("|"))                      # FIELD=A|B: either
+        recs = [r for r in recs if (str(SELECT_FIELDS[key](r)) in values) != negate]
     return recs
 
 
@@ -308,6 +310,52 @@ def merge_budgets(old: dict[str, float], new: dict[str, float]) -> dict[str, flo
     """Budgets from several A/A pairs: per class/metric the largest (each pair's run-to-run
     noise is a sample; a budget must cover every pair seen, and classes only one pair has stay)."""
     return {k: max(old.get(k, 0.0), new.get(k, 0.0)) for k in sorted(set(old) | set(new))}
+
+
+def pair_selections(pair: dict) -> tuple[str, str]:
+    """The base and head selections of an A/A pair as a budget file records it, with a relative
+    ``run=-N`` term replaced by the run id it meant when the pair was measured (newer runs must not
+    move an old pair)."""
+    def pinned(spec: str, runs: list) -> str:
+        terms = spec.split(",")
+        if len(runs or []) == 1 and any(t.startswith("run=-") for t in terms):
+            terms = [f"run={runs[0]}" if t.startswith("run=-") else t for t in terms]
+        return ",".join(terms)
+
+    return pinned(pair["base"], pair.get("base_runs")), pinned(pair["head"], pair.get("head_runs"))
+
+
+@dataclass
+class HeldOut:
+    """One A/A pair judged under the noise budgets of every other pair (leave one out)."""
+
+    pair: int
+    """Index of the pair in the budget file."""
+    timed: int
+    flagged_plain: int
+    """Timed metrics flagged at the plain threshold (no budgets)."""
+    flagged: int
+    """Timed metrics flagged under the other pairs' budgets."""
+    unbudgeted: int
+    """Timed metrics whose class/metric no other pair measured (judged at the plain threshold)."""
+
+
+def held_out(pairs: list[tuple[list[CaseRecord], list[CaseRecord]]], threshold: float = 0.05,
+             alpha: float = 0.1, margin: float = 1.5) -> list[HeldOut]:
+    """The false-positive rate of ``compare --budgets`` measured honestly: each A/A pair against
+    budgets derived (``NoiseReport.budgets``, merged) from the other pairs only."""
+    rows = [compare_records(b, h, threshold=threshold, alpha=alpha) for b, h in pairs]
+    own = [noise_report(r).budgets(margin, threshold) for r in rows]
+    out = []
+    for i, (b, h) in enumerate(pairs):
+        budgets: dict[str, float] = {}
+        for j, bj in enumerate(own):
+            if j != i:
+                budgets = merge_budgets(budgets, bj)
+        judged = [r for r in compare_records(b, h, threshold=threshold, alpha=alpha, budgets=budgets) if r.timed]
+        out.append(HeldOut(i, len(judged), noise_report(rows[i]).flagged, noise_report(judged).flagged,
+                           sum(budget_key(budgets, r.noise_class, r.metric) is None for r in judged)))
+    return out
 
 
 HOST_LOAD_GAP = 1.0
