@@ -157,19 +157,25 @@ def test_run_on_gpu_path_shows_progress_and_records(tmp_path, monkeypatch):
     assert list((tmp_path / "res").rglob("g.jsonl"))
 
 
-def test_noise_writes_budgets_and_checks_a_held_out_pair(tmp_path):
-    """Three runs of one version: budgets from runs 1-2 applied to runs 2-3 (held out)."""
+def _runs_at(tmp_path, levels):
+    """One results file per run, each holding one case at the given tokens/s (repeats level +- 1)."""
     from records import case, record
     from specwatch.record import Metric
     from specwatch.store import append_record
 
     files = []
-    for i, level in enumerate((100, 70, 85)):
+    for i, level in enumerate(levels):
         r = record(case(page_size=64))
         r.metrics["output_throughput"] = Metric(value=level, unit="tokens/s", samples=[level - 1, level, level + 1],
                                                 higher_is_better=True)
         files.append(tmp_path / f"run{i}.jsonl")
         append_record(files[-1], r)
+    return files
+
+
+def test_noise_writes_budgets_and_checks_a_held_out_pair(tmp_path):
+    """Three runs of one version: budgets from runs 1-2 applied to runs 2-3 (held out)."""
+    files = _runs_at(tmp_path, (100, 70, 85))
     budgets = tmp_path / "budgets.json"
     res = runner.invoke(app, ["noise", str(files[0]), str(files[1]), "-o", str(budgets)])
     assert res.exit_code == 0, res.stdout
@@ -199,17 +205,7 @@ def test_noise_writes_budgets_and_checks_a_held_out_pair(tmp_path):
 def test_noise_holdout_judges_each_pair_under_the_other_pairs_budgets(tmp_path):
     """Pair A moves 30% (budget 45%), pair B 1% (budget: the 5% floor). Left out in turn: A under
     B's budget is flagged, B under A's is not; the markdown copy has one row per pair."""
-    from records import case, record
-    from specwatch.record import Metric
-    from specwatch.store import append_record
-
-    files = []
-    for i, level in enumerate((100, 70, 85, 84)):
-        r = record(case(page_size=64))
-        r.metrics["output_throughput"] = Metric(value=level, unit="tokens/s", samples=[level - 1, level, level + 1],
-                                                higher_is_better=True)
-        files.append(tmp_path / f"run{i}.jsonl")
-        append_record(files[-1], r)
+    files = _runs_at(tmp_path, (100, 70, 85, 84))
     budgets = tmp_path / "budgets.json"
     assert runner.invoke(app, ["noise", str(files[0]), str(files[1]), "-o", str(budgets)]).exit_code == 0
     res = runner.invoke(app, ["noise-holdout", str(budgets)])
