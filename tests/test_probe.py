@@ -1,23 +1,13 @@
 """The probe's scheduler patch on a stand-in Scheduler (no SGLang): facts attached to the
 internal state, and token-usage sampling per batch, reset at each read."""
 
-import importlib.util
-import os
 import types
 
 import pytest
 
+from specwatch.probe_cost import load_probe     # the probe module, no import hook in the test process
+
 torch = pytest.importorskip("torch")
-
-PROBE = os.path.join(os.path.dirname(__file__), "..", "src", "specwatch", "probe", "sitecustomize.py")
-
-
-def _load_probe(monkeypatch):
-    monkeypatch.setenv("SPECWATCH_PROBE", "0")          # no import hook in the test process
-    spec = importlib.util.spec_from_file_location("specwatch_probe_under_test", PROBE)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 class Allocator:
@@ -48,8 +38,8 @@ class Scheduler:
         return {}
 
 
-def test_occupancy_is_sampled_per_batch_and_reset_on_read(monkeypatch):
-    probe = _load_probe(monkeypatch)
+def test_occupancy_is_sampled_per_batch_and_reset_on_read():
+    probe = load_probe()
     probe._patch_scheduler(types.SimpleNamespace(Scheduler=Scheduler))
     s = Scheduler()
     decode = types.SimpleNamespace(forward_mode=types.SimpleNamespace(is_decode=lambda: True), reqs=[1, 2, 3])
@@ -73,7 +63,7 @@ def test_occupancy_is_sampled_per_batch_and_reset_on_read(monkeypatch):
 def test_the_target_attention_backend_is_named_with_whether_its_source_knows_dcp(monkeypatch, tmp_path):
     import sys
 
-    probe = _load_probe(monkeypatch)
+    probe = load_probe()
     for name, body, knows in (("sw_backend_plain", "class Backend:\n    pass\n", False),
                               ("sw_backend_dcp", "class Backend:\n    dcp_size = 2\n", True)):
         (tmp_path / f"{name}.py").write_text(body)
@@ -87,12 +77,12 @@ def test_the_target_attention_backend_is_named_with_whether_its_source_knows_dcp
     assert probe.scheduler_facts(Scheduler())["target_attention_backend"] is None   # no tp_worker: not judged
 
 
-def test_start_breakdown_reads_sglangs_own_startup_timing(monkeypatch):
+def test_start_breakdown_reads_sglangs_own_startup_timing():
     """0.5.17's scheduler keeps ``startup_time`` (build_scheduler_startup_time) and the perf_counter
     its constructor began at; the probe adds the time from interpreter start to that constructor."""
     import time
 
-    probe = _load_probe(monkeypatch)
+    probe = load_probe()
     assert probe.scheduler_facts(Scheduler())["startup"] is None          # an SGLang without either
     s = Scheduler()
     s.scheduler_startup_begin = probe._PROCESS_T0 + 12.5
@@ -104,10 +94,10 @@ def test_start_breakdown_reads_sglangs_own_startup_timing(monkeypatch):
     assert probe._PROCESS_T0 <= time.perf_counter()
 
 
-def test_requests_retracted_from_decode_are_counted_until_the_next_read(monkeypatch):
+def test_requests_retracted_from_decode_are_counted_until_the_next_read():
     """SGLang's retract_decode (KV pool too full for the next step) returns the retracted requests
     first; the probe counts them into the case's occupancy and starts again from 0."""
-    probe = _load_probe(monkeypatch)
+    probe = load_probe()
 
     class Sched(Scheduler):           # unpatched methods of its own (another test patched Scheduler's)
         def run_batch(self, batch):
@@ -151,7 +141,7 @@ def test_a_fault_runs_edited_code_is_counted_per_case(monkeypatch):
     say whether the faulted code ran at all."""
     from specwatch import faults
 
-    probe = _load_probe(monkeypatch)
+    probe = load_probe()
 
     class Sched(Scheduler):
         def run_batch(self, batch):

@@ -87,8 +87,6 @@ def plan(suite: Path = typer.Argument(..., help="Suite file (suites/*.toml)."),
 
 def _print_device_estimate(name: str, left: list, n_known: int, root: Path, machine: str, version: str) -> None:
     """Engine groups still to run and, from the machine's recorded runs, the device time they cost."""
-    import statistics
-
     from specwatch.runner import engine_groups
     from specwatch.store import RUNS_FILE, read_runs
 
@@ -376,11 +374,12 @@ def noise_holdout(budget_file: Path = typer.Argument(Path("results/noise-budgets
     pairs = data.get("pairs") or []
     if len(pairs) < 2:
         _fail(SpecwatchInputError(budget_file, "a held-out check needs two or more A/A pairs", field="pairs"))
-    selected = [_selections(*pair_selections(p), results) for p in pairs]
+    specs = [pair_selections(p) for p in pairs]
+    selected = [_selections(*spec, results) for spec in specs]
     margin = float(pairs[0].get("margin", 1.5))
     rows, clean = [], []
     for h in held_out(selected, threshold=threshold, alpha=alpha, margin=margin):
-        base, head = pair_selections(pairs[h.pair])
+        base, head = specs[h.pair]
         differ = aa_differences(*selected[h.pair])
         clean.append(not differ)
         rows.append({"pair": f"{base} -> {head}",

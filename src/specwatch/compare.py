@@ -344,8 +344,8 @@ def held_out(pairs: list[tuple[list[CaseRecord], list[CaseRecord]]], threshold: 
              alpha: float = 0.1, margin: float = 1.5) -> list[HeldOut]:
     """The false-positive rate of ``compare --budgets`` measured honestly: each A/A pair against
     budgets derived (``NoiseReport.budgets``, merged) from the other pairs only."""
-    rows = [compare_records(b, h, threshold=threshold, alpha=alpha) for b, h in pairs]
-    own = [noise_report(r).budgets(margin, threshold) for r in rows]
+    plain = [noise_report(compare_records(b, h, threshold=threshold, alpha=alpha)) for b, h in pairs]
+    own = [rep.budgets(margin, threshold) for rep in plain]
     out = []
     for i, (b, h) in enumerate(pairs):
         budgets: dict[str, float] = {}
@@ -353,7 +353,7 @@ def held_out(pairs: list[tuple[list[CaseRecord], list[CaseRecord]]], threshold: 
             if j != i:
                 budgets = merge_budgets(budgets, bj)
         judged = [r for r in compare_records(b, h, threshold=threshold, alpha=alpha, budgets=budgets) if r.timed]
-        out.append(HeldOut(i, len(judged), noise_report(rows[i]).flagged, noise_report(judged).flagged,
+        out.append(HeldOut(i, len(judged), plain[i].flagged, noise_report(judged).flagged,
                            sum(budget_key(budgets, r.noise_class, r.metric) is None for r in judged)))
     return out
 

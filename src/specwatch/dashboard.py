@@ -206,8 +206,9 @@ def overhead_table(df: pd.DataFrame, metric: str = "output_throughput") -> pd.Da
     ok = df[(df.status == "ok") & df.fault.isna() & df[metric].notna()]
     rows = []
     for (machine, version, case_id), g in ok.groupby(["machine", "sglang_version", "case_id"], sort=False):
+        own = g[g.probe == True]                        # noqa: E712 (the probed runs)
         bare = g[g.probe == False][metric].tolist()     # noqa: E712
-        probed = g[g.probe == True][metric].tolist()    # noqa: E712
+        probed = own[metric].tolist()
         if not bare or not probed:
             continue
         b = g.iloc[-1]
@@ -217,7 +218,6 @@ def overhead_table(df: pd.DataFrame, metric: str = "output_throughput") -> pd.Da
         noise = max(spreads) if spreads else None
         gap = abs(ratio - 1)
         # the probe's own clock: its per-batch cost over the step time (ms), in its probed runs
-        own = g[g.probe == True]                                            # noqa: E712
         share = None
         if "probe_time_per_batch" in own and own.probe_time_per_batch.notna().any():
             share = own.probe_time_per_batch.median() / 1000 / own.step_time.median()

@@ -67,8 +67,9 @@ def near_full_extension(occupancy: dict, allocator_slots: int, case: Case) -> in
     prefill; ``engine_kwargs``). With whole-prompt prefill the warm-up filled the pool (1.000) and
     this took one page off each prompt (timed peak 0.98-0.99). The probe's decode peak and the
     requests running at it give the real per-request hold whatever the pool model says, so a model
-    that is off moves the prompts, not the occupancy. A prompt token more is a KV slot more at every step; the spare page per
-    request covers a last verify step that commits past ``output_len`` (up to num_steps tokens), and
+    that is off moves the prompts, not the occupancy. A prompt token more is a KV slot more at every
+    step; the spare page per request covers a last verify step that commits past ``output_len`` (up
+    to num_steps tokens), and
     ``validity`` keeps output_len within 5% of the request, so usage stays above 0.95 from the first
     decode step on. Occupancy without a decode peak (older probes): the overall peak, whole batch."""
     page = case.page_size * case.dcp                 # a prompt token is one allocator (virtual) slot
@@ -88,9 +89,10 @@ def kv_pool_tokens(cases: list[Case]) -> int:
     near-full: the largest batch's peak (``near_full_request_tokens`` per request), so SGLang admits
     the whole batch at once and its own reservations, not a queue, decide the occupancy. (The first
     design, 97% of prompts + a quarter of the outputs, let only three of four requests in: measured
-    on 2xH200, peak usage 0.93-0.96 and 0-22% of batches above 0.95.) The reserve model over-estimates
-    what SGLang allocates ahead or leaves no spare page (peak 0.9375 on the H200), so ``run_case`` then
-    resizes the prompts to the warm-up's measured decode peak (``near_full_extension``).
+    on 2xH200, peak usage 0.93-0.96 and 0-22% of batches above 0.95.) Whatever the reserve model
+    gets wrong, ``run_case`` then resizes the prompts to the warm-up's measured decode peak
+    (``near_full_extension``; on the H200 the model was exact and a chunked prefill had kept one
+    request out, ``engine_kwargs``).
     Under DCP, SGLang takes ``max_total_tokens`` per rank and sizes its allocator to
     ``max_total_tokens * dcp`` virtual slots (0.5.17's kv_cache_configurator; seen on the x2 host:
     2^18 passed, an allocator of 2^19), so near-full asks for the need / dcp, in whole pages."""
@@ -534,6 +536,7 @@ def memory_and_leaks(engine, case: Case) -> tuple[dict, dict, dict]:
 def main(spec_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
     cases = [Case(**c) for c in spec["cases"]]
+    probe = spec.get("probe", True)       # False: a bare run, no probe in SGLang's processes
     out = open(spec["results"], "a")
 
     def emit(obj):
@@ -572,8 +575,8 @@ def main(spec_path: str) -> int:
             if c.workload is Workload.long_prompt_multi_turn:
                 res = run_multi_turn(engine, c, spec["repeats"], spec["warmup"])
             else:
-                res = run_case(engine, c, spec["repeats"], spec["warmup"], calibrate=spec.get("probe", True))
-            if spec.get("probe", True):
+                res = run_case(engine, c, spec["repeats"], spec["warmup"], calibrate=probe)
+            if probe:
                 mem_metrics, mem_checks, details = memory_and_leaks(engine, c)
             else:   # bare run: no probe in SGLang's processes, so no facts to read (timing baseline)
                 mem_metrics, mem_checks, details = {}, {"flush_cache": bool(engine.flush_cache())}, {"bare": True}

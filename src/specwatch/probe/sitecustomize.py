@@ -228,7 +228,8 @@ loses one runs that request alone afterwards, far below full."""
 
 def _new_occupancy() -> dict:
     return {"batches": 0, "near_full": 0, "peak": 0.0, "decode_batches": 0, "decode_near_full": 0,
-            "decode_peak": 0.0, "decode_peak_requests": 0, "max_decode_requests": 0, "probe_s": 0.0}
+            "decode_peak": 0.0, "decode_peak_requests": 0, "max_decode_requests": 0, "decode_waiting_max": 0,
+            "probe_s": 0.0}
 
 
 def _patch_run_batch(cls):
@@ -251,7 +252,7 @@ def _patch_run_batch(cls):
             mode = getattr(batch, "forward_mode", None)
             if mode is not None and mode.is_decode():   # decode steps: where near-full must hold
                 n = len(getattr(batch, "reqs", ()) or ())
-                occ["decode_waiting_max"] = max(occ.get("decode_waiting_max", 0),
+                occ["decode_waiting_max"] = max(occ["decode_waiting_max"],
                                                 len(getattr(self, "waiting_queue", ()) or ()))
                 occ["decode_batches"] += 1
                 occ["decode_near_full"] += u > NEAR_FULL
