@@ -91,6 +91,13 @@ def test_dcp_matrix_shows_outcomes_and_compares_outputs_with_the_dcp1_twin():
     assert rows[("flashinfer", 1, 2)]["same outputs as dcp 1"] == "DIFFERENT"
     assert rows[("flashinfer", 64, 1)]["same outputs as dcp 1"] == ""
     assert rows[("flashinfer", 64, 2)]["pools cover allocator"] == "yes, yes"
+    # a probe that never read the target's attention backend judged the dcp-2 pool as sharded: say so
+    recs[1].details["probe"] = {"dcp_size": 2}
+    old_probe = {(r["page"], r["dcp"]): r for r in dcp_matrix(records_frame(recs[:2])).to_dict("records")}
+    assert old_probe[(64, 2)]["pools cover allocator"].startswith("yes, yes (target judged as sharded")
+    recs[1].details["probe"]["target_attention_backend"] = {"mentions_dcp": True}
+    new_probe = {(r["page"], r["dcp"]): r for r in dcp_matrix(records_frame(recs[:2])).to_dict("records")}
+    assert new_probe[(64, 2)]["pools cover allocator"] == "yes, yes"
     assert rows[("triton", 64, 2)]["outcome"].startswith("crashed: Capture cuda graph failed: DCP Triton")
     assert rows[("triton", 64, 2)]["same outputs as dcp 1"] == ""
     assert dcp_matrix(records_frame([record()])).empty                      # no dcp suite, no table

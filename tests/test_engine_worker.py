@@ -4,7 +4,8 @@ oracle, leak and memory checks from the probe's facts."""
 from specwatch.case import Algorithm, Backend, Case, ModelSize, Profile
 import pytest
 
-from specwatch.engine_worker import engine_kwargs, memory_and_leaks, pool_coverage, prompt_starts, run_case
+from specwatch.engine_worker import (engine_kwargs, memory_and_leaks, pool_coverage, prompt_starts, run_case,
+                                     sglang_refusal)
 from specwatch.oracle import FIRST_ACTIVE, SHAPES, Oracle
 
 
@@ -443,3 +444,87 @@ def test_near_full_share_is_also_counted_over_decode_steps_only():
     metrics, _, _ = memory_and_leaks(Eng(CASE), CASE)
     assert metrics["near_full_batch_share"]["value"] == 0.6
     assert metrics["near_full_decode_share"]["value"] == 60 / 64
+
+
+def _raise_from(tmp_path, rel: str, exc: str):
+    """Raise ``exc`` from a function defined in a file at ``tmp_path/rel`` (a stand-in SGLang file)."""
+    path = tmp_path / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"def check():\n    raise {exc}('speculative_eagle_topk > 1 with page_size > 1 is unstable')\n")
+    namespace: dict = {}
+    exec(compile(path.read_text(), str(path), "exec"), namespace)
+    try:
+        namespace["check"]()
+    except Exception as e:        # noqa: BLE001 - the caught exception is the test's subject
+        return e
+    raise AssertionError("check() did not raise")
+
+
+@pytest.mark.parametrize("rel,exc,where", [
+    # 0.5.12 on the H200: the tree-page cases at topk 8, page 64/256 on triton
+    ("site/sglang/srt/server_args.py", "ValueError", "sglang/srt/server_args.py:check"),
+    ("site/sglang/srt/arg_groups/speculative_hook.py", "ValueError", "sglang/srt/arg_groups/speculative_hook.py:check"),
+    ("site/sglang/srt/server_args.py", "RuntimeError", None),        # not what argument checks raise
+    ("site/sglang/srt/model_executor/model_runner.py", "ValueError", None),   # raised while starting
+    ("site/other/server_args.py", "ValueError", None),               # not SGLang's
+])
+def test_only_sglangs_own_argument_checks_count_as_a_refusal(tmp_path, rel, exc, where):
+    assert sglang_refusal(_raise_from(tmp_path, rel, exc)) == where
+
+
+def test_prompt_starts_are_distinct_within_a_batch_and_unchanged_where_they_never_collided():
+    # 2xH200: this near-full case's warm-up drew start 202 twice (two requests, one prompt in the radix
+    # cache), held 0.80 of its pool, and the calibration overfilled the timed batch (3 of 4 decoded)
+    nf = Case(model=ModelSize.tiny, algorithm=Algorithm.EAGLE, attention_backend=Backend.flashinfer, page_size=64,
+              topk=4, num_steps=3,
+              num_draft_tokens=8, tp=2, batch_size=4, input_len=6144, output_len=256, workload="near-full")
+    assert nf.case_id == "53e14508cc2f"
+    warm = prompt_starts(nf, "warmup", 4)
+    assert len(set(warm)) == 4 and warm[0] == warm_first_draw(nf) == 202 and warm[2:] == [827, 501]
+    assert prompt_starts(nf, "timed0", 4) == [985, 170, 808, 978]        # no collision: as before
+    # the tiny-attn oracle has 256 starts: a batch of all of them is still distinct; one more cannot be
+    attn = CASE.model_copy(update={"model": ModelSize.tiny_attn, "batch_size": 256})
+    assert sorted(prompt_starts(attn, "timed0", 256)) == list(range(256))
+    with pytest.raises(ValueError, match="257 distinct prompts"):
+        prompt_starts(attn, "timed0", 257)
+
+
+def warm_first_draw(case: Case) -> int:
+    import hashlib
+    return int.from_bytes(hashlib.sha256(f"{case.dcp_twin_id()}/warmup/0".encode()).digest()[:4], "little") % 1024
+
+
+def test_every_batch_of_a_case_starts_from_an_empty_radix_cache():
+    flushes = []
+
+    class Counting(FakeEngine):
+        def flush_cache(self):
+            flushes.append(True)
+            return True
+
+    res = run_case(Counting(CASE), CASE, repeats=3, warmup=True)
+    assert len(flushes) == 6 and res["details"]["cache_flush_failures"] == 0     # prefill + timed, 3 repeats
+
+    class Refusing(FakeEngine):
+        def flush_cache(self):
+            return False
+
+    assert run_case(Refusing(CASE), CASE, repeats=2, warmup=True)["details"]["cache_flush_failures"] == 4
+
+
+def test_the_row_check_uses_the_model_of_the_running_sglang_release():
+    # the H200's 0.5.13-0.5.15 rows stop at the reserve; a 0.5.17-wide row is then a mismatch
+    tree = CASE.model_copy(update={"topk": 8, "num_draft_tokens": 8})
+
+    class Release(FakeEngine):
+        version = "fake"
+
+        def get_server_info(self):
+            return {**super().get_server_info(), "version": self.version}
+
+    engine = Release(tree)
+    assert memory_and_leaks(engine, tree)[1]["req_to_token_matches_model"]          # unparsed: newest rule
+    engine.version = "0.5.13"
+    assert not memory_and_leaks(engine, tree)[1]["req_to_token_matches_model"]
+    engine.version, engine.row_width = "0.5.13", SHAPES[tree.model].max_position + 2 * 2 * 64 * 8
+    assert memory_and_leaks(engine, tree)[1]["req_to_token_matches_model"]

@@ -3,7 +3,7 @@ import itertools
 import pytest
 
 from specwatch.case import Algorithm
-from specwatch.memory_model import COMPARED_FIELDS, SizingInput, compare, reference_sizing
+from specwatch.memory_model import COMPARED_FIELDS, SizingInput, compare, reference_sizing, release
 
 
 def test_seed_example_tree_on_paged_kv():
@@ -69,3 +69,18 @@ def test_reference_agrees_with_installed_sglang_on_1000_plus_configs():
     assert not disagreements, "\n".join(f"{x}: {d.field} specwatch={d.reference} sglang={d.sglang}"
                                         for x, d in disagreements[:20])
     assert set(COMPARED_FIELDS) >= {"alloc_len_per_decode", "req_to_token_row_width", "req_to_token_bytes"}
+
+
+@pytest.mark.parametrize("version,page,row", [
+    # req_to_token rows measured on the H200 (tiny, context 8192, topk 8, 3 steps, 8 draft tokens)
+    ("0.5.13", 64, 10240), ("0.5.15", 256, 16384), ("0.5.16", 64, 10303), ("0.5.17", 256, 16639),
+    (None, 64, 10303), ("0.5.17.post1", 64, 10303), ("0.5.15rc2", 64, 10240),
+])
+def test_the_row_rule_follows_the_sglang_release(version, page, row):
+    x = SizingInput(Algorithm.EAGLE, page, 8, 3, 8, 8192, 8)
+    assert reference_sizing(x, version).req_to_token_row_width == row
+
+
+def test_release_parses_version_strings():
+    assert release("0.5.17") == (0, 5, 17) and release("0.5.17.post1") == (0, 5, 17)
+    assert release("0.5.15rc2") == (0, 5, 15) and release(None) is None and release("dev") is None

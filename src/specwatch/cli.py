@@ -370,7 +370,7 @@ def noise_holdout(budget_file: Path = typer.Argument(Path("results/noise-budgets
 
     from specwatch.compare import aa_differences, held_out, pair_selections
 
-    data, _ = _budget_file(budget_file)
+    data, budgets = _budget_file(budget_file)
     pairs = data.get("pairs") or []
     if len(pairs) < 2:
         _fail(SpecwatchInputError(budget_file, "a held-out check needs two or more A/A pairs", field="pairs"))
@@ -395,12 +395,23 @@ def noise_holdout(budget_file: Path = typer.Argument(Path("results/noise-budgets
     total, flagged = int(counted["timed metrics"].sum()), int(counted["flagged under the other pairs' budgets"].sum())
     summary = (f"held out, clean pairs: {flagged} of {total} timed metrics flagged ({flagged / max(total, 1):.1%}; "
                f"goal <= 1%)")
+    # the price of a low false-positive rate: the smallest change `compare --budgets` calls a
+    # regression, per noise class and metric (a class without a budget gets the plain threshold)
+    price = pd.Series(budgets, name="budget").rename_axis("key").reset_index()
+    price[["class", "metric"]] = price.key.str.rsplit("/", n=1, expand=True)
+    price = price.pivot(index="class", columns="metric", values="budget").apply(lambda col: col.map(
+        lambda v: f"{v:.0%}" if v == v else "-")).reset_index()
     _print_frame("A/A pairs, each under the other pairs' noise budgets", t)
     console.print(summary)
+    _print_frame("smallest change called a regression (the budgets of all pairs)", price)
     if output:
         output.parent.mkdir(parents=True, exist_ok=True)
         table = t.assign(pair=t.pair.str.replace("|", "\\|", regex=False)).to_markdown(index=False)   # run=A|B
-        output.write_text(f"# Held-out A/A check of {budget_file}\n\n{summary}\n\n{table}\n")
+        output.write_text(f"# Held-out A/A check of {budget_file}\n\n{summary}\n\n{table}\n\n"
+                          "## Smallest change called a regression\n\n"
+                          "Per noise class and timed metric, the budget `compare --budgets` applies (all pairs "
+                          "merged): a change below it is noise by the A/A pairs' measure. Classes not listed "
+                          f"use the plain {threshold:.0%} threshold.\n\n{price.to_markdown(index=False)}\n")
         console.print(f"wrote {output}")
 
 

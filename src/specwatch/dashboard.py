@@ -87,6 +87,10 @@ def dcp_matrix(df: pd.DataFrame) -> pd.DataFrame:
                 equiv = "identical" if col(r, "output_digest") and r["output_digest"] == twin["output_digest"] \
                     else "DIFFERENT"
         covers = [col(r, c) for c in ("check.target_pool_covers_allocator", "check.draft_pool_covers_allocator")]
+        cover_text = ", ".join("yes" if c else "NO" for c in covers if c is not None)
+        if cover_text and r["dcp"] > 1 and col(r, "probe_read_attention_backend") is False:
+            # an older probe: the target pool was taken as sharded per rank whatever the backend does
+            cover_text += " (target judged as sharded: probe predates the backend check)"
         al = col(r, "accept_length")
         rows.append({
             "sglang": r["sglang_version"], "model": r["model"], "algo": r["algorithm"],
@@ -96,7 +100,7 @@ def dcp_matrix(df: pd.DataFrame) -> pd.DataFrame:
                 col(r, "check.accept_length_matches_oracle"), ""),
             "lossless mismatches": col(r, "lossless_mismatches"),
             "peak token usage": col(r, "peak_token_usage"),
-            "pools cover allocator": ", ".join("yes" if c else "NO" for c in covers if c is not None),
+            "pools cover allocator": cover_text,
             "draft pool missing rows": col(r, "draft_pool_missing_rows"),
             "same outputs as dcp 1": equiv,
         })

@@ -44,6 +44,27 @@ def now() -> str:
     return datetime.now(timezone.utc).isoformat()
 
 
+ARG_VALIDATION_FILES = ("srt/server_args.py", "srt/arg_groups/")
+"""Where SGLang validates an engine's arguments before it starts any process: ``ServerArgs`` and,
+from 0.5.17 on, its per-feature hooks (``arg_groups/speculative_hook.py``)."""
+
+
+def sglang_refusal(e: BaseException) -> str | None:
+    """``file:function`` of SGLang's argument check that refused an engine, or None for any other
+    exception. A refusal is SGLang saying the case is invalid on this version (0.5.12 refuses
+    topk > 1 on paged KV outside flashinfer): the case is recorded ``skipped`` with SGLang's words,
+    as the validity rules do for what they know, not ``failed``. The innermost SGLang frame
+    decides, and only for the exception types those checks raise."""
+    if not isinstance(e, (ValueError, AssertionError, NotImplementedError)):
+        return None
+    for frame in reversed(traceback.extract_tb(e.__traceback__)):
+        path = frame.filename.replace(os.sep, "/")
+        if "/sglang/" in path:
+            inner = path.rsplit("/sglang/", 1)[1]
+            return f"sglang/{inner}:{frame.name}" if inner.startswith(ARG_VALIDATION_FILES) else None
+    return None
+
+
 def near_full_request_tokens(case: Case) -> int:
     """KV slots one request of a near-full case holds at its peak, in whole allocator pages: prompt +
     max_new_tokens (SGLang admits a request only when both fit: with ``ignore_eos`` its new-token
@@ -187,13 +208,25 @@ def recorded_kwargs(kw: dict) -> dict:
 
 
 def prompt_starts(case: Case, tag: str, n: int) -> list[int]:
-    """Seeded start indices of the oracle chain: distinct per case, purpose and request (a DCP case
-    uses its dcp-1 twin's, so the two must give identical outputs)."""
+    """Seeded start indices of the oracle chain, per case, purpose and request (a DCP case uses its
+    dcp-1 twin's, so the two must give identical outputs), distinct within the batch: two requests
+    from one start share their whole prompt in the radix cache. (They did: on 2xH200 a tiny
+    near-full warm-up drew start 202 twice, held 0.80 of the pool instead of 1.0, and the calibration
+    then lengthened the prompts past what the pool holds.) A repeated draw is redrawn with a counter;
+    starts that never collided are the same as before."""
     a = SHAPES[case.model].active
-    out = []
+    if n > a:
+        raise ValueError(f"{n} distinct prompts need {n} chain starts; the {case.model.value} oracle has {a}")
+    out: list[int] = []
     for i in range(n):
-        h = hashlib.sha256(f"{case.dcp_twin_id()}/{tag}/{i}".encode()).digest()
-        out.append(int.from_bytes(h[:4], "little") % a)
+        key, k = f"{case.dcp_twin_id()}/{tag}/{i}", 0
+        while True:
+            s = int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "little") % a
+            if s not in out:
+                break
+            k += 1
+            key = f"{case.dcp_twin_id()}/{tag}/{i}/{k}"
+        out.append(s)
     return out
 
 
@@ -337,7 +370,12 @@ def run_case(engine, case: Case, repeats: int, warmup: bool, calibrate: bool = F
     draft_oracle = draft_oracle_for(case, oracle)
     expected_per_repeat: list[float] = []
     hist = None
+    flush_failures = 0             # SGLang refuses a flush while requests run: none should here
     for r in range(repeats):
+        # Nothing of an earlier batch stays in the radix cache: a timed prompt whose start an earlier
+        # batch drew (the tiny-attn oracle has 256 starts) would skip its prefill, and the pairwise
+        # decode split below assumes the prefill-only batch and the timed one both prefill in full.
+        flush_failures += not engine.flush_cache()
         # A prefill-only batch of the same shape right before each timed batch: decode time is
         # the timed batch's wall time minus it, pairwise, so one slow prefill spoils one repeat only.
         t = time.perf_counter()
@@ -345,6 +383,7 @@ def run_case(engine, case: Case, repeats: int, warmup: bool, calibrate: bool = F
         prefill_s = time.perf_counter() - t
         prefills.append(prefill_s)
         prompts, expected = batch(f"timed{r}")
+        flush_failures += not engine.flush_cache()
         t = time.perf_counter()
         outs = engine.generate(input_ids=prompts, sampling_params=sp)
         wall = time.perf_counter() - t
@@ -401,6 +440,7 @@ def run_case(engine, case: Case, repeats: int, warmup: bool, calibrate: bool = F
         checks["accept_length_matches_oracle"] = matches_oracle(als, expected_per_repeat)
     return {"metrics": metrics, "checks": checks,
             "details": {"accept_histogram": hist, "prefill_s": prefills, "near_full_calibration": calibration,
+                        "cache_flush_failures": flush_failures,
                         # identical prompts (seeded by dcp_twin_id) must give identical outputs
                         "output_digest": digest.hexdigest()[:16],
                         "decode_split_repeats": len(decode_tps)}}
@@ -514,7 +554,7 @@ def memory_and_leaks(engine, case: Case) -> tuple[dict, dict, dict]:
             metrics["peak_gpu_memory"] = metric(sw["cuda"]["max_allocated"], "bytes", higher_is_better=False)
         # The CPU-tier memory model next to the real objects
         inputs = SizingInput.for_case(case, SHAPES[case.model].max_position, r["size"])
-        model = reference_sizing(inputs)
+        model = reference_sizing(inputs, facts.get("version"))      # the row rule moved at 0.5.16
         metrics["model_req_to_token_bytes"] = metric(model.req_to_token_bytes, "bytes", exact=True)
         checks["req_to_token_matches_model"] = (model.req_to_token_row_width == r["row_width"]
                                                 and model.req_to_token_bytes == r["bytes"])
@@ -560,9 +600,12 @@ def main(spec_path: str) -> int:
         engine = sglang.Engine(**kwargs)
     except Exception as e:
         tail = traceback.format_exc()[-4000:]
+        where = sglang_refusal(e)
+        status, reason = (("skipped", f"refused by SGLang {getattr(sglang, '__version__', '?')} ({where}): {e}") if where else
+                          ("failed", f"engine start: {type(e).__name__}: {e}"))
         for c in cases:
-            emit({"case_id": c.case_id, "status": "failed", "started_at": now(), "finished_at": now(),
-                  "reason": f"engine start: {type(e).__name__}: {e}"[:2000], "log_tail": tail})
+            emit({"case_id": c.case_id, "status": status, "started_at": now(), "finished_at": now(),
+                  "reason": reason[:2000], "log_tail": tail})
         return 0
     start_s = time.perf_counter() - t0
     emit({"event": ENGINE_STARTED_EVENT, "engine_start_s": start_s})

@@ -17,7 +17,8 @@ C = model context length, R = max running requests):
   max(ceil((P-1+s)/P) * P * k, n).
 * alloc_reserve_per_decode: 2 * alloc_len_per_decode (double buffer for the overlap lag).
 * req_to_token_extra_context_len: row headroom past C. 4 + n; with speculation and P > 1 at
-  least reserve + P - 1, because the decode watermark is rounded up to a whole page.
+  least reserve + P - 1, because the decode watermark is rounded up to a whole page (from SGLang
+  0.5.16 on; 0.5.12-0.5.15 rows stop at the reserve: ``ROW_PAGE_SLACK_SINCE``).
 * req_to_token_row_width = C + extra; req_to_token_bytes = (R + 1) * row_width * 4 (int32,
   one padding row).
 * allocator_page_size = P * D (DCP pages in virtual slots).
@@ -36,6 +37,7 @@ C = model context length, R = max running requests):
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass, fields
 from types import SimpleNamespace
 from typing import Optional
@@ -117,8 +119,29 @@ def pages_per_branch(page_size: int, num_steps: int) -> int:
     return math.ceil((page_size - 1 + num_steps) / page_size)
 
 
-def reference_sizing(x: SizingInput) -> Sizing:
-    """specwatch's own formulas (module docstring)."""
+ROW_PAGE_SLACK_SINCE = (0, 5, 16)
+"""First SGLang release whose paged spec-decode req_to_token row adds page_size - 1 slots past the
+per-decode reserve. Measured on the H200 (tiny, 8192-token context, topk 8, 3 steps): 0.5.13-0.5.15
+rows are 10240 (page 64) and 16384 (page 256) slots wide, 0.5.16-0.5.17 rows 10303 and 16639."""
+
+
+def release(version: Optional[str]) -> Optional[tuple[int, ...]]:
+    """``"0.5.13"`` / ``"0.5.17.post1"`` -> (0, 5, 13) / (0, 5, 17); None for None or no number."""
+    parts = []
+    for piece in (version or "").split("."):
+        lead = re.match(r"\d+", piece)
+        if not lead:
+            break
+        parts.append(int(lead.group()))
+        if lead.end() < len(piece):         # "15rc2": a pre-release of 15; nothing after it counts
+            break
+    return tuple(parts) or None
+
+
+def reference_sizing(x: SizingInput, sglang_version: Optional[str] = None) -> Sizing:
+    """specwatch's own formulas (module docstring), for ``sglang_version`` (None: the newest rules)."""
+    ver = release(sglang_version)
+    page_slack = x.page_size - 1 if ver is None or ver >= ROW_PAGE_SLACK_SINCE else 0
     if x.algorithm is None:
         alloc = 1
     elif _tree_on_paged_kv(x):
@@ -128,7 +151,7 @@ def reference_sizing(x: SizingInput) -> Sizing:
     reserve = 2 * alloc
     extra = 4 + (x.num_draft_tokens if x.algorithm is not None else 0)
     if x.algorithm is not None and x.page_size > 1:
-        extra = max(extra, reserve + x.page_size - 1)
+        extra = max(extra, reserve + page_slack)
     row = x.context_len + extra
     alloc_page = x.page_size * x.dcp
     longest = max_seq_len(x)

@@ -124,8 +124,12 @@ def across_versions(df: pd.DataFrame, out: Path, metrics=VERSION_METRICS) -> lis
     for ax, (m, unit) in zip(axes, metrics):
         if common and m in latest:
             for cid, g in latest.groupby("case_id"):
+                first = g.iloc[0]
+                name = (f"{first.model} {first.attention_backend} p{first.page_size} k{first.topk} "
+                        f"bs{first.batch_size}")
                 g = g.set_index("sglang_version").reindex(versions)
-                ax.plot(labels, g[m].values, marker="o", alpha=0.7, lw=1)
+                ax.plot(labels, g[m].values, marker="o", alpha=0.7, lw=1, label=name)
+            ax.legend(fontsize=7, title="case", title_fontsize=7)
         ax.set(xlabel="SGLang version", ylabel=f"{m} ({unit})",
                title=f"{m}\n{len(common)} cases ok on every version that ran")
     return _save(fig, out, "across_versions")
