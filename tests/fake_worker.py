@@ -26,7 +26,7 @@ from specwatch.timing_lock import WorkerTimingLock
 def interval(kind, t0):
     if os.environ.get("FAKE_WORKER_INTERVALS"):
         with open(os.environ["FAKE_WORKER_INTERVALS"], "a") as f:
-            f.write(json.dumps({"kind": kind, "t0": t0, "t1": time.time()}) + "\n")
+            f.write(json.dumps({"kind": kind, "t0": t0, "t1": time.time(), "pid": os.getpid()}) + "\n")
 
 
 with open(spec["results"], "a") as out:
@@ -44,6 +44,10 @@ with open(spec["results"], "a") as out:
     time.sleep(float(os.environ.get("FAKE_START_S", "0")))
     interval("start", t0)
     emit({"event": "engine_started"})
+    # the probe's pool checks at engine start, as engine_worker emits them (a pool 64 rows short)
+    emit({"event": "engine_facts", "checks": {"target_pool_covers_allocator": False},
+          "metrics": {"target_pool_missing_rows": {"value": 64.0, "unit": "slots", "exact": True}},
+          "details": {"pool_coverage_at_start": {"target": {"scale": 1, "missing_rows": 64}}}})
     lock.timing(emit)
     t0 = time.time()
     for c in spec["cases"]:

@@ -99,14 +99,18 @@ def test_selection_holds_clean_probed_runs_unless_it_names_fault_or_probe(tmp_pa
     from records import T0, prov
 
     clean, faulty, bare = rec(A, [100, 101, 99]), rec(A, [50, 51, 49]), rec(A, [103, 104, 102])
+    overlapped = rec(A, [80, 120, 95])               # --overlap-starts: timed while other engines started
     faulty.provenance = prov(fault="accept-off-by-one", started_at=T0 + timedelta(hours=1))
     bare.provenance = prov(probe=False, started_at=T0 + timedelta(hours=2))
-    for r in (clean, faulty, bare):
+    overlapped.provenance = prov(started_at=T0 + timedelta(hours=3))
+    overlapped.details["overlap_starts"] = True
+    for r in (clean, faulty, bare, overlapped):
         append_record(results_path(tmp_path, "m", "0.5.17", r.suite, r.provenance.fault, r.provenance.probe), r)
     assert select("sglang_version=0.5.17", tmp_path) == [clean]
     assert select("sglang_version=0.5.17,fault=accept-off-by-one", tmp_path) == [faulty]
     assert select("sglang_version=0.5.17,probe=off", tmp_path) == [bare]
-    assert len(select("sglang_version=0.5.17,fault!=x,probe!=x", tmp_path)) == 3
+    assert select("sglang_version=0.5.17,overlap=on", tmp_path) == [overlapped]
+    assert len(select("sglang_version=0.5.17,fault!=x,probe!=x,overlap!=x", tmp_path)) == 4
 
 
 def test_a_memory_change_is_explained_by_the_versions_own_sizing():
@@ -132,6 +136,9 @@ def test_aa_differences_name_the_conditions_that_differ():
     again = rec(A, [100, 100, 100])
     again.details["parallel_starts"] = 8
     assert aa_differences([parallel], [again]) == []
+    again.details["overlap_starts"] = True         # timed while other engines started: no A/A
+    assert aa_differences([parallel], [again]) == ["overlap_starts: False vs True"]
+    del again.details["overlap_starts"]
     again.details["engine_kwargs"], parallel.details["engine_kwargs"] = {"sleep_on_idle": True}, {"page_size": 64}
     assert aa_differences([parallel], [again]) == ["engine arguments differ"]
     # a busy host on one side (load average around each case): named, below a core's worth not

@@ -238,3 +238,14 @@ def test_a_version_that_ran_nothing_ok_keeps_its_place_on_the_version_axis():
     assert labels[0] == "0.5.14" and labels[1] == "0.5.15\nno ok case:\n2 crashed" and labels[2] == "0.5.16"
     assert common == [case(page_size=1).case_id]                 # ok on 0.5.14 and 0.5.16 (0.5.15 ran none)
     assert version_axis(records_frame([])) == ([], [], [])
+
+
+def test_timing_plots_leave_out_runs_whose_starts_overlapped_timed_batches():
+    from specwatch.plots import timing_records
+
+    waves, overlapped = record(case()), record(case(page_size=1))
+    overlapped.details["overlap_starts"] = True
+    df = records_frame([waves, overlapped])
+    assert list(df.overlap_starts) == [False, True]
+    assert list(timing_records(df).case_id) == [waves.case_id]
+    assert list(timing_records(df.drop(columns="overlap_starts")).case_id) == [waves.case_id, overlapped.case_id]

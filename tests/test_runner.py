@@ -114,6 +114,10 @@ def test_a_device_side_assertion_is_named_as_the_cause(tmp_path):
         "worker exited with code -9 before finishing this case: device-side assertion in kvcache.cuh:209 "
         "store_kvcache: `index >= 0 && index < size_limit` failed (3 lines of it in the log)")
     assert "surfaced as: RuntimeError: CUDA error: CUBLAS_STATUS_EXECUTION_FAILED" in crashed[0].reason
+    # the engine's pool checks, read at its start, stay on the crash record (a crash keeps the why)
+    assert crashed[0].checks == {"target_pool_covers_allocator": False}
+    assert crashed[0].metrics["target_pool_missing_rows"].value == 64
+    assert crashed[0].details["pool_coverage_at_start"]["target"]["missing_rows"] == 64
 
 
 def test_a_timeout_after_sglang_failed_says_so():
@@ -189,32 +193,58 @@ def test_where_selects_cases(tmp_path):
     assert [(r.case.page_size, r.case.topk) for r in recs] == [(64, 1), (64, 1)] and starts == 1
 
 
-def test_parallel_starts_overlap_each_other_but_never_a_timed_batch(tmp_path):
-    """4 groups in one wave: the fake engine starts (0.6 s each) run together, the timed parts
-    (0.2 s per case) run one at a time and only after every start of the wave has ended."""
+def _timed_run(tmp_path, **kw):
+    """4 fake groups of 2 cases (starts 0.6 s, 0.2 s of timing per case), all ok, one start each;
+    returns the results file and the start and timing intervals (the latter in time order)."""
     import json
-    import time
 
     suite = _suite(tmp_path, topks="[1, 2]")
     intervals = tmp_path / "intervals"
     os.environ.update(FAKE_WORKER_INTERVALS=str(intervals), FAKE_START_S="0.6", FAKE_TIME_S="0.2")
     try:
-        t0 = time.monotonic()
-        out, starts = _run(tmp_path, suite, parallel_starts=4)
-        wall = time.monotonic() - t0
+        out, starts = _run(tmp_path, suite, **kw)
     finally:
         for k in ("FAKE_WORKER_INTERVALS", "FAKE_START_S", "FAKE_TIME_S"):
             os.environ.pop(k)
     recs = list(read_records(out))
     assert len(recs) == 8 and all(r.status is Status.ok for r in recs) and starts == 4
     spans = [json.loads(x) for x in intervals.read_text().splitlines()]
-    st = [s for s in spans if s["kind"] == "start"]
-    tm = sorted((s for s in spans if s["kind"] == "timing"), key=lambda s: s["t0"])
+    return (out, [s for s in spans if s["kind"] == "start"],
+            sorted((s for s in spans if s["kind"] == "timing"), key=lambda s: s["t0"]))
+
+
+def test_parallel_starts_overlap_each_other_but_never_a_timed_batch(tmp_path):
+    """4 groups in one wave: the fake engine starts (0.6 s each) run together, the timed parts
+    (0.2 s per case) run one at a time and only after every start of the wave has ended."""
+    import time
+
+    t0 = time.monotonic()
+    out, st, tm = _timed_run(tmp_path, parallel_starts=4)
+    wall = time.monotonic() - t0
     assert len(st) == 4 and len(tm) == 4
     assert max(s["t0"] for s in st) < min(s["t1"] for s in st)     # the starts overlapped
     assert min(t["t0"] for t in tm) >= max(s["t1"] for s in st)    # no timing before all starts ended
     assert all(a["t1"] <= b["t0"] for a, b in zip(tm, tm[1:]))     # timed parts one at a time
     assert wall < 4 * 0.6 + 8 * 0.2                                # cheaper than starting one by one
+
+
+def test_overlapping_starts_keep_k_groups_in_flight_and_timed_parts_apart(tmp_path):
+    """--overlap-starts, K = 2, 4 groups: a group starts as soon as one ends, so later starts (0.6 s)
+    run while earlier groups time (0.2 s per case); timed parts still one at a time; never more than
+    2 groups in flight; the run summary says so."""
+    from specwatch.store import RUNS_FILE, read_runs
+
+    out, st, tm = _timed_run(tmp_path, parallel_starts=2, overlap_starts=True)
+    assert all(a["t1"] <= b["t0"] for a, b in zip(tm, tm[1:]))     # timed parts one at a time
+    assert any(s["t0"] < t["t1"] and t["t0"] < s["t1"] for s in st for t in tm)   # a start overlapped a timing
+    group = {s["pid"]: [s["t0"], s["t0"]] for s in st}
+    for t in tm:
+        group[t["pid"]][1] = t["t1"]
+    edges = sorted([(a, 1) for a, _ in group.values()] + [(b, -1) for _, b in group.values()])
+    in_flight = [sum(d for _, d in edges[:i + 1]) for i in range(len(edges))]
+    assert max(in_flight) == 2
+    (run,) = read_runs(out.parent / RUNS_FILE)
+    assert run.overlap_starts and run.parallel_starts == 2 and run.engine_groups == 4
 
 
 def test_parallel_starts_survive_a_worker_dying_before_its_engine_is_up(tmp_path):

@@ -128,6 +128,11 @@ def run(suites: list[Path] = typer.Argument(..., help="Suite file(s); on a GPU t
                                             "a time (starts never overlap a timed batch)."),
         stop_after: Optional[float] = typer.Option(None, help="GPU: start no new engine group or wave after this "
                                                    "many seconds (finish the rest later with --resume)."),
+        overlap_starts: bool = typer.Option(False, "--overlap-starts", help="GPU, with --parallel-starts K: no waves; "
+                                            "K engine groups in flight, the next started as soon as one ends, so "
+                                            "starts overlap other engines' timed batches (timed batches still "
+                                            "never overlap each other). Cheaper sweeps, noisier timing: for "
+                                            "memory and correctness sweeps; records say details.overlap_starts."),
         overlay: Optional[Path] = typer.Option(None, help="GPU: a commit overlay (specwatch overlay) to run "
                                                "instead of the installed SGLang's Python code."),
         group_timeout: Optional[int] = typer.Option(None, min=10, help="GPU: wall-clock limit per engine group "
@@ -191,7 +196,7 @@ def run(suites: list[Path] = typer.Argument(..., help="Suite file(s); on a GPU t
 
         paths = run_suites(loaded, results, faults=faults, resume=resume, shard=sh, models_dir=models_dir,
                            progress=progress, where=flt, parallel_starts=parallel_starts, stop_after_s=stop_after,
-                           group_timeout_s=group_timeout, bare=bare, known_root=known)
+                           group_timeout_s=group_timeout, bare=bare, known_root=known, overlap_starts=overlap_starts)
     for path in dict.fromkeys(paths):
         console.print(f"results in {path}")
 
@@ -527,7 +532,8 @@ def results_cmd(root: Path = typer.Argument(Path("results"), help="Results root.
 
         _print_frame("sweep cost per run (wall / case time; goal < 2)", pd.DataFrame([{
             "started": r.started_at.strftime("%Y-%m-%d %H:%M"), "sglang": r.sglang_version,
-            "suites": "+".join(r.suites), "K": r.parallel_starts, "groups": r.engine_groups,
+            "suites": "+".join(r.suites), "K": f"{r.parallel_starts}{' overlap' if r.overlap_starts else ''}",
+            "groups": r.engine_groups,
             "workers": r.worker_starts, "records": sum(r.records.values()), "wall s": round(r.wall_s),
             "case s": round(r.case_s), "ratio": None if r.cost_ratio is None else round(r.cost_ratio, 2)}
             for r in runs]))

@@ -28,7 +28,7 @@ from pathlib import Path
 from specwatch.case import Algorithm, Case, ModelSize, Profile, Workload
 from specwatch.memory_model import SizingInput, reference_sizing, sglang_sizing
 from specwatch.oracle import SHAPES, Oracle, ensure_models
-from specwatch.timing_lock import ENGINE_STARTED_EVENT, PARALLEL_ENV, WorkerTimingLock
+from specwatch.timing_lock import ENGINE_FACTS_EVENT, ENGINE_STARTED_EVENT, PARALLEL_ENV, WorkerTimingLock
 
 KV_TOKENS = {ModelSize.tiny: 1 << 18, ModelSize.tiny_attn: 1 << 18, ModelSize.tiny_mla: 1 << 18, ModelSize.llama_1b: 1 << 17,
              ModelSize.llama_8b: 1 << 16}
@@ -485,6 +485,31 @@ def writes_at_virtual_slots(probe_facts: dict) -> bool:
     return probe_facts.get("dcp_size", 1) > 1 and backend.get("mentions_dcp") is False
 
 
+def pool_checks(sw: dict) -> tuple[dict, dict, dict]:
+    """Whether each KV pool holds every slot the shared allocator hands out (seed 004), from the
+    probe's facts ``sw``: (metrics, checks, coverage details per role). Structural, the same right
+    after the engine starts as after a case, so a group that crashes before its first record still
+    gets it (``ENGINE_FACTS_EVENT``: on 2xH200 every dcp-2 flashinfer near-full case crashed)."""
+    metrics, checks, coverage = {}, {}, {}
+    a, dp = sw.get("allocator"), sw.get("draft_kv_pool")
+    if not a:
+        return metrics, checks, coverage
+    virtual = writes_at_virtual_slots(sw)
+    for role, pool in (("target", sw.get("target_kv_pool")), ("draft", dp)):
+        cov = pool_coverage(a, pool, virtual_slot_writes=role == "target" and virtual)
+        if cov and cov.get("scale"):
+            coverage[role] = cov
+            metrics[f"{role}_pool_missing_rows"] = metric(cov["missing_rows"], "slots", exact=True,
+                                                          higher_is_better=False)
+            checks[f"{role}_pool_covers_allocator"] = (cov["missing_rows"] == 0
+                                                       and cov.get("missing_buffer_rows", 0) == 0)
+    if "draft" in coverage:
+        # the allocator's page, in the pool's own slot space (a DCP-sharded pool: page / dcp)
+        checks["draft_pool_page_matches_allocator"] = (dp["page_size"]
+                                                       == coverage["draft"]["allocator_page_in_pool_slots"])
+    return metrics, checks, coverage
+
+
 def memory_and_leaks(engine, case: Case) -> tuple[dict, dict, dict]:
     ok_flush = engine.flush_cache()
     facts = server_facts(engine)
@@ -514,19 +539,9 @@ def memory_and_leaks(engine, case: Case) -> tuple[dict, dict, dict]:
         if dp:
             if dp.get("bytes"):
                 metrics["draft_kv_pool_bytes"] = metric(dp["bytes"], "bytes", exact=True, higher_is_better=False)
-        virtual = writes_at_virtual_slots(sw)
-        for role, pool in (("target", sw.get("target_kv_pool")), ("draft", dp)):
-            cov = pool_coverage(a, pool, virtual_slot_writes=role == "target" and virtual)
-            if cov and cov.get("scale"):
-                coverage[role] = cov
-                metrics[f"{role}_pool_missing_rows"] = metric(cov["missing_rows"], "slots", exact=True,
-                                                              higher_is_better=False)
-                checks[f"{role}_pool_covers_allocator"] = (cov["missing_rows"] == 0
-                                                           and cov.get("missing_buffer_rows", 0) == 0)
-        if "draft" in coverage:
-            # the allocator's page, in the pool's own slot space (a DCP-sharded pool: page / dcp)
-            checks["draft_pool_page_matches_allocator"] = (dp["page_size"]
-                                                           == coverage["draft"]["allocator_page_in_pool_slots"])
+        pool_metrics, pool_checks_, coverage = pool_checks(sw)
+        metrics.update(pool_metrics)
+        checks.update(pool_checks_)
         occ = sw.get("occupancy")
         if occ and occ.get("batches"):
             metrics["peak_token_usage"] = metric(occ["peak"], "1", exact=False, higher_is_better=None)
@@ -611,6 +626,11 @@ def main(spec_path: str) -> int:
     emit({"event": ENGINE_STARTED_EVENT, "engine_start_s": start_s})
     waited_s = lock.timing(emit)
     facts_start = server_facts(engine)
+    if probe and "allocator" in facts_start["specwatch"]:
+        # the pool layout before any case runs: a crashed or timed-out case still records it
+        pool_metrics, pool_checks_, coverage = pool_checks(facts_start["specwatch"])
+        emit({"event": ENGINE_FACTS_EVENT, "metrics": pool_metrics, "checks": pool_checks_,
+              "details": {"pool_coverage_at_start": coverage}})
     for c in cases:
         started = now()
         load_before = host_load()
@@ -635,6 +655,8 @@ def main(spec_path: str) -> int:
                 res["details"]["engine_args_not_in_this_sglang"] = dropped_args
             if lock.enabled:
                 res["details"]["parallel_starts"] = int(os.environ.get(PARALLEL_ENV, "0")) or None
+                if lock.overlapping:
+                    res["details"]["overlap_starts"] = True     # timed while other engines started
                 res["details"]["waited_for_timing_s"] = round(waited_s, 3)
             emit({"case_id": c.case_id, "status": "ok", "started_at": started, "finished_at": now(), **res})
         except Exception as e:

@@ -135,16 +135,23 @@ def across_versions(df: pd.DataFrame, out: Path, metrics=VERSION_METRICS) -> lis
     return _save(fig, out, "across_versions")
 
 
+def timing_records(df: pd.DataFrame) -> pd.DataFrame:
+    """The records whose timing the plots show: not those of runs whose starts overlapped other
+    engines' timed batches (``--overlap-starts``: noisier timing; their exact metrics equal a wave run's)."""
+    return df[df.overlap_starts != True] if "overlap_starts" in df else df      # noqa: E712
+
+
 def make_all(df: pd.DataFrame, out: Path) -> list[Path]:
     """Every dashboard plot from a records frame (``store.records_frame``)."""
     paths = memory_vs_topk(df, out)
     if not df.empty:
-        chain_or_tree = df[(df.batch_size == 1)] if "batch_size" in df else df
+        timed = timing_records(df)
+        chain_or_tree = timed[(timed.batch_size == 1)] if "batch_size" in timed else timed
         paths += _by_topk(chain_or_tree, "decode_throughput", "attention_backend", out, "throughput_vs_topk",
                           "decode throughput (tokens/s), batch 1", "throughput vs topk per backend")
         paths += _by_topk(df, "accept_length", "profile", out, "acceptance_vs_topk",
                           "acceptance length (tokens/verify)", "acceptance vs topk per oracle profile")
-        paths += across_versions(df, out)
+        paths += across_versions(timed, out)
     return paths
 
 

@@ -147,6 +147,8 @@ class RunSummary(BaseModel):
     suites: list[str] = Field(description="Suite names run together.")
     faults: list[Optional[str]] = Field(description="Faults each suite ran under (None: clean).")
     parallel_starts: int = Field(description="Engines started at once (1: one after another).")
+    overlap_starts: bool = Field(default=False, description="Starts overlapped other engines' timed batches "
+                                 "(``--overlap-starts``: K groups in flight, no waves).")
     engine_groups: int = Field(description="Engine groups launched (each one sglang.Engine).")
     worker_starts: int = Field(description="Worker processes started (more than groups after crashes).")
     records: dict[str, int] = Field(description="Records written, by status.")

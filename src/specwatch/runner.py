@@ -32,7 +32,8 @@ from specwatch.record import CaseRecord, Metric, RunSummary, Status, new_run_id,
 from specwatch.sglang_host import sglang_version
 from specwatch.store import append_record, append_run, finished_case_ids, recorded_case_ids, results_path
 from specwatch.suite import PlannedCase, Suite, matches
-from specwatch.timing_lock import (ENGINE_STARTED_EVENT, ENV as TIMING_LOCK_ENV, HELD_EVENT, PARALLEL_ENV,
+from specwatch.timing_lock import (ENGINE_FACTS_EVENT, ENGINE_STARTED_EVENT, ENV as TIMING_LOCK_ENV, HELD_EVENT,
+                                   OVERLAP_ENV, PARALLEL_ENV,
                                    TIMING_EVENT, TimingLock, WaveGate)
 
 LOG_TAIL_LINES = 60
@@ -93,9 +94,14 @@ def record_from_worker(suite: Suite, case: Case, line: dict, fault: Optional[str
 
 
 def failure_record(suite: Suite, case: Case, status: Status, reason: str, log_tail: Optional[str],
-                   fault: Optional[str], started, probe: bool = True) -> CaseRecord:
+                   fault: Optional[str], started, probe: bool = True,
+                   at_start: Optional[dict] = None) -> CaseRecord:
+    """A case the worker did not finish. ``at_start``: the worker's ``ENGINE_FACTS_EVENT`` line, whose
+    structural pool checks hold for every case of the engine, so the record keeps them."""
+    at_start = at_start or {}
     return CaseRecord(suite=suite.name, case_id=case.case_id, case=case, status=status, reason=reason,
-                      log_tail=log_tail,
+                      log_tail=log_tail, metrics={k: Metric(**v) for k, v in at_start.get("metrics", {}).items()},
+                      checks=at_start.get("checks", {}), details=at_start.get("details", {}),
                       provenance=collect(started, utcnow(), str(suite.path), suite.sha256, fault, probe))
 
 
@@ -132,6 +138,7 @@ def run_group(suite: Suite, cases: list[Case], timeout_s: int, fault: Optional[s
             by_id = {c.case_id: c for c in remaining}
             seen_lines = 0
             clock = GroupClock(timeout_s)
+            at_start: dict = {}              # the engine's pool checks (ENGINE_FACTS_EVENT), for failures
 
             def collect_new_lines() -> None:
                 """Record every case the worker has finished so far (records land as cases end)."""
@@ -146,6 +153,8 @@ def run_group(suite: Suite, cases: list[Case], timeout_s: int, fault: Optional[s
                         return  # a line still being written: read it next time
                     seen_lines += 1
                     clock.on_event(line.get("event"))
+                    if line.get("event") == ENGINE_FACTS_EVENT:
+                        at_start.update(line)
                     if line.get("event") and on_event:
                         on_event(line["event"])
                     case = by_id.get(line.get("case_id"))
@@ -192,7 +201,8 @@ def run_group(suite: Suite, cases: list[Case], timeout_s: int, fault: Optional[s
             if died_at_start and len(remaining) > 1:
                 reason = "engine start: " + reason
             for victim in victims:
-                on_record(failure_record(suite, victim, status, reason, _tail(log_text), fault, started, probe))
+                on_record(failure_record(suite, victim, status, reason, _tail(log_text), fault, started, probe,
+                                         at_start))
             remaining = [c for c in remaining if c not in victims]
 
 
@@ -393,14 +403,15 @@ def run_suites(suites: list[Suite], results_root: Path, faults: tuple[Optional[s
                extra_env: Optional[dict] = None, where: Optional[dict] = None,
                parallel_starts: int = 1, stop_after_s: Optional[float] = None,
                group_timeout_s: Optional[int] = None, bare: bool = False,
-               known_root: Optional[Path] = None) -> list[Path]:
+               known_root: Optional[Path] = None, overlap_starts: bool = False) -> list[Path]:
     """Run every planned case of each suite once per fault (``None``: clean); returns the results
     files. ``parallel_starts`` > 1 starts that many engines at once and times them one at a time
     (``specwatch.timing_lock``); ``stop_after_s`` starts no new group (or wave) after that many
     seconds, leaving the rest to ``--resume``; ``group_timeout_s`` overrides the suites' per-group limit
     (a group past it is recorded ``timeout`` with its log tail, unlike one cut by SIGTERM). ``bare``
     runs SGLang without specwatch's probe (records in ``SUITE+bare``): the harness-overhead baseline.
-    ``known_root``: cases recorded there already (any status) are left out (``plan_run``)."""
+    ``known_root``: cases recorded there already (any status) are left out (``plan_run``).
+    ``overlap_starts`` (with ``parallel_starts`` > 1): no waves, K groups in flight (``_run_rolling``)."""
     check_bare(faults, bare)
     facts = dict(host_facts())
     if gpus is not None:
@@ -433,6 +444,7 @@ def run_suites(suites: list[Suite], results_root: Path, faults: tuple[Optional[s
         if jobs:
             append_run(results_root, RunSummary(
                 suites=[s.name for s in suites], faults=list(faults), parallel_starts=parallel_starts,
+                overlap_starts=overlap_starts and parallel_starts > 1,
                 engine_groups=tally.launched, worker_starts=tally.worker_starts, records=dict(tally.statuses),
                 wall_s=round(time.monotonic() - t0, 3), case_s=round(tally.case_s, 3),
                 engine_start_s=round(sum(tally.engine_starts.values()), 3),
@@ -447,6 +459,9 @@ def run_suites(suites: list[Suite], results_root: Path, faults: tuple[Optional[s
                     break
                 tally.launch(1)
                 job.run(models_dir, extra_env, worker_module, tally.event)
+        elif overlap_starts:
+            _run_rolling(jobs, parallel_starts, expired, models_dir, extra_env, worker_module, tally.event,
+                         on_launch=tally.launch)
         else:
             _run_waves(jobs, parallel_starts, expired, models_dir, extra_env, worker_module, tally.event,
                        on_wave=tally.launch)
@@ -501,6 +516,45 @@ def wave_order(jobs: list) -> list:
     return sorted(jobs, key=lambda j: start_class(j.cases[0]))
 
 
+def _parallel_env(extra_env: Optional[dict], lock_path: Path, parallel_starts: int, overlap: bool) -> dict:
+    env = dict(extra_env or {}, **{TIMING_LOCK_ENV: str(lock_path), PARALLEL_ENV: str(parallel_starts)})
+    if overlap:
+        env[OVERLAP_ENV] = "1"
+    # K engines' processes share the host's cores: keep each one's CPU thread pools small
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // parallel_starts)))
+    return env
+
+
+def _run_rolling(jobs: list, parallel_starts: int, expired, models_dir: Path, extra_env: Optional[dict],
+                 worker_module: str, count: Callable[[str], None],
+                 on_launch: Callable[[int], None]) -> None:
+    """``--overlap-starts``: up to ``parallel_starts`` groups in flight, the next one started as soon as
+    one ends, in ``wave_order``, until ``expired()``. Timed batches still exclude each other (the
+    lock's exclusive side); starts are not held back from them. The wave design's cost, measured on
+    the H200 (tree-page, K = 10): after each wave's last timed batch ~80 s passed before the next
+    wave timed (its slowest start ~60 s, spawn and the last engine's teardown the rest), wall time
+    2.1-2.7 x the cases' own time."""
+    with tempfile.TemporaryDirectory(prefix="specwatch-lock-") as tmp:
+        env = _parallel_env(extra_env, Path(tmp) / "timing.lock", parallel_starts, overlap=True)
+        queue = list(wave_order(jobs))
+        take = threading.Lock()
+
+        def slot() -> None:
+            while True:
+                with take:
+                    if not queue or expired():
+                        return
+                    job = queue.pop(0)
+                    on_launch(1)
+                job.run(models_dir, env, worker_module, count)
+
+        threads = [threading.Thread(target=slot, daemon=True) for _ in range(min(parallel_starts, len(queue)))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+
 def _run_waves(jobs: list, parallel_starts: int, expired, models_dir: Path, extra_env: Optional[dict],
                worker_module: str, count: Callable[[str], None],
                on_wave: Callable[[int], None]) -> None:
@@ -508,9 +562,7 @@ def _run_waves(jobs: list, parallel_starts: int, expired, models_dir: Path, extr
     ``on_wave`` hears each wave's size as it starts."""
     with tempfile.TemporaryDirectory(prefix="specwatch-lock-") as tmp:
         lock_path = Path(tmp) / "timing.lock"
-        env = dict(extra_env or {}, **{TIMING_LOCK_ENV: str(lock_path), PARALLEL_ENV: str(parallel_starts)})
-        # K engines' processes share the host's cores: keep each one's CPU thread pools small
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // parallel_starts)))
+        env = _parallel_env(extra_env, lock_path, parallel_starts, overlap=False)
         jobs = wave_order(jobs)
         for w in range(0, len(jobs), parallel_starts):
             if expired():

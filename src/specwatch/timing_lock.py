@@ -9,7 +9,9 @@ lock file (``flock``):
 * it converts to **exclusive** before warm-up and timing, and keeps it until it exits.
 
 Starts therefore overlap each other but never a timed batch, and timed batches never overlap each
-other. The runner itself holds the lock shared until every worker of the wave holds it, so a worker
+other. ``--overlap-starts`` (``OVERLAP_ENV``) drops the shared hold and the waves: K groups stay in
+flight and a freed slot starts the next at once, so starts overlap timed batches (cheaper sweeps,
+noisier timing; records say ``details.overlap_starts``), while timed batches still exclude each other. The runner itself holds the lock shared until every worker of the wave holds it, so a worker
 whose engine is up early cannot start timing while a slower sibling is still importing SGLang.
 An idle started engine waiting for its turn costs GPU memory only (the tiny oracle's engine
 holds ~5 GiB), not GPU time. Engine start times measured under parallel starts are inflated by
@@ -28,10 +30,16 @@ ENV = "SPECWATCH_TIMING_LOCK"
 """Environment variable naming the lock file a worker must use (unset: no locking)."""
 PARALLEL_ENV = "SPECWATCH_PARALLEL_STARTS"
 """Environment variable with K (recorded in each case's details)."""
+OVERLAP_ENV = "SPECWATCH_OVERLAP_STARTS"
+"""Environment variable: "1" when starts may overlap other engines' timed batches (``--overlap-starts``):
+the worker starts its engine without the shared lock, so only timed batches exclude each other."""
 HELD_EVENT = "start_lock_held"
 """Worker results-file event: the worker holds the lock shared (it may start its engine)."""
 ENGINE_STARTED_EVENT = "engine_started"
 """Worker results-file event: ``sglang.Engine`` is up (carries ``engine_start_s``)."""
+ENGINE_FACTS_EVENT = "engine_facts"
+"""Worker results-file event: the probe's pool checks read right after the engine started (carries
+``metrics``, ``checks``, ``details``); the runner puts them on a crash or timeout record of the group."""
 TIMING_EVENT = "timing_lock_held"
 """Worker results-file event: the worker's engine is up and it now holds the lock exclusively (it
 times its cases); carries ``waited_s``. Between ``engine_started`` and this event the worker only
@@ -73,9 +81,15 @@ class WorkerTimingLock(TimingLock):
     def __init__(self, path: Optional[str] = None):
         super().__init__(path if path is not None else os.environ.get(ENV))
 
+    @property
+    def overlapping(self) -> bool:
+        """Starts overlap other engines' timing (``OVERLAP_ENV``): no shared hold while starting."""
+        return self.enabled and os.environ.get(OVERLAP_ENV) == "1"
+
     def starting(self, emit: Callable[[dict], None]) -> None:
         if self.enabled:
-            self.shared()
+            if not self.overlapping:
+                self.shared()
             emit({"event": HELD_EVENT})
 
     def timing(self, emit: Optional[Callable[[dict], None]] = None) -> float:
