@@ -54,7 +54,9 @@ def sglang_refusal(e: BaseException) -> str | None:
     exception. A refusal is SGLang saying the case is invalid on this version (0.5.12 refuses
     topk > 1 on paged KV outside flashinfer): the case is recorded ``skipped`` with SGLang's words,
     as the validity rules do for what they know, not ``failed``. The innermost SGLang frame
-    decides, and only for the exception types those checks raise."""
+    decides, and only for the exception types those checks raise. A host problem that SGLang
+    reports from the same checks (e.g. too little GPU memory) reads as a refusal too: the reason
+    keeps SGLang's words, and ``compare`` calls a case that was ok and is now skipped "now failing"."""
     if not isinstance(e, (ValueError, AssertionError, NotImplementedError)):
         return None
     for frame in reversed(traceback.extract_tb(e.__traceback__)):
