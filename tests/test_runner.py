@@ -245,6 +245,9 @@ def test_overlapping_starts_keep_k_groups_in_flight_and_timed_parts_apart(tmp_pa
     assert max(in_flight) == 2
     (run,) = read_runs(out.parent / RUNS_FILE)
     assert run.overlap_starts and run.parallel_starts == 2 and run.engine_groups == 4
+    import pytest
+    with pytest.raises(ValueError, match="--parallel-starts K with K > 1"):
+        _run(tmp_path, _suite(tmp_path, topks="[1]"), overlap_starts=True)
 
 
 def test_parallel_starts_survive_a_worker_dying_before_its_engine_is_up(tmp_path):

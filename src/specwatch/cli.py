@@ -167,7 +167,7 @@ def run(suites: list[Path] = typer.Argument(..., help="Suite file(s); on a GPU t
             bad |= _cpu_tier(s, flt, context_len, out, strict, announce=not cpu_tier)
         raise typer.Exit(1 if bad else 0)
     from specwatch.faults import get as get_fault
-    from specwatch.runner import Shard, check_bare, run_suites
+    from specwatch.runner import Shard, check_bare, check_overlap, run_suites
 
     faults = tuple(None if f == "none" else f for f in fault) or (None,)
     try:
@@ -176,6 +176,7 @@ def run(suites: list[Path] = typer.Argument(..., help="Suite file(s); on a GPU t
             if f:
                 get_fault(f)
         check_bare(faults, bare)
+        check_overlap(overlap_starts, parallel_starts)
     except ValueError as e:
         _fail(e)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

@@ -395,6 +395,12 @@ def check_bare(faults: Iterable[Optional[str]], bare: bool) -> None:
         raise ValueError("a bare run has no probe, so it cannot inject faults: drop --fault or --bare")
 
 
+def check_overlap(overlap_starts: bool, parallel_starts: int) -> None:
+    """Overlapping starts only mean something with several engines in flight: refuse it alone."""
+    if overlap_starts and parallel_starts <= 1:
+        raise ValueError("--overlap-starts keeps K engine groups in flight: give --parallel-starts K with K > 1")
+
+
 def run_suites(suites: list[Suite], results_root: Path, faults: tuple[Optional[str], ...] = (None,),
                resume: bool = False, shard: Optional[Shard] = None,
                models_dir: Path = Path("/tmp/specwatch-models"),
@@ -413,6 +419,7 @@ def run_suites(suites: list[Suite], results_root: Path, faults: tuple[Optional[s
     ``known_root``: cases recorded there already (any status) are left out (``plan_run``).
     ``overlap_starts`` (with ``parallel_starts`` > 1): no waves, K groups in flight (``_run_rolling``)."""
     check_bare(faults, bare)
+    check_overlap(overlap_starts, parallel_starts)
     facts = dict(host_facts())
     if gpus is not None:
         facts["gpu_count"] = gpus
