@@ -96,7 +96,7 @@ SELECT_FIELDS = {
     "suite": lambda r: r.suite,
     "fault": lambda r: r.provenance.fault or "none",
     "probe": lambda r: "on" if r.provenance.probe else "off",
-    "overlap": lambda r: "on" if (r.details or {}).get("overlap_starts") else "off",
+    "overlap": lambda r: "on" if r.overlap_starts else "off",
     "run": run_key,
 }
 """FIELD -> the value of a record a FIELD=VALUE selection term compares with."""
@@ -130,7 +130,7 @@ def select(spec: str, root: Path) -> list[CaseRecord]:
     if "probe" not in named:
         recs = [r for r in recs if r.provenance.probe]
     if "overlap" not in named:
-        recs = [r for r in recs if not (r.details or {}).get("overlap_starts")]
+        recs = [r for r in recs if not r.overlap_starts]
     for key, negate, value in sorted(terms, key=lambda t: t[0] == "run"):   # run=-N counts within the rest
         if key == "run" and value.startswith("-") and value[1:].isdigit():
             value = newest_run(recs, int(value[1:]), spec)
@@ -385,7 +385,7 @@ def aa_differences(base: Iterable[CaseRecord], head: Iterable[CaseRecord]) -> li
             for key, value in (("sglang_version", p.sglang_version), ("machine", p.machine),
                                ("gpu_name", p.gpu_name), ("driver_version", p.driver_version),
                                ("probe", p.probe), ("parallel_starts", d.get("parallel_starts") or 1),
-                               ("overlap_starts", bool(d.get("overlap_starts"))),
+                               ("overlap_starts", r.overlap_starts),
                                ("engine_kwargs", json.dumps(d.get("engine_kwargs"), sort_keys=True)
                                 if d.get("engine_kwargs") is not None else None)):
                 out.setdefault(key, set()).add(value)

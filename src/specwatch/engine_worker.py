@@ -541,9 +541,9 @@ def memory_and_leaks(engine, case: Case) -> tuple[dict, dict, dict]:
         if dp:
             if dp.get("bytes"):
                 metrics["draft_kv_pool_bytes"] = metric(dp["bytes"], "bytes", exact=True, higher_is_better=False)
-        pool_metrics, pool_checks_, coverage = pool_checks(sw)
+        pool_metrics, pool_verdicts, coverage = pool_checks(sw)
         metrics.update(pool_metrics)
-        checks.update(pool_checks_)
+        checks.update(pool_verdicts)
         occ = sw.get("occupancy")
         if occ and occ.get("batches"):
             metrics["peak_token_usage"] = metric(occ["peak"], "1", exact=False, higher_is_better=None)
@@ -630,8 +630,8 @@ def main(spec_path: str) -> int:
     facts_start = server_facts(engine)
     if probe and "allocator" in facts_start["specwatch"]:
         # the pool layout before any case runs: a crashed or timed-out case still records it
-        pool_metrics, pool_checks_, coverage = pool_checks(facts_start["specwatch"])
-        emit({"event": ENGINE_FACTS_EVENT, "metrics": pool_metrics, "checks": pool_checks_,
+        pool_metrics, pool_verdicts, coverage = pool_checks(facts_start["specwatch"])
+        emit({"event": ENGINE_FACTS_EVENT, "metrics": pool_metrics, "checks": pool_verdicts,
               "details": {"pool_coverage_at_start": coverage}})
     for c in cases:
         started = now()

@@ -91,6 +91,11 @@ class CaseRecord(BaseModel):
     details: dict = Field(default_factory=dict, description="Free-form facts read from SGLang (shapes, dtypes, versions).")
     provenance: Provenance = Field(description="Where and with what it ran.")
 
+    @property
+    def overlap_starts(self) -> bool:
+        """Timed while other engines started (``specwatch run --overlap-starts``): noisier timing."""
+        return bool((self.details or {}).get("overlap_starts"))
+
     @model_validator(mode="after")
     def _status_consistent(self) -> "CaseRecord":
         if self.case_id != self.case.case_id:

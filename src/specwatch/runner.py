@@ -451,7 +451,7 @@ def run_suites(suites: list[Suite], results_root: Path, faults: tuple[Optional[s
         if jobs:
             append_run(results_root, RunSummary(
                 suites=[s.name for s in suites], faults=list(faults), parallel_starts=parallel_starts,
-                overlap_starts=overlap_starts and parallel_starts > 1,
+                overlap_starts=overlap_starts,         # check_overlap: only with K > 1
                 engine_groups=tally.launched, worker_starts=tally.worker_starts, records=dict(tally.statuses),
                 wall_s=round(time.monotonic() - t0, 3), case_s=round(tally.case_s, 3),
                 engine_start_s=round(sum(tally.engine_starts.values()), 3),

@@ -145,9 +145,9 @@ def records_frame(records: Iterable[CaseRecord]) -> "pd.DataFrame":
         row["output_digest"] = (r.details or {}).get("output_digest")
         # near-full prompts lengthened after the warm-up (engine_worker.near_full_extension)
         row["calibrated_input_len"] = ((r.details or {}).get("near_full_calibration") or {}).get("input_len")
+        row["overlap_starts"] = r.overlap_starts          # timed while other engines started
         # whether the probe read the target's attention backend (engine_worker.writes_at_virtual_slots):
         # without it a DCP target pool is judged as sharded, which a backend with no DCP code is not
-        row["overlap_starts"] = bool((r.details or {}).get("overlap_starts"))   # timed while others started
         probe = (r.details or {}).get("probe")
         row["probe_read_attention_backend"] = None if not probe else "target_attention_backend" in probe
         rows.append(row)

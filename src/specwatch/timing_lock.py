@@ -9,10 +9,11 @@ lock file (``flock``):
 * it converts to **exclusive** before warm-up and timing, and keeps it until it exits.
 
 Starts therefore overlap each other but never a timed batch, and timed batches never overlap each
-other. ``--overlap-starts`` (``OVERLAP_ENV``) drops the shared hold and the waves: K groups stay in
-flight and a freed slot starts the next at once, so starts overlap timed batches (cheaper sweeps,
-noisier timing; records say ``details.overlap_starts``), while timed batches still exclude each other. The runner itself holds the lock shared until every worker of the wave holds it, so a worker
+other. The runner itself holds the lock shared until every worker of the wave holds it, so a worker
 whose engine is up early cannot start timing while a slower sibling is still importing SGLang.
+``--overlap-starts`` (``OVERLAP_ENV``) drops the shared hold and the waves: K groups stay in flight
+and a freed slot starts the next at once, so starts overlap timed batches (cheaper sweeps, noisier
+timing; records say ``details.overlap_starts``), while timed batches still exclude each other.
 An idle started engine waiting for its turn costs GPU memory only (the tiny oracle's engine
 holds ~5 GiB), not GPU time. Engine start times measured under parallel starts are inflated by
 contention; records say so in ``details.parallel_starts``.
