@@ -308,6 +308,25 @@ def test_waves_keep_slow_starters_together():
                      ("tiny", "flashinfer", 8, 1), ("tiny", "triton", 4, 2), ("8b", "triton", 4, 1)]
 
 
+def test_rolling_queue_spreads_slow_starters_and_opens_with_one_of_each():
+    from specwatch.case import Backend
+    from specwatch.runner import GroupJob, rolling_order
+    from records import case
+
+    def job(backend, page):
+        topk = 4 if backend is Backend.flashinfer else 1
+        return GroupJob(suite=None, fault=None, cases=[case(attention_backend=backend, page_size=page, topk=topk,
+                                                            num_draft_tokens=8)], emit=print)
+
+    fast = [job(Backend.triton, p) for p in (1, 16, 64, 256)] + [job(Backend.fa3, p) for p in (1, 16, 64, 256)]
+    slow = [job(Backend.flashinfer, p) for p in (1, 64)]
+    order = rolling_order(fast + slow)
+    assert sorted(map(id, order)) == sorted(map(id, fast + slow))             # nothing lost or repeated
+    assert order[0] is slow[0] and order[1] is fast[0]                        # one of each, slowest first
+    assert order.index(slow[1]) == 5                                          # then spread: 2 slow in 10
+    assert [j for j in order if j in fast] == fast                            # suite order within a class
+
+
 def test_group_clock_does_not_run_while_queued_for_the_timing_lock():
     from specwatch.runner import GroupClock
     from specwatch.timing_lock import TIMING_EVENT

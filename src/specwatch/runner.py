@@ -523,6 +523,21 @@ def wave_order(jobs: list) -> list:
     return sorted(jobs, key=lambda j: start_class(j.cases[0]))
 
 
+def rolling_order(jobs: list) -> list:
+    """``--overlap-starts``' queue: each ``start_class`` spread evenly over it, slower classes first on
+    ties (suite order within a class). Waves want like with like; a rolling queue wants the opposite:
+    a slow start (flashinfer compiling its kernels, ~3 min the first time on a fresh host) ties up
+    one slot while the fast groups in the other slots keep the timing lock busy. In ``wave_order``
+    the flashinfer groups came last, so at the end of a sweep every slot would be compiling at once
+    and nothing timed. The first jobs are one of each class, slowest first, to warm the caches."""
+    classes: dict = {}
+    for j in jobs:
+        classes.setdefault(start_class(j.cases[0]), []).append(j)
+    rank = {c: r for r, c in enumerate(sorted(classes))}
+    keyed = [((i / len(members), -rank[c]), j) for c, members in classes.items() for i, j in enumerate(members)]
+    return [j for _, j in sorted(keyed, key=lambda kj: kj[0])]
+
+
 def _parallel_env(extra_env: Optional[dict], lock_path: Path, parallel_starts: int, overlap: bool) -> dict:
     env = dict(extra_env or {}, **{TIMING_LOCK_ENV: str(lock_path), PARALLEL_ENV: str(parallel_starts)})
     if overlap:
@@ -536,14 +551,14 @@ def _run_rolling(jobs: list, parallel_starts: int, expired, models_dir: Path, ex
                  worker_module: str, count: Callable[[str], None],
                  on_launch: Callable[[int], None]) -> None:
     """``--overlap-starts``: up to ``parallel_starts`` groups in flight, the next one started as soon as
-    one ends, in ``wave_order``, until ``expired()``. Timed batches still exclude each other (the
+    one ends, in ``rolling_order``, until ``expired()``. Timed batches still exclude each other (the
     lock's exclusive side); starts are not held back from them. The wave design's cost, measured on
     the H200 (tree-page, K = 10): after each wave's last timed batch ~80 s passed before the next
     wave timed (its slowest start ~60 s, spawn and the last engine's teardown the rest), wall time
     2.1-2.7 x the cases' own time."""
     with tempfile.TemporaryDirectory(prefix="specwatch-lock-") as tmp:
         env = _parallel_env(extra_env, Path(tmp) / "timing.lock", parallel_starts, overlap=True)
-        queue = list(wave_order(jobs))
+        queue = rolling_order(jobs)
         take = threading.Lock()
 
         def slot() -> None:
