@@ -23,7 +23,8 @@ def _records():
     return {(r.case.attention_backend.value, r.case.page_size, r.case.topk, r.case.batch_size, r.case.profile.value): r
             for r in load_records(result_files(root))
             if r.suite == "tree-page" and r.provenance.sglang_version == version and r.status.value == "ok"
-            and r.provenance.fault is None and (machine is None or r.provenance.machine == machine)}
+            and r.provenance.fault is None and (machine is None or r.provenance.machine == machine)
+            and not r.overlap_starts}      # timed while other engines started: not a trend point
 
 
 def _track(metric: str, unit: str):

@@ -249,3 +249,20 @@ def test_timing_plots_leave_out_runs_whose_starts_overlapped_timed_batches():
     assert list(df.overlap_starts) == [False, True]
     assert list(timing_records(df).case_id) == [waves.case_id]
     assert list(timing_records(df.drop(columns="overlap_starts")).case_id) == [waves.case_id, overlapped.case_id]
+
+
+def test_a_leak_that_is_the_radix_cache_left_by_a_refused_flush_is_named_so():
+    from specwatch.dashboard import health_matrix
+    from specwatch.record import Metric
+    from specwatch.store import records_frame
+
+    cached, lost = record(case()), record(case(page_size=1))
+    for r, held in ((cached, 640), (lost, 0)):           # 640 tokens not free; the cache held them or not
+        r.metrics["leaked_tokens"] = Metric(value=640, unit="tokens", exact=True, higher_is_better=False)
+        r.checks["no_kv_leak"] = False
+        r.details = {"probe": {"tree_cache_evictable_size": held, "tree_cache_protected_size": 0}}
+    df = records_frame([cached, lost])
+    assert list(df.leak_is_unflushed_cache) == [True, False]
+    cells = " ".join(str(v) for v in health_matrix(df, suites_dir=None).filter(like="topk").values.ravel())
+    assert "no_kv_leak ✗ 1 (of which 1: radix cache left by a refused flush" in cells
+    assert cells.count("no_kv_leak ✗ 1") == 2

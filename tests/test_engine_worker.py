@@ -494,7 +494,9 @@ def warm_first_draw(case: Case) -> int:
     return int.from_bytes(hashlib.sha256(f"{case.dcp_twin_id()}/warmup/0".encode()).digest()[:4], "little") % 1024
 
 
-def test_every_batch_of_a_case_starts_from_an_empty_radix_cache():
+def test_every_batch_of_a_case_starts_from_an_empty_radix_cache(monkeypatch):
+    from specwatch import engine_worker
+    monkeypatch.setattr(engine_worker, "FLUSH_WAIT_S", 0.05)
     flushes = []
 
     class Counting(FakeEngine):
@@ -509,7 +511,48 @@ def test_every_batch_of_a_case_starts_from_an_empty_radix_cache():
         def flush_cache(self):
             return False
 
-    assert run_case(Refusing(CASE), CASE, repeats=2, warmup=True)["details"]["cache_flush_failures"] == 4
+    details = run_case(Refusing(CASE), CASE, repeats=2, warmup=True)["details"]
+    assert details["cache_flush_failures"] == 4 and details["cache_flush_refusals"] > 4      # retried first
+
+
+def test_sglangs_flush_answer_is_read_by_its_success_field_and_a_refusal_retried(monkeypatch):
+    """Engine.flush_cache() returns a FlushCacheReqOutput, an object that is true whatever it says."""
+    import types
+    from specwatch import engine_worker
+    from specwatch.engine_worker import flush_cache
+
+    class Busy(FakeEngine):          # not idle for its first two asks (the last batch still held)
+        asks = 0
+
+        def flush_cache(self):
+            self.asks += 1
+            return types.SimpleNamespace(success=self.asks > 2, message="")
+
+    assert flush_cache(Busy(CASE)) == (True, 2)
+    never = types.SimpleNamespace(success=False, message="pending requests")
+    monkeypatch.setattr(engine_worker.time, "sleep", lambda s: None)
+    assert flush_cache(types.SimpleNamespace(flush_cache=lambda: never), wait_s=0.05)[0] is False
+
+
+def test_what_an_unflushed_radix_cache_holds_is_not_a_leak_but_a_lost_page_is(monkeypatch):
+    import types
+    from specwatch import engine_worker
+    monkeypatch.setattr(engine_worker, "FLUSH_WAIT_S", 0.0)
+
+    class Unflushed(FakeEngine):     # the flush refused: 3 pages sit in the radix cache, evictable
+        def flush_cache(self):
+            return types.SimpleNamespace(success=False)
+
+        def get_server_info(self):
+            info = super().get_server_info()
+            info["internal_states"][0]["specwatch"]["tree_cache_evictable_size"] = 3 * CASE.page_size
+            return info
+
+    metrics, checks, details = memory_and_leaks(Unflushed(CASE, leaked_pages=3), CASE)
+    assert metrics["leaked_tokens"]["value"] == 0 and checks["no_kv_leak"] and not checks["flush_cache"]
+    assert details["leak_check_flush_refusals"] >= 1
+    metrics, checks, _ = memory_and_leaks(Unflushed(CASE, leaked_pages=4), CASE)
+    assert metrics["leaked_tokens"]["value"] == CASE.page_size and not checks["no_kv_leak"]
 
 
 def test_the_row_check_uses_the_model_of_the_running_sglang_release():

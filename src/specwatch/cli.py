@@ -558,8 +558,9 @@ def results_cmd(root: Path = typer.Argument(Path("results"), help="Results root.
         console.print(f"[green]every check passed on all {int((df.status == 'ok').sum())} ok records[/green]")
     for _, row in failing.iterrows():
         bad = [c[len("check."):] for c in checks if row[c] == False]  # noqa: E712 (numpy bools, NaN)
+        note = " (the radix cache a refused flush left, not a leak)" if row.get("leak_is_unflushed_cache") else ""
         console.print(f"[red]{row.case_id}[/red] {row.suite} {row.attention_backend} p{row.page_size} k{row.topk} "
-                      f"bs{row.batch_size}: failed {', '.join(bad)}", highlight=False)
+                      f"bs{row.batch_size}: failed {', '.join(bad)}{note}", highlight=False)
 
 
 @app.command("roofline")

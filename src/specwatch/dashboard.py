@@ -23,6 +23,14 @@ PLOT_TITLES = {
 }
 
 
+def _unflushed_note(ok: pd.DataFrame, check: str) -> str:
+    """Says how many failed leak checks were the radix cache a refused flush left (``store.leak_is_unflushed_cache``)."""
+    if check != "check.no_kv_leak" or "leak_is_unflushed_cache" not in ok:
+        return ""
+    n = int((ok[check].eq(False) & ok.leak_is_unflushed_cache.eq(True)).sum())
+    return f" (of which {n}: radix cache left by a refused flush, not a leak)" if n else ""
+
+
 def fault_table(df: pd.DataFrame) -> pd.DataFrame:
     """One row per (fault, case) of fault-injection runs, with the clean run of the same case and
     SGLang version beside it: what flagged the fault (status, failed checks) and whether clean stayed clean."""
@@ -175,7 +183,8 @@ def health_matrix(df: pd.DataFrame, suites_dir: Optional[Path] = Path("suites"))
                 issues = [f"{n} {st}" for st, n in got[got.status != "ok"].status.value_counts().items()]
                 if (missing := len(want) - len(got)) > 0:
                     issues.append(f"{missing} not run")
-                issues += [f"{c[len('check.'):]} ✗ {n}" for c in checks if (n := int((ok[c] == False).sum()))]  # noqa: E712
+                issues += [f"{c[len('check.'):]} ✗ {n}" + _unflushed_note(ok, c)
+                           for c in checks if (n := int((ok[c] == False).sum()))]  # noqa: E712
                 row[f"topk {topk}"] = f"{len(ok)}/{len(want)} ok" + "".join(f"; {i}" for i in issues)
             if not rec.empty:         # a row with no record at all (e.g. a reduced run of an old version): left out
                 rows.append(row)

@@ -150,8 +150,22 @@ def records_frame(records: Iterable[CaseRecord]) -> "pd.DataFrame":
         # without it a DCP target pool is judged as sharded, which a backend with no DCP code is not
         probe = (r.details or {}).get("probe")
         row["probe_read_attention_backend"] = None if not probe else "target_attention_backend" in probe
+        row["leak_is_unflushed_cache"] = leak_is_unflushed_cache(r)
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def leak_is_unflushed_cache(r: CaseRecord) -> bool:
+    """A record whose "leaked" tokens are exactly what SGLang's radix cache held at the leak check.
+
+    Until ``engine_worker.flush_cache`` (ninth GPU session, 2026-11-30) the worker took SGLang's
+    flush answer, an object true whatever it said, as a flush, and counted every token not free as
+    leaked. When the scheduler refused the flush (not yet idle after the last batch) the cached
+    prompts read as a leak. Such records keep their verdict; this says what it was."""
+    leaked = r.metrics.get("leaked_tokens")
+    probe = (r.details or {}).get("probe") or {}
+    held = sum(probe.get(f"tree_cache_{k}_size") or 0 for k in ("evictable", "protected"))
+    return bool(leaked is not None and leaked.value and leaked.value == held)
 
 
 def latest_rows(df: "pd.DataFrame", by: list[str]) -> "pd.DataFrame":
