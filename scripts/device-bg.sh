@@ -14,6 +14,9 @@ case "${1:-}" in
 start)
   shift
   [ -e $B.pid ] && kill -0 "$(cat $B.pid)" 2>/dev/null && { echo "device-bg.sh: a run is in flight (pid $(cat $B.pid))" >&2; exit 2; }
+  # a fresh run starts from an empty folder (an earlier run's, on a warm host, would be packed
+  # again and read by its --resume); only --resume keeps what is there
+  case " $* " in *" --resume "*) ;; *) rm -rf $B ;; esac
   rm -rf $B-repo $B.rc $B-out && mkdir -p $B $B-out $B-repo
   tar --exclude='./.kit*' --exclude='./.git' --exclude='./.venv' -cf - . | tar -xf - -C $B-repo
   cd $B-repo && OUT=$B-out SPECWATCH_DEVICE_RESULTS=$B setsid nohup bash -c \

@@ -250,6 +250,43 @@ def test_overlapping_starts_keep_k_groups_in_flight_and_timed_parts_apart(tmp_pa
         _run(tmp_path, _suite(tmp_path, topks="[1]"), overlap_starts=True)
 
 
+def test_runs_that_share_a_timing_lock_never_time_at_once(tmp_path):
+    """Two --overlap-starts runs on one host (say, two installed SGLang versions) given one
+    --timing-lock: their timed parts interleave but never overlap; their summaries say the lock was
+    shared. Without --overlap-starts the option is refused."""
+    import json
+    import threading
+
+    import pytest
+    from specwatch.store import RUNS_FILE, read_runs
+
+    intervals, lock = tmp_path / "intervals", tmp_path / "shared.lock"
+    os.environ.update(FAKE_WORKER_INTERVALS=str(intervals), FAKE_START_S="0.3", FAKE_TIME_S="0.2")
+    outs = {}
+    try:
+        def one(name):
+            root = tmp_path / name
+            root.mkdir()
+            outs[name] = _run(root, _suite(root, topks="[1, 2]"), parallel_starts=2, overlap_starts=True,
+                              timing_lock=lock)[0]
+        threads = [threading.Thread(target=one, args=(n,)) for n in ("a", "b")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        for k in ("FAKE_WORKER_INTERVALS", "FAKE_START_S", "FAKE_TIME_S"):
+            os.environ.pop(k)
+    spans = [json.loads(x) for x in intervals.read_text().splitlines()]
+    tm = sorted((x for x in spans if x["kind"] == "timing"), key=lambda x: x["t0"])
+    assert len(tm) == 8 and all(a["t1"] <= b["t0"] for a, b in zip(tm, tm[1:]))    # a span per group
+    for out in outs.values():
+        (run,) = read_runs(out.parent / RUNS_FILE)
+        assert run.timing_lock_shared and run.records == {"ok": 8}
+    with pytest.raises(ValueError, match="--timing-lock"):
+        _run(tmp_path, _suite(tmp_path, topks="[1]"), parallel_starts=2, timing_lock=lock)
+
+
 def test_parallel_starts_survive_a_worker_dying_before_its_engine_is_up(tmp_path):
     suite = _suite(tmp_path, topks="[1]", extra="num_steps = [3, 5]")
     out, starts = _run(tmp_path, suite, parallel_starts=3)

@@ -133,6 +133,10 @@ def run(suites: list[Path] = typer.Argument(..., help="Suite file(s); on a GPU t
                                             "starts overlap other engines' timed batches (timed batches still "
                                             "never overlap each other). Cheaper sweeps, noisier timing: for "
                                             "memory and correctness sweeps; records say details.overlap_starts."),
+        timing_lock: Optional[Path] = typer.Option(None, help="GPU, with --overlap-starts: a lock file shared "
+                                                   "with other specwatch runs on this host (e.g. one per "
+                                                   "installed SGLang version), so no two timed batches of "
+                                                   "any of them overlap."),
         overlay: Optional[Path] = typer.Option(None, help="GPU: a commit overlay (specwatch overlay) to run "
                                                "instead of the installed SGLang's Python code."),
         group_timeout: Optional[int] = typer.Option(None, min=10, help="GPU: wall-clock limit per engine group "
@@ -176,7 +180,7 @@ def run(suites: list[Path] = typer.Argument(..., help="Suite file(s); on a GPU t
             if f:
                 get_fault(f)
         check_bare(faults, bare)
-        check_overlap(overlap_starts, parallel_starts)
+        check_overlap(overlap_starts, parallel_starts, timing_lock)
     except ValueError as e:
         _fail(e)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -197,7 +201,8 @@ def run(suites: list[Path] = typer.Argument(..., help="Suite file(s); on a GPU t
 
         paths = run_suites(loaded, results, faults=faults, resume=resume, shard=sh, models_dir=models_dir,
                            progress=progress, where=flt, parallel_starts=parallel_starts, stop_after_s=stop_after,
-                           group_timeout_s=group_timeout, bare=bare, known_root=known, overlap_starts=overlap_starts)
+                           group_timeout_s=group_timeout, bare=bare, known_root=known, overlap_starts=overlap_starts,
+                           timing_lock=timing_lock)
     for path in dict.fromkeys(paths):
         console.print(f"results in {path}")
 
@@ -533,7 +538,8 @@ def results_cmd(root: Path = typer.Argument(Path("results"), help="Results root.
 
         _print_frame("sweep cost per run (wall / case time; goal < 2)", pd.DataFrame([{
             "started": r.started_at.strftime("%Y-%m-%d %H:%M"), "sglang": r.sglang_version,
-            "suites": "+".join(r.suites), "K": f"{r.parallel_starts}{' overlap' if r.overlap_starts else ''}",
+            "suites": "+".join(r.suites), "K": f"{r.parallel_starts}{' overlap' if r.overlap_starts else ''}"
+                 f"{' shared lock' if r.timing_lock_shared else ''}",
             "groups": r.engine_groups,
             "workers": r.worker_starts, "records": sum(r.records.values()), "wall s": round(r.wall_s),
             "case s": round(r.case_s), "ratio": None if r.cost_ratio is None else round(r.cost_ratio, 2)}

@@ -54,9 +54,16 @@ acceptance is that of the perfect EAGLE draft. A wrong self read (wrong slot, pa
 draft's KV) leaves ``e_x - e_h`` mixed with another token and the prediction changes. Checked on the
 CPU by a written-out forward of SGLang 0.5.17's ``llama_eagle3.py`` (tests/test_eagle3_oracle.py).
 
-NGRAM has no draft model: it proposes continuations of n-grams seen earlier in the context. The
-chain repeats with period A, so a prompt longer than A (plus the match length) holds every
-continuation the target will produce; its expected acceptance is measured, not derived.
+NGRAM has no draft model: it proposes continuations of n-grams its corpus has seen. In SGLang
+0.5.17 (``ngram_worker._update_ngram_corpus``) the corpus takes, after each verify, only the last
+``speculative_ngram_max_trie_depth`` (18) tokens of each running request, never a prompt whole
+(inserting the extend is commented out there), and drafts from the longest suffix match. The
+sigma-chain does not repeat within its period A, so a request's own windows never hold its next
+token before its output wraps the cycle, however long its prompt; its matches come from other
+requests of the batch whose windows passed the same chain positions a few steps earlier. NGRAM's
+acceptance therefore depends on the batch's prompt starts and its step-by-step interleaving: it is
+measured, not derived. (Exact values would need a port of the corpus' trie and BFS match; they
+are deterministic, since every match follows ``synchronize()``.)
 """
 
 from __future__ import annotations

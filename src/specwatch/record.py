@@ -154,6 +154,9 @@ class RunSummary(BaseModel):
     parallel_starts: int = Field(description="Engines started at once (1: one after another).")
     overlap_starts: bool = Field(default=False, description="Starts overlapped other engines' timed batches "
                                  "(``--overlap-starts``: K groups in flight, no waves).")
+    timing_lock_shared: bool = Field(default=False, description="The timing lock was shared with other "
+                                     "runs (``--timing-lock``): wall time includes their timed batches, so "
+                                     "the cost ratio is not this run's alone.")
     engine_groups: int = Field(description="Engine groups launched (each one sglang.Engine).")
     worker_starts: int = Field(description="Worker processes started (more than groups after crashes).")
     records: dict[str, int] = Field(description="Records written, by status.")

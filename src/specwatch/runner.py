@@ -395,10 +395,14 @@ def check_bare(faults: Iterable[Optional[str]], bare: bool) -> None:
         raise ValueError("a bare run has no probe, so it cannot inject faults: drop --fault or --bare")
 
 
-def check_overlap(overlap_starts: bool, parallel_starts: int) -> None:
-    """Overlapping starts only mean something with several engines in flight: refuse it alone."""
+def check_overlap(overlap_starts: bool, parallel_starts: int, timing_lock: Optional[Path] = None) -> None:
+    """Overlapping starts only mean something with several engines in flight: refuse it alone. A
+    timing lock shared with other runs is for overlapped runs only: a wave's runner holds the lock
+    shared while its engines start, which would stall the other runs' timed batches."""
     if overlap_starts and parallel_starts <= 1:
         raise ValueError("--overlap-starts keeps K engine groups in flight: give --parallel-starts K with K > 1")
+    if timing_lock is not None and not overlap_starts:
+        raise ValueError("--timing-lock is shared with other runs' workers: give it with --overlap-starts")
 
 
 def run_suites(suites: list[Suite], results_root: Path, faults: tuple[Optional[str], ...] = (None,),
@@ -409,7 +413,8 @@ def run_suites(suites: list[Suite], results_root: Path, faults: tuple[Optional[s
                extra_env: Optional[dict] = None, where: Optional[dict] = None,
                parallel_starts: int = 1, stop_after_s: Optional[float] = None,
                group_timeout_s: Optional[int] = None, bare: bool = False,
-               known_root: Optional[Path] = None, overlap_starts: bool = False) -> list[Path]:
+               known_root: Optional[Path] = None, overlap_starts: bool = False,
+               timing_lock: Optional[Path] = None) -> list[Path]:
     """Run every planned case of each suite once per fault (``None``: clean); returns the results
     files. ``parallel_starts`` > 1 starts that many engines at once and times them one at a time
     (``specwatch.timing_lock``); ``stop_after_s`` starts no new group (or wave) after that many
@@ -417,9 +422,11 @@ def run_suites(suites: list[Suite], results_root: Path, faults: tuple[Optional[s
     (a group past it is recorded ``timeout`` with its log tail, unlike one cut by SIGTERM). ``bare``
     runs SGLang without specwatch's probe (records in ``SUITE+bare``): the harness-overhead baseline.
     ``known_root``: cases recorded there already (any status) are left out (``plan_run``).
-    ``overlap_starts`` (with ``parallel_starts`` > 1): no waves, K groups in flight (``_run_rolling``)."""
+    ``overlap_starts`` (with ``parallel_starts`` > 1): no waves, K groups in flight (``_run_rolling``);
+    ``timing_lock`` (with it): a lock file that concurrent runs share, e.g. one per installed SGLang
+    version on one host, so no two timed batches of any of them overlap."""
     check_bare(faults, bare)
-    check_overlap(overlap_starts, parallel_starts)
+    check_overlap(overlap_starts, parallel_starts, timing_lock)
     facts = dict(host_facts())
     if gpus is not None:
         facts["gpu_count"] = gpus
@@ -452,6 +459,7 @@ def run_suites(suites: list[Suite], results_root: Path, faults: tuple[Optional[s
             append_run(results_root, RunSummary(
                 suites=[s.name for s in suites], faults=list(faults), parallel_starts=parallel_starts,
                 overlap_starts=overlap_starts,         # check_overlap: only with K > 1
+                timing_lock_shared=timing_lock is not None,
                 engine_groups=tally.launched, worker_starts=tally.worker_starts, records=dict(tally.statuses),
                 wall_s=round(time.monotonic() - t0, 3), case_s=round(tally.case_s, 3),
                 engine_start_s=round(sum(tally.engine_starts.values()), 3),
@@ -468,7 +476,7 @@ def run_suites(suites: list[Suite], results_root: Path, faults: tuple[Optional[s
                 job.run(models_dir, extra_env, worker_module, tally.event)
         elif overlap_starts:
             _run_rolling(jobs, parallel_starts, expired, models_dir, extra_env, worker_module, tally.event,
-                         on_launch=tally.launch)
+                         on_launch=tally.launch, lock_path=timing_lock)
         else:
             _run_waves(jobs, parallel_starts, expired, models_dir, extra_env, worker_module, tally.event,
                        on_wave=tally.launch)
@@ -549,15 +557,15 @@ def _parallel_env(extra_env: Optional[dict], lock_path: Path, parallel_starts: i
 
 def _run_rolling(jobs: list, parallel_starts: int, expired, models_dir: Path, extra_env: Optional[dict],
                  worker_module: str, count: Callable[[str], None],
-                 on_launch: Callable[[int], None]) -> None:
+                 on_launch: Callable[[int], None], lock_path: Optional[Path] = None) -> None:
     """``--overlap-starts``: up to ``parallel_starts`` groups in flight, the next one started as soon as
     one ends, in ``rolling_order``, until ``expired()``. Timed batches still exclude each other (the
     lock's exclusive side); starts are not held back from them. The wave design's cost, measured on
     the H200 (tree-page, K = 10): after each wave's last timed batch ~80 s passed before the next
     wave timed (its slowest start ~60 s, spawn and the last engine's teardown the rest), wall time
-    2.1-2.7 x the cases' own time."""
+    2.1-2.7 x the cases' own time. ``lock_path``: a lock other runs share (default: this run's own)."""
     with tempfile.TemporaryDirectory(prefix="specwatch-lock-") as tmp:
-        env = _parallel_env(extra_env, Path(tmp) / "timing.lock", parallel_starts, overlap=True)
+        env = _parallel_env(extra_env, lock_path or Path(tmp) / "timing.lock", parallel_starts, overlap=True)
         queue = rolling_order(jobs)
         take = threading.Lock()
 
