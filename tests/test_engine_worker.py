@@ -571,3 +571,26 @@ def test_the_row_check_uses_the_model_of_the_running_sglang_release():
     assert not memory_and_leaks(engine, tree)[1]["req_to_token_matches_model"]
     engine.version, engine.row_width = "0.5.13", SHAPES[tree.model].max_position + 2 * 2 * 64 * 8
     assert memory_and_leaks(engine, tree)[1]["req_to_token_matches_model"]
+
+
+def test_ngram_standard_cases_are_judged_against_the_corpus_model():
+    """NGRAM has no draft oracle; a standard case's acceptance is expected from NgramCorpusModel
+    (a corpus emptied by the flush before the timed batch); a near-full one has no expectation."""
+    import statistics
+    from specwatch.case import Workload
+    from specwatch.engine_worker import prompt_starts
+    from specwatch.oracle import NgramCorpusModel, Oracle
+
+    ng = CASE.model_copy(update={"algorithm": Algorithm.NGRAM, "topk": 1, "batch_size": 4, "input_len": 1152})
+    res = run_case(FakeEngine(ng), ng, repeats=2, warmup=True)
+    model = NgramCorpusModel(Oracle(SHAPES[ng.model], 0, ng.profile))
+    want = []
+    for r in range(2):
+        model.flush()
+        want.append(statistics.mean(model.decode_batch(prompt_starts(ng, f"timed{r}", 4), 1152, ng.output_len,
+                                                       ng.num_draft_tokens)))
+    assert res["metrics"]["accept_length"]["expected"] == statistics.median(want)
+    assert res["checks"]["accept_length_matches_oracle"] is False        # the fake engine drafts like EAGLE
+    near = ng.model_copy(update={"workload": Workload.near_full})
+    res = run_case(FakeEngine(near), near, repeats=1, warmup=False)
+    assert res["metrics"]["accept_length"]["expected"] is None and "accept_length_matches_oracle" not in res["checks"]

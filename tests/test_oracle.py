@@ -92,3 +92,51 @@ def test_tree_simulation_matches_committed_h200_measurements():
                                                    c.num_steps, c.topk, c.num_draft_tokens)
                 for start in prompt_starts(c, f"timed{rep}", c.batch_size)))
         assert per_repeat == r.metrics["accept_length"].samples, c.label()
+
+
+def test_ngram_corpus_model_replays_every_standard_ngram_record_exactly():
+    """NGRAM's acceptance on the chain oracle, simulated (``NgramCorpusModel``), against SGLang's on the
+    H200s. Those records predate the flush before each batch, so the corpus carried over: the
+    replay runs the harness of the time (warm-up, then per repeat a prefill-only batch and the timed
+    one). A new record is flushed first, and the model starts empty (``engine_worker.run_case``)."""
+    import statistics
+    from conftest import ROOT
+    from specwatch.case import Workload
+    from specwatch.engine_worker import prompt_starts
+    from specwatch.oracle import NgramCorpusModel
+    from specwatch.store import load_records, result_files
+
+    recs = [r for r in load_records(result_files(ROOT / "results")) if r.status.value == "ok"
+            and r.case.algorithm is Algorithm.NGRAM and r.case.workload is Workload.standard
+            and "accept_length_matches_oracle" not in r.checks]          # made before the flush
+    assert len(recs) >= 7 and {r.case.dcp for r in recs} == {1, 2}
+    for r in recs:
+        c = r.case
+        model = NgramCorpusModel(Oracle(SHAPES[c.model], 0, Profile.perfect))
+        model.decode_batch(prompt_starts(c, "warmup", c.batch_size), c.input_len, c.output_len, c.num_draft_tokens)
+        replay = []
+        for rep in range(len(r.metrics["accept_length"].samples)):
+            model.prefill_only(prompt_starts(c, f"prefill{rep}", c.batch_size), c.input_len)
+            replay.append(statistics.mean(model.decode_batch(
+                prompt_starts(c, f"timed{rep}", c.batch_size), c.input_len, c.output_len, c.num_draft_tokens)))
+        assert replay == pytest.approx(r.metrics["accept_length"].samples, rel=1e-9), c.label()
+
+
+def test_ngram_corpus_model_on_its_own():
+    from specwatch.oracle import NgramCorpusModel
+
+    o = Oracle(SHAPES[ModelSize.tiny], 0, Profile.perfect)
+    model = NgramCorpusModel(o)
+    # alone, a request's windows all lie behind it: nothing to draft, one token per verify
+    assert model.decode_batch([5], 512, 64, 8) == [64 / 63]
+    # a request 8 tokens ahead on the chain: once its first window is in, the one behind drafts 7,
+    # lands where the other is, and has nothing ahead of it again: 63 - 7 = 56 verifies
+    model.flush()
+    behind = 5
+    ahead = int(np.flatnonzero(model.position == (model.position[behind] + 8) % model.cycle)[0])
+    al_behind, al_ahead = model.decode_batch([behind, ahead], 512, 64, 8)
+    assert al_ahead == 64 / 63 and al_behind == 64 / 56
+    # a flush empties the corpus; a prefill-only batch leaves one window per request
+    model.flush()
+    model.prefill_only([ahead], 512)
+    assert model.decode_batch([behind], 512, 64, 8)[0] == 64 / 56

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from specwatch.case import Algorithm, Case, ModelSize, Profile, Workload
 from specwatch.memory_model import SizingInput, reference_sizing, sglang_sizing
-from specwatch.oracle import SHAPES, Oracle, ensure_models
+from specwatch.oracle import SHAPES, NgramCorpusModel, Oracle, ensure_models
 from specwatch.timing_lock import ENGINE_FACTS_EVENT, ENGINE_STARTED_EVENT, PARALLEL_ENV, WorkerTimingLock
 
 KV_TOKENS = {ModelSize.tiny: 1 << 18, ModelSize.tiny_attn: 1 << 18, ModelSize.tiny_mla: 1 << 18, ModelSize.llama_1b: 1 << 17,
@@ -394,6 +394,10 @@ def run_case(engine, case: Case, repeats: int, warmup: bool, calibrate: bool = F
     prefills: list[float] = []
     digest = hashlib.sha256()
     draft_oracle = draft_oracle_for(case, oracle)
+    # NGRAM: its corpus simulated (flushed before the timed batch, so it starts empty); only where
+    # the batch decodes together from its prefill on, i.e. not near full
+    ngram = NgramCorpusModel(oracle) if case.algorithm is Algorithm.NGRAM \
+        and case.workload is Workload.standard else None
     expected_per_repeat: list[float] = []
     hist = None
     flush_failures = flush_refusals = 0   # SGLang refuses a flush until idle: retried (flush_cache)
@@ -436,6 +440,11 @@ def run_case(engine, case: Case, repeats: int, warmup: bool, calibrate: bool = F
             step_ms.append(1e3 * decode_s / max(vct, 1))
             itl_ms.append(1e3 * decode_s / max(case.output_len - 1, 1))
         hist = metas[0].get("spec_accept_histogram", hist)
+        if ngram is not None:
+            ngram.flush()
+            expected_per_repeat.append(statistics.mean(ngram.decode_batch(
+                prompt_starts(case, f"timed{r}", case.batch_size), input_len, case.output_len,
+                case.num_draft_tokens)))
         if draft_oracle is not None:
             expected_per_repeat.append(statistics.mean(expected_accept_length(draft_oracle, case, exp)
                                                        for exp in expected))

@@ -57,13 +57,13 @@ CPU by a written-out forward of SGLang 0.5.17's ``llama_eagle3.py`` (tests/test_
 NGRAM has no draft model: it proposes continuations of n-grams its corpus has seen. In SGLang
 0.5.17 (``ngram_worker._update_ngram_corpus``) the corpus takes, after each verify, only the last
 ``speculative_ngram_max_trie_depth`` (18) tokens of each running request, never a prompt whole
-(inserting the extend is commented out there), and drafts from the longest suffix match. The
+(inserting the extend is commented out there), and drafts from the suffix matches. The
 sigma-chain does not repeat within its period A, so a request's own windows never hold its next
 token before its output wraps the cycle, however long its prompt; its matches come from other
-requests of the batch whose windows passed the same chain positions a few steps earlier. NGRAM's
-acceptance therefore depends on the batch's prompt starts and its step-by-step interleaving: it is
-measured, not derived. (Exact values would need a port of the corpus' trie and BFS match; they
-are deterministic, since every match follows ``synchronize()``.)
+requests of the batch whose windows passed the same chain positions a few steps earlier. Every
+window being a piece of the chain, the draft is always the chain as far as a window reaches, so
+the acceptance is a deterministic function of the batch's prompt starts: ``NgramCorpusModel``
+simulates it (exact on every standard NGRAM record of the H200s).
 """
 
 from __future__ import annotations
@@ -272,6 +272,70 @@ def count_verifies(succ: np.ndarray, first_output_token: int, output_len: int, a
         produced += commit
         verifies += 1
     return verifies
+
+
+NGRAM_MAX_TRIE_DEPTH = 18
+"""SGLang's ``speculative_ngram_max_trie_depth`` default (0.5.12-0.5.17): each corpus window's length."""
+
+
+class NgramCorpusModel:
+    """What SGLang's NGRAM corpus holds for sigma-chain requests, and the acceptance that follows.
+
+    The corpus (``ngram_worker._update_ngram_corpus``, ``ngram_corpus/trie.cpp``) takes, after each
+    verify, a window of the last ``depth`` tokens of every request in the decode batch, and drafts
+    from the suffixes of a request's own last tokens. Every window is a piece of the chain, so every
+    trie path is one: the draft is the chain itself, as far as some window reaches past the request's
+    last token (at most ``depth - 1``), capped at ``num_draft_tokens - 1``, and all of it is
+    accepted. Only where windows end matters, one cycle position per request and step (the
+    request's last token when its draft was made), plus one more at its last token when it finishes,
+    also for a request that finishes at prefill (max_new_tokens = 1), without a verify counted. That
+    last window is what the records need; my reading, not checked in SGLang's code, is that the
+    overlap scheduler learns of a finish one iteration late and puts the window once more. A flush
+    resets the corpus. Checked against every standard NGRAM record on the H200s (0.5.17, dcp 1 and
+    2, triton and flashinfer, page 1/64, topk 1/4: 21 of 21 repeats exact, replaying the harness of
+    the time: warm-up, then per repeat a prefill-only batch and the timed one, no flush between;
+    ``tests/test_oracle.py``). It assumes the batch decodes together from its prefill on (no queue,
+    no retraction), so near-full cases get no expectation."""
+
+    def __init__(self, oracle: "Oracle", depth: int = NGRAM_MAX_TRIE_DEPTH):
+        succ = oracle.successor_index()
+        self.cycle = len(succ)
+        self.position = np.empty(self.cycle, dtype=np.int64)     # active index -> place on sigma's cycle
+        j = 0
+        for k in range(self.cycle):
+            self.position[j] = k
+            j = succ[j]
+        self.depth = depth
+        self.window_ends: set[int] = set()
+
+    def flush(self) -> None:
+        """``flush_cache``: the scheduler resets the corpus (``NGRAMWorker.clear_cache_pool``)."""
+        self.window_ends.clear()
+
+    def prefill_only(self, starts: list[int], input_len: int) -> None:
+        """A batch with max_new_tokens = 1: each request's window goes in once, at its first output."""
+        self.window_ends.update(int(self.position[s] + input_len) % self.cycle for s in starts)
+
+    def decode_batch(self, starts: list[int], input_len: int, output_len: int, num_draft_tokens: int) -> list[float]:
+        """Acceptance length (output tokens per verify) of each request of a batch of chain prompts
+        from active indices ``starts``, ``input_len`` long, decoding ``output_len`` tokens together."""
+        a, last = self.cycle, [int(self.position[s] + input_len) % self.cycle for s in starts]
+        produced, verifies = [1] * len(starts), [0] * len(starts)
+        running = [i for i in range(len(starts)) if output_len > 1]
+        while running:
+            drafts = {}
+            for i in running:
+                reach = next((d for d in range(self.depth - 1, 0, -1) if (last[i] + d) % a in self.window_ends), 0)
+                drafts[i] = min(num_draft_tokens - 1, reach)
+            self.window_ends.update(last[i] for i in running)
+            for i in running:
+                last[i] = (last[i] + drafts[i] + 1) % a
+                produced[i] += drafts[i] + 1
+                verifies[i] += 1
+            done = [i for i in running if produced[i] >= output_len]
+            self.window_ends.update(last[i] for i in done)
+            running = [i for i in running if produced[i] < output_len]
+        return [output_len / v if v else float(output_len) for v in verifies]
 
 
 ROPE_THETA = 500000.0
