@@ -342,6 +342,11 @@ def run_multi_turn(engine, case: Case, repeats: int, warmup: bool) -> dict:
             "details": {"output_digest": digest.hexdigest()[:16], "turn_prompt_lens": lens}}
 
 
+NGRAM_ONE_PREFILL_TOKENS = 8192
+"""Prompt tokens one prefill batch takes whole (SGLang's chunked_prefill_size for the tiny oracles on
+the H200s, ``details.probe.scheduler_limits``): a larger NGRAM batch starts decoding in parts, which
+``NgramCorpusModel`` does not model."""
+
 FLUSH_WAIT_S = 5.0
 """How long ``flush_cache`` retries a flush SGLang refuses (seconds)."""
 
@@ -395,9 +400,11 @@ def run_case(engine, case: Case, repeats: int, warmup: bool, calibrate: bool = F
     digest = hashlib.sha256()
     draft_oracle = draft_oracle_for(case, oracle)
     # NGRAM: its corpus simulated (flushed before the timed batch, so it starts empty); only where
-    # the batch decodes together from its prefill on, i.e. not near full
+    # the batch decodes together from its prefill on: not near full, and prompts that one prefill
+    # batch takes whole (SGLang's chunked_prefill_size on the H200s: 8192)
     ngram = NgramCorpusModel(oracle) if case.algorithm is Algorithm.NGRAM \
-        and case.workload is Workload.standard else None
+        and case.workload is Workload.standard and case.batch_size * case.input_len <= NGRAM_ONE_PREFILL_TOKENS \
+        else None
     expected_per_repeat: list[float] = []
     hist = None
     flush_failures = flush_refusals = 0   # SGLang refuses a flush until idle: retried (flush_cache)
