@@ -242,6 +242,10 @@ def test_import_takes_a_fetched_folder_with_records_and_run_summaries(tmp_path):
     assert "nothing new" in res.stdout
     res = runner.invoke(app, ["results", str(tmp_path / "results")])
     assert "sweep cost" in res.stdout and "4.0" in res.stdout
+    # the dashboard shows the same table
+    res = runner.invoke(app, ["dashboard", "--results", str(tmp_path / "results"), "--out", str(tmp_path / "dash")])
+    page = (tmp_path / "dash" / "index.html").read_text()
+    assert res.exit_code == 0 and "Sweep cost per GPU run" in page and "<td>4.0</td>" in page.replace(" ", "")
 
 
 def test_overhead_exits_1_when_the_probe_costs_more_than_2_percent(tmp_path):

@@ -266,3 +266,15 @@ def test_a_leak_that_is_the_radix_cache_left_by_a_refused_flush_is_named_so():
     cells = " ".join(str(v) for v in health_matrix(df, suites_dir=None).filter(like="topk").values.ravel())
     assert "no_kv_leak ✗ 1 (of which 1: radix cache left by a refused flush" in cells
     assert cells.count("no_kv_leak ✗ 1") == 2
+
+
+def test_by_topk_plots_take_the_tiny_oracle_on_the_newest_version():
+    from specwatch.case import ModelSize
+    from specwatch.plots import newest_tiny
+    from specwatch.store import records_frame
+
+    old, new, big = (record(case(page_size=1), sglang_version="0.5.9"), record(case(), sglang_version="0.5.17"),
+                     record(case(model=ModelSize.llama_8b), sglang_version="0.5.17"))
+    faulty = record(case(page_size=16), sglang_version="0.5.17", fault="row-widen-revert")
+    picked, label = newest_tiny(records_frame([old, new, big, faulty]))
+    assert list(picked.case_id) == [new.case_id] and label == "tiny, SGLang 0.5.17"

@@ -141,16 +141,31 @@ def timing_records(df: pd.DataFrame) -> pd.DataFrame:
     return df[df.overlap_starts != True] if "overlap_starts" in df else df      # noqa: E712
 
 
+def newest_tiny(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """The clean records of the tiny oracle on the newest SGLang version that has any, and a label
+    for them: the by-topk plots take one model and one version, not a median over the 1b/8b
+    checkpoints and every release."""
+    if df.empty or "model" not in df:
+        return df, ""
+    tiny = df[(df.model == "tiny") & df.fault.isna()] if "fault" in df else df[df.model == "tiny"]
+    versions = sorted(tiny.sglang_version.dropna().unique(), key=version_key)
+    if not versions:
+        return tiny, ""
+    return tiny[tiny.sglang_version == versions[-1]], f"tiny, SGLang {versions[-1]}"
+
+
 def make_all(df: pd.DataFrame, out: Path) -> list[Path]:
     """Every dashboard plot from a records frame (``store.records_frame``)."""
     paths = memory_vs_topk(df, out)
     if not df.empty:
         timed = timing_records(df)
-        chain_or_tree = timed[(timed.batch_size == 1)] if "batch_size" in timed else timed
+        newest, label = newest_tiny(timed)
+        chain_or_tree = newest[(newest.batch_size == 1)] if "batch_size" in newest else newest
         paths += _by_topk(chain_or_tree, "decode_throughput", "attention_backend", out, "throughput_vs_topk",
-                          "decode throughput (tokens/s), batch 1", "throughput vs topk per backend")
-        paths += _by_topk(df, "accept_length", "profile", out, "acceptance_vs_topk",
-                          "acceptance length (tokens/verify)", "acceptance vs topk per oracle profile")
+                          "decode throughput (tokens/s), batch 1", f"throughput vs topk per backend ({label})")
+        newest, label = newest_tiny(df)
+        paths += _by_topk(newest, "accept_length", "profile", out, "acceptance_vs_topk",
+                          "acceptance length (tokens/verify)", f"acceptance vs topk per oracle profile ({label})")
         paths += across_versions(timed, out)
     return paths
 
