@@ -408,12 +408,17 @@ def run_case(engine, case: Case, repeats: int, warmup: bool, calibrate: bool = F
     expected_per_repeat: list[float] = []
     hist = None
     flush_failures = flush_refusals = 0   # SGLang refuses a flush until idle: retried (flush_cache)
+
+    def fresh_cache() -> None:
+        nonlocal flush_failures, flush_refusals
+        flushed, refused = flush_cache(engine)
+        flush_failures, flush_refusals = flush_failures + (not flushed), flush_refusals + refused
+
     for r in range(repeats):
         # Nothing of an earlier batch stays in the radix cache: a timed prompt whose start an earlier
         # batch drew (the tiny-attn oracle has 256 starts) would skip its prefill, and the pairwise
         # decode split below assumes the prefill-only batch and the timed one both prefill in full.
-        flushed, refused = flush_cache(engine)
-        flush_failures, flush_refusals = flush_failures + (not flushed), flush_refusals + refused
+        fresh_cache()
         # A prefill-only batch of the same shape right before each timed batch: decode time is
         # the timed batch's wall time minus it, pairwise, so one slow prefill spoils one repeat only.
         t = time.perf_counter()
@@ -421,8 +426,7 @@ def run_case(engine, case: Case, repeats: int, warmup: bool, calibrate: bool = F
         prefill_s = time.perf_counter() - t
         prefills.append(prefill_s)
         prompts, expected = batch(f"timed{r}")
-        flushed, refused = flush_cache(engine)
-        flush_failures, flush_refusals = flush_failures + (not flushed), flush_refusals + refused
+        fresh_cache()
         t = time.perf_counter()
         outs = engine.generate(input_ids=prompts, sampling_params=sp)
         wall = time.perf_counter() - t
@@ -554,6 +558,12 @@ def pool_checks(sw: dict) -> tuple[dict, dict, dict]:
     return metrics, checks, coverage
 
 
+def radix_cache_tokens(probe_facts: dict) -> int:
+    """Tokens SGLang's radix cache held when the probe read it (evictable + protected): not free, and
+    not leaked either (SGLang's idle invariant: free + these == capacity)."""
+    return sum(probe_facts.get(f"tree_cache_{k}_size") or 0 for k in ("evictable", "protected"))
+
+
 def memory_and_leaks(engine, case: Case) -> tuple[dict, dict, dict]:
     ok_flush, flush_refusals = flush_cache(engine)
     facts = server_facts(engine)
@@ -563,10 +573,8 @@ def memory_and_leaks(engine, case: Case) -> tuple[dict, dict, dict]:
         a, r = sw["allocator"], sw["req_to_token"]
         capacity_pages = a["num_pages"]
         free_pages = a["unique_free_pages"] if a["unique_free_pages"] is not None else a["free_pages"]
-        # SGLang's own idle invariant: free + what the radix cache holds == capacity. After a flush the
-        # cache holds nothing; if the flush was refused, what it still holds is not a leak.
-        cache_held = sum(sw.get(f"tree_cache_{k}_size") or 0 for k in ("evictable", "protected"))
-        leaked = (capacity_pages - free_pages) * a["page_size"] - cache_held
+        # After a flush the cache holds nothing; if the flush was refused, what it holds is not a leak.
+        leaked = (capacity_pages - free_pages) * a["page_size"] - radix_cache_tokens(sw)
         metrics["leaked_tokens"] = metric(leaked, "tokens", exact=True, higher_is_better=False)
         metrics["leaked_req_slots"] = metric(r["size"] - r["free_slots"], "slots", exact=True, higher_is_better=False)
         checks["no_kv_leak"] = leaked == 0

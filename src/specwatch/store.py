@@ -162,9 +162,10 @@ def leak_is_unflushed_cache(r: CaseRecord) -> bool:
     flush answer, an object true whatever it said, as a flush, and counted every token not free as
     leaked. When the scheduler refused the flush (not yet idle after the last batch) the cached
     prompts read as a leak. Such records keep their verdict; this says what it was."""
+    from specwatch.engine_worker import radix_cache_tokens
+
     leaked = r.metrics.get("leaked_tokens")
-    probe = (r.details or {}).get("probe") or {}
-    held = sum(probe.get(f"tree_cache_{k}_size") or 0 for k in ("evictable", "protected"))
+    held = radix_cache_tokens((r.details or {}).get("probe") or {})
     return bool(leaked is not None and leaked.value and leaked.value == held)
 
 
