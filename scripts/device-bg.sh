@@ -1,36 +1,58 @@
 #!/usr/bin/env bash
 # A run longer than one device call (10 min): start it detached, then wait for it call by call.
-#   bash scripts/device-bg.sh start COMMIT SUITE [SUITE...] [specwatch run options...]
-#   bash scripts/device-bg.sh wait [SECONDS]      (default 540; returns early when the run ends)
-# `start` copies this checkout to /tmp/sw-bg-repo (each call re-copies the working tree over the
+#   bash scripts/device-bg.sh start COMMIT SUITE [SUITE...] [specwatch run options...] [--then SUITE... options...]
+#   bash scripts/device-bg.sh wait [SECONDS] [NAME...]   (default 540; returns early when every run ends)
+# `start` copies this checkout to /tmp/NAME-repo (each call re-copies the working tree over the
 # original, under a running sweep's imports) and runs scripts/device-run.sh there in its own session
 # (setsid: the device keeps such a process when the call returns, until the machine goes back, i.e.
-# ~30 s after the last call ends). Results go to /tmp/sw-bg; `wait` packs them into
-# $OUT/results.tgz each time, so a machine lost between calls loses no finished case.
-# One run, one summary: its wall time is the whole sweep's, which --stop-after/--resume calls split.
+# ~30 s after the last call ends). `--then` chains runs: each segment is one specwatch run (its own
+# summary), started when the one before ends, e.g. the cases that matter most first.
+# NAME is BG_NAME (default sw-bg); several named runs can be in flight at once, e.g. one per GPU or
+# BG_SCRIPT=scripts/device-versions.sh beside a sweep (give both the same --timing-lock / TIMING_LOCK).
+# Results go to /tmp/NAME; `wait` packs each into $OUT/NAME.tgz (sw-bg: $OUT/results.tgz) every time,
+# so a machine lost between calls loses no finished case.
 set -uo pipefail
-B=/tmp/sw-bg
+name=${BG_NAME:-sw-bg}; B=/tmp/$name
 case "${1:-}" in
 start)
-  shift
-  [ -e $B.pid ] && kill -0 "$(cat $B.pid)" 2>/dev/null && { echo "device-bg.sh: a run is in flight (pid $(cat $B.pid))" >&2; exit 2; }
+  shift; commit=${1:?commit}; shift
+  [ -e $B.pid ] && kill -0 "$(cat $B.pid)" 2>/dev/null && { echo "device-bg.sh: $name is in flight (pid $(cat $B.pid))" >&2; exit 2; }
   # a fresh run starts from an empty folder (an earlier run's, on a warm host, would be packed
   # again and read by its --resume); only --resume keeps what is there
   case " $* " in *" --resume "*) ;; *) rm -rf $B ;; esac
   rm -rf $B-repo $B.rc $B-out && mkdir -p $B $B-out $B-repo
   tar --exclude='./.kit*' --exclude='./.git' --exclude='./.venv' -cf - . | tar -xf - -C $B-repo
-  cd $B-repo && OUT=$B-out SPECWATCH_DEVICE_RESULTS=$B setsid nohup bash -c \
-    'bash scripts/device-run.sh "$@"; echo $? > '$B'.rc' device-bg "$@" > $B.log 2>&1 < /dev/null &
+  # the segments, one per line, each argument quoted for the shell that runs them
+  segs=""; seg=""
+  for a in "$@"; do
+    if [ "$a" = --then ]; then segs+="$seg"$'\n'; seg=""; else seg+=" $(printf '%q' "$a")"; fi
+  done
+  segs+="$seg"
+  printf '%s\n' "$segs" | grep -v '^\s*$' > $B.segments
+  cd $B-repo && OUT=$B-out SPECWATCH_DEVICE_RESULTS=$B setsid nohup bash -c '
+    rc=0
+    while read -r seg; do eval "bash ${BG_SCRIPT:-scripts/device-run.sh} $0 $seg" || rc=$?; done < '$B'.segments
+    echo $rc > '$B'.rc' "$commit" > $B.log 2>&1 < /dev/null &
   echo $! > $B.pid
-  echo "device-bg.sh: started pid $(cat $B.pid), log $B.log"
+  echo "device-bg.sh: started $name, pid $(cat $B.pid), $(wc -l < $B.segments) run(s), log $B.log"
   ;;
 wait)
-  limit=${2:-540}; t0=$SECONDS
-  while [ ! -e $B.rc ] && [ $((SECONDS - t0)) -lt "$limit" ]; do sleep 5; done
-  tar -czf "$OUT/results.tgz" -C $B .
-  cp $B.log "$OUT/run.log" 2>/dev/null
-  if [ -e $B.rc ]; then echo "device-bg.sh: run ended, rc $(cat $B.rc)"; tail -n "${SUMMARY_LINES:-60}" $B.log; exit "$(cat $B.rc)"; fi
-  echo "device-bg.sh: still running after ${limit} s"; grep -vE "^\s*$" $B.log | tail -n 15; exit 0
+  limit=${2:-540}; t0=$SECONDS; names=("${@:3}"); [ ${#names[@]} = 0 ] && names=("$name")
+  done_all() { for n in "${names[@]}"; do [ -e /tmp/$n.rc ] || return 1; done; }
+  while ! done_all && [ $((SECONDS - t0)) -lt "$limit" ]; do sleep 5; done
+  rc=0
+  for n in "${names[@]}"; do
+    tgz=$n.tgz; [ "$n" = sw-bg ] && tgz=results.tgz
+    tar -czf "$OUT/$tgz" -C /tmp/$n .
+    cp /tmp/$n.log "$OUT/$n.log" 2>/dev/null
+    if [ -e /tmp/$n.rc ]; then
+      echo "== device-bg.sh: $n ended, rc $(cat /tmp/$n.rc)"; tail -n "${SUMMARY_LINES:-60}" /tmp/$n.log
+      [ "$(cat /tmp/$n.rc)" = 0 ] || rc=$(cat /tmp/$n.rc)
+    else
+      echo "== device-bg.sh: $n still running after ${limit} s"; grep -vE "^\s*$" /tmp/$n.log | tail -n 15
+    fi
+  done
+  exit $rc
   ;;
-*) echo "usage: device-bg.sh start COMMIT SUITE... | wait [SECONDS]" >&2; exit 2 ;;
+*) echo "usage: device-bg.sh start COMMIT SUITE... [--then SUITE...] | wait [SECONDS] [NAME...]" >&2; exit 2 ;;
 esac

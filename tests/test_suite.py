@@ -125,3 +125,14 @@ def test_every_shipped_suite_loads_and_the_profiles_suite_covers_the_imperfect_p
     plan = load_suite(SUITES / "profiles.toml").plan()
     assert {p.case.profile for p in plan} == {Profile.q01, Profile.q03, Profile.random}
     assert all(p.skip is None for p in plan) and {p.case.topk for p in plan} == {1, 4}
+
+
+def test_where_case_id_selects_exactly_the_named_cases():
+    from specwatch.suite import matches, parse_where
+
+    cases = [p.case for p in load_suite(SUITES / "smoke.toml").plan()]
+    picked = {cases[0].case_id, cases[2].case_id}
+    where = parse_where([f"case_id={','.join(sorted(picked))}"])
+    assert {c.case_id for c in cases if matches(c, where)} == picked
+    with pytest.raises(SpecwatchInputError, match="case_id"):
+        parse_where(["case=abc"])

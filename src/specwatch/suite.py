@@ -108,6 +108,10 @@ class Suite:
         return expand(self.spec)
 
 
+WHERE_FIELDS: tuple[str, ...] = ("case_id",)
+"""Fields ``--where`` takes besides the case's parameters: ``case_id`` re-runs exactly the named cases."""
+
+
 def parse_where(terms: list[str]) -> dict[str, set[str]]:
     """``["page_size=64,256", "attention_backend=triton"]`` -> {field: allowed string values}."""
     from specwatch.case import CASE_FIELDS
@@ -115,16 +119,16 @@ def parse_where(terms: list[str]) -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
     for term in terms:
         key, sep, values = term.partition("=")
-        if not sep or key not in CASE_FIELDS:
-            raise SpecwatchInputError(None, f"--where takes FIELD=V1[,V2] with FIELD one of {', '.join(CASE_FIELDS)}",
-                                      field=term)
+        if not sep or key not in CASE_FIELDS + WHERE_FIELDS:
+            raise SpecwatchInputError(None, "--where takes FIELD=V1[,V2] with FIELD one of "
+                                      f"{', '.join(CASE_FIELDS + WHERE_FIELDS)}", field=term)
         out.setdefault(key, set()).update(v.strip().lower() for v in values.split(","))
     return out
 
 
 def matches(case: Case, where: dict[str, set[str]]) -> bool:
     """Whether the case's value of every field in ``where`` (from ``parse_where``) is allowed."""
-    p = case.params()
+    p = dict(case.params(), case_id=case.case_id)
     return all(str(p[k]).lower() in vs for k, vs in where.items())
 
 
