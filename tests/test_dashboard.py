@@ -69,7 +69,7 @@ def test_fault_table_puts_each_fault_run_beside_the_clean_run():
     assert rows["row-widen-revert"]["faulted code ran"] == "not counted"     # crashed / an older record
 
 
-def test_dcp_matrix_shows_outcomes_and_compares_outputs_with_the_dcp1_twin():
+def test_dcp_matrix_shows_outcomes_and_compares_outputs_with_the_dcp1_twin(tmp_path):
     from specwatch.dashboard import dcp_matrix
     from specwatch.record import Metric, Status
 
@@ -125,6 +125,23 @@ def test_dcp_matrix_shows_outcomes_and_compares_outputs_with_the_dcp1_twin():
     assert folded["triton"]["dcp 2 standard 128→256"] == ("0/2 ok; crashed: Capture cuda graph failed: DCP Triton extend "
                                                   "does not support custom masks; crashed: Exception: boom")
     assert folded["triton"]["outputs = dcp 1"] == ""
+    # SGLang's refusal to start beside another run's memory on one GPU measured the host, not the case
+    from specwatch.store import recorded_case_ids, results_path, append_record
+
+    unbalanced = dcp_record(1, None, status=Status.crashed, backend="triton", page_size=1,
+                            reason="worker exited with code -9 before finishing this case: RuntimeError: The memory "
+                                   "capacity is unbalanced. Some GPUs may be occupied by other processes.")
+    matrix = dcp_matrix(records_frame(recs + [unbalanced]))
+    assert matrix[(matrix.backend == "triton") & (matrix.dcp == 1)].outcome.iloc[0].startswith(
+        "not measured (host interference)")
+    folded = {r["backend"]: r for r in dcp_summary(matrix).to_dict("records")}
+    assert folded["triton"]["dcp 1 standard 128→256"] == "1 not measured (host interference)"
+    assert folded["triton"]["dcp 2 standard 128→256"].startswith("0/2 ok;")
+    # ...and `run --known` runs such a case again
+    path = results_path(tmp_path, "m", "0.5.17", "dcp")
+    for r in (recs[-1], unbalanced):
+        append_record(path, r)
+    assert recorded_case_ids(path) == {recs[-1].case_id}
 
 
 def test_memory_plot_places_only_records_measured_at_the_lines_settings():
@@ -278,3 +295,22 @@ def test_by_topk_plots_take_the_tiny_oracle_on_the_newest_version():
     faulty = record(case(page_size=16), sglang_version="0.5.17", fault="row-widen-revert")
     picked, label = newest_tiny(records_frame([old, new, big, faulty]))
     assert list(picked.case_id) == [new.case_id] and label == "tiny, SGLang 0.5.17"
+
+
+def test_a_row_mismatch_that_todays_model_explains_is_named_so():
+    from specwatch.dashboard import health_matrix
+    from specwatch.record import Metric
+    from specwatch.store import records_frame
+
+    # flashinfer page 64 topk 4, context 8192: 0.5.12 measured 8204-slot rows, which the model of the
+    # day (the reserve rule of 0.5.13-0.5.15: 9216) called a mismatch; 0.5.13 with 8204 would be one
+    old, wrong = (record(case(attention_backend="flashinfer"), sglang_version=v) for v in ("0.5.12", "0.5.13"))
+    for r in (old, wrong):
+        r.metrics["req_to_token_row_width"] = Metric(value=8204, unit="tokens", exact=True)
+        r.metrics["req_to_token_bytes"] = Metric(value=2 * 8204 * 4, unit="bytes", exact=True)
+        r.checks["req_to_token_matches_model"] = False
+    df = records_frame([old, wrong])
+    assert list(df.row_matches_model_now) == [True, False]
+    cells = " ".join(str(v) for v in health_matrix(df, suites_dir=None).filter(like="topk").values.ravel())
+    assert cells.count("req_to_token_matches_model ✗ 1") == 2
+    assert cells.count("(of which 1: match today's model") == 1

@@ -81,6 +81,22 @@ def test_the_row_rule_follows_the_sglang_release(version, page, row):
     assert reference_sizing(x, version).req_to_token_row_width == row
 
 
+@pytest.mark.parametrize("version,page,topk,draft,row", [
+    # smoke's flashinfer rows measured on the H200 (tiny, context 8192, 3 steps)
+    ("0.5.12", 64, 4, 8, 8204), ("0.5.12", 64, 1, 4, 8200), ("0.5.12", 1, 4, 8, 8204),
+    ("0.5.13", 64, 4, 8, 9216), ("0.5.15", 64, 4, 8, 9216),
+])
+def test_0_5_12_rows_ignore_the_decode_reserve(version, page, topk, draft, row):
+    x = SizingInput(Algorithm.EAGLE, page, topk, 3, draft, 8192, 1)
+    sizing = reference_sizing(x, version)
+    assert sizing.req_to_token_row_width == row
+    if page > 1 and topk > 1:
+        # the seed PR's invariant: 0.5.12's tree-on-paged-KV row cannot hold the context-limit
+        # watermark (9216 slots); 0.5.13's can
+        assert sizing.aligned_alloc_len_at_context_limit == 9216
+        assert sizing.row_fits_watermark is (version != "0.5.12")
+
+
 def test_release_parses_version_strings():
     assert release("0.5.17") == (0, 5, 17) and release("0.5.17.post1") == (0, 5, 17)
     assert release("0.5.15rc2") == (0, 5, 15) and release(None) is None and release("dev") is None

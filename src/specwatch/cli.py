@@ -560,6 +560,8 @@ def results_cmd(root: Path = typer.Argument(Path("results"), help="Results root.
     for _, row in failing.iterrows():
         bad = [c[len("check."):] for c in checks if row[c] == False]  # noqa: E712 (numpy bools, NaN)
         note = " (the radix cache a refused flush left, not a leak)" if row.get("leak_is_unflushed_cache") else ""
+        if "req_to_token_matches_model" in bad and row.get("row_matches_model_now") is True:
+            note += " (the row matches today's model: the model's rule was learned later)"
         console.print(f"[red]{row.case_id}[/red] {row.suite} {row.attention_backend} p{row.page_size} k{row.topk} "
                       f"bs{row.batch_size}: failed {', '.join(bad)}{note}", highlight=False)
 

@@ -23,12 +23,22 @@ PLOT_TITLES = {
 }
 
 
-def _unflushed_note(ok: pd.DataFrame, check: str) -> str:
-    """Says how many failed leak checks were the radix cache a refused flush left (``store.leak_is_unflushed_cache``)."""
-    if check != "check.no_kv_leak" or "leak_is_unflushed_cache" not in ok:
+RELABELS = {
+    "check.no_kv_leak": ("leak_is_unflushed_cache", "radix cache left by a refused flush, not a leak"),
+    "check.req_to_token_matches_model": ("row_matches_model_now", "match today's model: the model's rule, not SGLang's row"),
+}
+"""Failed checks a later finding explains: check -> (records-frame column that is True for such a
+record, what it was). The recorded verdicts stay (``store.leak_is_unflushed_cache``,
+``store.row_matches_model_now``)."""
+
+
+def _relabel_note(ok: pd.DataFrame, check: str) -> str:
+    """Says how many of a check's failures a later finding explains (``RELABELS``)."""
+    column, what = RELABELS.get(check, (None, None))
+    if column is None or column not in ok:
         return ""
-    n = int((ok[check].eq(False) & ok.leak_is_unflushed_cache.eq(True)).sum())
-    return f" (of which {n}: radix cache left by a refused flush, not a leak)" if n else ""
+    n = int((ok[check].eq(False) & ok[column].eq(True)).sum())
+    return f" (of which {n}: {what})" if n else ""
 
 
 def fault_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -81,6 +91,8 @@ def dcp_matrix(df: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for r in recs:
         outcome = r["status"] if r["status"] == "ok" else f"{r['status']}: {str(r['reason'])[:160]}"
+        if col(r, "host_interference"):
+            outcome = f"not measured (host interference): {r['host_interference']}"
         equiv = ""
         if r["dcp"] > 1 and r["status"] == "ok":
             twin = by_id.get((r["sglang_version"], Case(**{f: r[f] for f in CASE_FIELDS}).dcp_twin_id()))
@@ -127,13 +139,15 @@ def dcp_summary(matrix: pd.DataFrame) -> pd.DataFrame:
         row = dict(zip(("sglang", "model", "algo", "backend"), key))
         for (dcp, workload, lengths), h in g.groupby(["dcp", "workload", "lengths"], sort=True):
             col = f"dcp {dcp} {workload} {lengths}"
-            ran = h[~h.outcome.str.startswith("skipped")]
+            unmeasured = int(h.outcome.str.startswith("not measured").sum())
+            ran = h[~h.outcome.str.startswith("skipped") & ~h.outcome.str.startswith("not measured")]
             if ran.empty:
-                row[col] = "all skipped by rule"
+                row[col] = f"{unmeasured} not measured (host interference)" if unmeasured else "all skipped by rule"
                 continue
             ok = int((ran.outcome == "ok").sum())
             causes = sorted({WORKER_DIED_RE.sub("", o)[:140] for o in ran.outcome if o != "ok"})
-            row[col] = f"{ok}/{len(ran)} ok" + "".join(f"; {c}" for c in causes)
+            row[col] = f"{ok}/{len(ran)} ok" + "".join(f"; {c}" for c in causes) + (
+                f"; {unmeasured} more not measured (host interference)" if unmeasured else "")
         same = g.loc[g.dcp > 1, "same outputs as dcp 1"]
         compared = same[same.isin(["identical", "DIFFERENT"])]
         row["outputs = dcp 1"] = (f"{int((compared == 'identical').sum())}/{len(compared)} identical"
@@ -183,7 +197,7 @@ def health_matrix(df: pd.DataFrame, suites_dir: Optional[Path] = Path("suites"))
                 issues = [f"{n} {st}" for st, n in got[got.status != "ok"].status.value_counts().items()]
                 if (missing := len(want) - len(got)) > 0:
                     issues.append(f"{missing} not run")
-                issues += [f"{c[len('check.'):]} ✗ {n}" + _unflushed_note(ok, c)
+                issues += [f"{c[len('check.'):]} ✗ {n}" + _relabel_note(ok, c)
                            for c in checks if (n := int((ok[c] == False).sum()))]  # noqa: E712
                 row[f"topk {topk}"] = f"{len(ok)}/{len(want)} ok" + "".join(f"; {i}" for i in issues)
             if not rec.empty:         # a row with no record at all (e.g. a reduced run of an old version): left out

@@ -18,7 +18,8 @@ C = model context length, R = max running requests):
 * alloc_reserve_per_decode: 2 * alloc_len_per_decode (double buffer for the overlap lag).
 * req_to_token_extra_context_len: row headroom past C. 4 + n; with speculation and P > 1 at
   least reserve + P - 1, because the decode watermark is rounded up to a whole page (from SGLang
-  0.5.16 on; 0.5.12-0.5.15 rows stop at the reserve: ``ROW_PAGE_SLACK_SINCE``).
+  0.5.16 on; 0.5.13-0.5.15 rows stop at the reserve: ``ROW_PAGE_SLACK_SINCE``; 0.5.12 rows are
+  4 + n whatever the reserve: ``ROW_RESERVE_SINCE``).
 * req_to_token_row_width = C + extra; req_to_token_bytes = (R + 1) * row_width * 4 (int32,
   one padding row).
 * allocator_page_size = P * D (DCP pages in virtual slots).
@@ -125,6 +126,14 @@ per-decode reserve. Measured on the H200 (tiny, 8192-token context, topk 8, 3 st
 rows are 10240 (page 64) and 16384 (page 256) slots wide, 0.5.16-0.5.17 rows 10303 and 16639."""
 
 
+ROW_RESERVE_SINCE = (0, 5, 13)
+"""First SGLang release whose paged spec-decode req_to_token row makes room for the per-decode
+reserve. 0.5.12 sizes every row C + 4 + num_draft_tokens (``model_runner_kv_cache_mixin.py``:
+``extra_max_context_len = 4 + speculative_num_draft_tokens``, a "temporary fix"). Measured on the
+H200 (tiny, context 8192, flashinfer, page 64, topk 4, 3 steps, 8 draft tokens): 8204 slots on
+0.5.12, 9216 on 0.5.13-0.5.15; such a row cannot hold the decode watermark at the context limit."""
+
+
 def release(version: Optional[str]) -> Optional[tuple[int, ...]]:
     """``"0.5.13"`` / ``"0.5.17.post1"`` -> (0, 5, 13) / (0, 5, 17); None for None or no number."""
     parts = []
@@ -142,6 +151,7 @@ def reference_sizing(x: SizingInput, sglang_version: Optional[str] = None) -> Si
     """specwatch's own formulas (module docstring), for ``sglang_version`` (None: the newest rules)."""
     ver = release(sglang_version)
     page_slack = x.page_size - 1 if ver is None or ver >= ROW_PAGE_SLACK_SINCE else 0
+    row_reserve = ver is None or ver >= ROW_RESERVE_SINCE
     if x.algorithm is None:
         alloc = 1
     elif _tree_on_paged_kv(x):
@@ -150,7 +160,7 @@ def reference_sizing(x: SizingInput, sglang_version: Optional[str] = None) -> Si
         alloc = max(x.num_steps * x.topk, x.num_draft_tokens)
     reserve = 2 * alloc
     extra = 4 + (x.num_draft_tokens if x.algorithm is not None else 0)
-    if x.algorithm is not None and x.page_size > 1:
+    if x.algorithm is not None and x.page_size > 1 and row_reserve:
         extra = max(extra, reserve + page_slack)
     row = x.context_len + extra
     alloc_page = x.page_size * x.dcp

@@ -50,12 +50,19 @@ def memory_vs_topk(df: pd.DataFrame, out: Path, steps: int = 3, context_len: int
 
     Model lines use the suites' settings (num_draft_tokens 8, capped at the tree size steps*topk+1;
     steps+1 for a chain) and the runner's engine (context 8192, 8 request slots); measured points
-    are the records whose sizing inputs are the line's, so a point off its line is a finding."""
+    are the records whose sizing inputs are the line's, so a point off its line is a finding. Lines
+    and points are the newest SGLang release's that the records hold."""
+    # the lines are one release's rules (the row rule moved at 0.5.13 and 0.5.16): the newest
+    # measured release's, with only its records as points (an older release's row is not a finding)
+    versions = sorted(df.sglang_version.dropna().unique(), key=version_key) if "sglang_version" in df else []
+    newest = versions[-1] if versions else None
+    if newest is not None:
+        df = df[df.sglang_version == newest]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     for page in PAGES:
         model = [reference_sizing(SizingInput(Algorithm.EAGLE, page, k, steps,
                                               min(draft_tokens, k * steps + 1) if k > 1 else steps + 1,
-                                              context_len, max_running)) for k in TOPKS]
+                                              context_len, max_running), newest) for k in TOPKS]
         line = ax1.plot(TOPKS, [m.req_to_token_bytes / 1024 for m in model], marker="", label=f"page {page} (model)")
         ax2.plot(TOPKS, [m.alloc_reserve_per_decode for m in model], color=line[0].get_color(), label=f"page {page}")
         if not df.empty and "req_to_token_bytes" in df:
@@ -64,7 +71,8 @@ def memory_vs_topk(df: pd.DataFrame, out: Path, steps: int = 3, context_len: int
                 ax1.scatter(pts.topk, pts.req_to_token_bytes / 1024, color=line[0].get_color(), marker="o",
                             s=40, zorder=3, label=f"page {page} (measured)")
     ax1.set(xlabel="topk", ylabel="req_to_token size (KiB)", xscale="log", xticks=TOPKS, xticklabels=TOPKS,
-            title=f"req_to_token, ctx {context_len}, {max_running} req slots, steps {steps}")
+            title=f"req_to_token, ctx {context_len}, {max_running} req slots, steps {steps}"
+                  + (f", SGLang {newest}" if newest else ""))
     ax2.set(xlabel="topk", ylabel="KV reserved per request per decode (tokens)", xscale="log", yscale="log",
             xticks=TOPKS, xticklabels=TOPKS, title="per-decode KV reserve (2 x holey tree footprint)")
     for ax in (ax1, ax2):

@@ -85,12 +85,29 @@ def load_records(paths: Iterable[Path]) -> list[CaseRecord]:
     return out
 
 
+HOST_INTERFERENCE = {
+    "The memory capacity is unbalanced":
+        "another process held memory on one of the engine's GPUs (a concurrent run on the host), so "
+        "SGLang refused to start the engine",
+}
+"""SGLang's messages that say a record measured the host, not the case: message fragment -> what
+happened. Seen on the x2 host (tenth session): a one-GPU run on GPU 0 beside a tp-2 DCP sweep."""
+
+
+def host_interference(r: CaseRecord) -> Optional[str]:
+    """What made the record the host's answer rather than the case's (``HOST_INTERFERENCE``), else None."""
+    text = r.reason or ""
+    return next((what for frag, what in HOST_INTERFERENCE.items() if frag in text), None)
+
+
 def recorded_case_ids(path: Path, statuses: Optional[Iterable[Status]] = None) -> set[str]:
-    """Case ids with a record in ``path``: of any status, or only of ``statuses``."""
+    """Case ids with a record in ``path``: of any status, or only of ``statuses``. A record of host
+    interference (``host_interference``) does not count: ``--known`` runs its case again."""
     if not Path(path).exists():
         return set()
     keep = None if statuses is None else set(statuses)
-    return {r.case_id for r in read_records(path) if keep is None or r.status in keep}
+    return {r.case_id for r in read_records(path)
+            if (keep is None or r.status in keep) and host_interference(r) is None}
 
 
 def finished_case_ids(path: Path) -> set[str]:
@@ -151,6 +168,8 @@ def records_frame(records: Iterable[CaseRecord]) -> "pd.DataFrame":
         probe = (r.details or {}).get("probe")
         row["probe_read_attention_backend"] = None if not probe else "target_attention_backend" in probe
         row["leak_is_unflushed_cache"] = leak_is_unflushed_cache(r)
+        row["row_matches_model_now"] = row_matches_model_now(r)
+        row["host_interference"] = host_interference(r)
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -167,6 +186,24 @@ def leak_is_unflushed_cache(r: CaseRecord) -> bool:
     leaked = r.metrics.get("leaked_tokens")
     held = radix_cache_tokens((r.details or {}).get("probe") or {})
     return bool(leaked is not None and leaked.value and leaked.value == held)
+
+
+def row_matches_model_now(r: CaseRecord) -> Optional[bool]:
+    """``req_to_token_matches_model`` judged again under today's memory model, for the record's
+    SGLang version (None: the record has no measured row). The recorded check used the model of its
+    day; the model learns an older release's rule after its rows are measured (0.5.12's rows ignore
+    the decode reserve: ``memory_model.ROW_RESERVE_SINCE``). The recorded verdict stays; this says
+    whether the mismatch was SGLang's or the model's."""
+    from specwatch.memory_model import SizingInput, reference_sizing
+    from specwatch.oracle import SHAPES
+
+    width, nbytes = r.metrics.get("req_to_token_row_width"), r.metrics.get("req_to_token_bytes")
+    if width is None or nbytes is None or not width.value:
+        return None
+    rows = int(nbytes.value) // (int(width.value) * 4)          # int32 slots, one padding row
+    x = SizingInput.for_case(r.case, SHAPES[r.case.model].max_position, rows - 1)
+    model = reference_sizing(x, r.provenance.sglang_version)
+    return model.req_to_token_row_width == width.value and model.req_to_token_bytes == nbytes.value
 
 
 def latest_rows(df: "pd.DataFrame", by: list[str]) -> "pd.DataFrame":
