@@ -314,3 +314,20 @@ def test_a_row_mismatch_that_todays_model_explains_is_named_so():
     cells = " ".join(str(v) for v in health_matrix(df, suites_dir=None).filter(like="topk").values.ravel())
     assert cells.count("req_to_token_matches_model ✗ 1") == 2
     assert cells.count("(of which 1: match today's model") == 1
+
+
+def test_across_versions_takes_exact_metrics_from_every_run_and_timing_from_wave_runs_only():
+    from specwatch.plots import version_lines
+    from specwatch.store import records_frame
+
+    waves = [record(case(page_size=1), sglang_version=v) for v in ("0.5.12", "0.5.17")]
+    overlapped = [record(case(attention_backend="flashinfer"), sglang_version=v) for v in ("0.5.12", "0.5.17")]
+    faulty = record(case(page_size=1), sglang_version="0.5.17", fault="row-widen-revert", tps=1.0)
+    for r in overlapped:
+        r.details["overlap_starts"] = True
+    df = records_frame(waves + overlapped + [faulty])
+    _, _, timed_common, timed = version_lines(df, "output_throughput")
+    _, _, exact_common, exact = version_lines(df, "accept_length")
+    assert timed_common == [waves[0].case_id]
+    assert sorted(exact_common) == sorted({waves[0].case_id, overlapped[0].case_id})
+    assert 1.0 not in set(timed.output_throughput)                  # a fault run is not a release's value

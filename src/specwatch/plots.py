@@ -121,15 +121,31 @@ def version_axis(df: pd.DataFrame) -> tuple[list, list[str], list[str]]:
     return versions, labels, common
 
 
+TIMED_METRICS = {"output_throughput", "decode_throughput", "step_time"}
+"""Metrics measured by the clock: across versions they come from ``timing_records`` only."""
+
+
+def version_lines(df: pd.DataFrame, metric: str) -> tuple[list, list[str], list[str], pd.DataFrame]:
+    """One across-versions panel's data: ``version_axis`` over the clean records (no fault run) that
+    may show ``metric`` (a timed one: not overlapped runs, ``timing_records``; an exact one: every
+    run, since overlapped starts leave acceptance and memory as they are), and the latest record of
+    each common case per version."""
+    clean = df[df.fault.isna()] if "fault" in df else df
+    frame = timing_records(clean) if metric in TIMED_METRICS else clean
+    versions, labels, common = version_axis(frame)
+    latest = latest_rows(frame[(frame.status == "ok") & frame.case_id.isin(common)], ["case_id", "sglang_version"]) \
+        if common else frame.iloc[0:0]
+    return versions, labels, common, latest
+
+
 def across_versions(df: pd.DataFrame, out: Path, metrics=VERSION_METRICS) -> list[Path]:
     """One line per case present (ok) in every SGLang version that has an ok case, so a change in the
     case mix can never look like a change in SGLang; the latest record of each case per version
-    (``version_axis``: versions that ran nothing ok stay on the axis, as a gap in every line)."""
+    (``version_axis``: versions that ran nothing ok stay on the axis, as a gap in every line). Each
+    panel takes the records that may show its metric (``version_lines``)."""
     fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 4))
-    versions, labels, common = version_axis(df)
-    if common:
-        latest = latest_rows(df[(df.status == "ok") & df.case_id.isin(common)], ["case_id", "sglang_version"])
     for ax, (m, unit) in zip(axes, metrics):
+        versions, labels, common, latest = version_lines(df, m) if not df.empty else ([], [], [], df)
         if common and m in latest:
             for cid, g in latest.groupby("case_id"):
                 first = g.iloc[0]
@@ -139,7 +155,8 @@ def across_versions(df: pd.DataFrame, out: Path, metrics=VERSION_METRICS) -> lis
                 ax.plot(labels, g[m].values, marker="o", alpha=0.7, lw=1, label=name)
             ax.legend(fontsize=7, title="case", title_fontsize=7)
         ax.set(xlabel="SGLang version", ylabel=f"{m} ({unit})",
-               title=f"{m}\n{len(common)} cases ok on every version that ran")
+               title=f"{m}\n{len(common)} cases ok on every version"
+                     + (" (wave runs)" if m in TIMED_METRICS else " (all runs)"))
     return _save(fig, out, "across_versions")
 
 
@@ -174,7 +191,7 @@ def make_all(df: pd.DataFrame, out: Path) -> list[Path]:
         newest, label = newest_tiny(df)
         paths += _by_topk(newest, "accept_length", "profile", out, "acceptance_vs_topk",
                           "acceptance length (tokens/verify)", f"acceptance vs topk per oracle profile ({label})")
-        paths += across_versions(timed, out)
+        paths += across_versions(df, out)
     return paths
 
 
