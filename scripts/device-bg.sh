@@ -2,6 +2,7 @@
 # A run longer than one device call (10 min): start it detached, then wait for it call by call.
 #   bash scripts/device-bg.sh start COMMIT SUITE [SUITE...] [specwatch run options...] [--then SUITE... options...]
 #   bash scripts/device-bg.sh wait [SECONDS] [NAME...]   (default 540; returns early when every run ends)
+#   bash scripts/device-bg.sh stop                       (SIGTERM the chain's process group)
 # `start` copies this checkout to /tmp/NAME-repo (each call re-copies the working tree over the
 # original, under a running sweep's imports) and runs scripts/device-run.sh there in its own session
 # (setsid: the device keeps such a process when the call returns, until the machine goes back, i.e.
@@ -29,11 +30,17 @@ start)
   done
   segs+="$seg"
   printf '%s\n' "$segs" | grep -v '^\s*$' > $B.segments
-  cd $B-repo && OUT=$B-out SPECWATCH_DEVICE_RESULTS=$B setsid nohup bash -c '
+  # the chain's shell writes its own pid: it leads its session and process group (`stop` kills the
+  # group). $! is not it where the caller has job control: setsid then forks and $! exits at once.
+  rm -f $B.pid
+  # the redirections cover the whole background list: a subshell left holding the caller's
+  # stdout would keep a caller that reads it (a pipe) waiting for the chain to end
+  ( cd $B-repo && OUT=$B-out SPECWATCH_DEVICE_RESULTS=$B exec setsid nohup bash -c '
+    echo $$ > '$B'.pid
     rc=0
     while read -r seg; do eval "bash ${BG_SCRIPT:-scripts/device-run.sh} $0 $seg" || rc=$?; done < '$B'.segments
-    echo $rc > '$B'.rc' "$commit" > $B.log 2>&1 < /dev/null &
-  echo $! > $B.pid
+    echo $rc > '$B'.rc' "$commit" ) > $B.log 2>&1 < /dev/null &
+  for _ in $(seq 50); do [ -s $B.pid ] && break; sleep 0.1; done
   echo "device-bg.sh: started $name, pid $(cat $B.pid), $(wc -l < $B.segments) run(s), log $B.log"
   ;;
 wait)
@@ -54,5 +61,13 @@ wait)
   done
   exit $rc
   ;;
-*) echo "usage: device-bg.sh start COMMIT SUITE... [--then SUITE...] | wait [SECONDS] [NAME...]" >&2; exit 2 ;;
+stop)
+  # SIGTERM the whole chain (its shell's process group: runners, which record what finished and
+  # kill their engines' workers); never kill GPU processes by hand, that records them as crashes
+  [ -s $B.pid ] && kill -0 "$(cat $B.pid)" 2>/dev/null || { echo "device-bg.sh: $name is not running"; exit 0; }
+  kill -TERM -- -"$(cat $B.pid)"
+  for _ in $(seq 60); do kill -0 "$(cat $B.pid)" 2>/dev/null || break; sleep 1; done
+  echo "device-bg.sh: stopped $name"; echo 143 > $B.rc
+  ;;
+*) echo "usage: device-bg.sh start COMMIT SUITE... [--then SUITE...] | wait [SECONDS] [NAME...] | stop" >&2; exit 2 ;;
 esac

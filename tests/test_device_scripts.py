@@ -39,3 +39,26 @@ def test_device_bg_chains_segments_in_order_and_packs_each_named_run(tmp_path):
     finally:
         for n in names:
             subprocess.run(f"rm -rf /tmp/{n} /tmp/{n}-repo /tmp/{n}-out /tmp/{n}.*", shell=True)
+
+
+@pytest.mark.skipif(shutil.which("setsid") is None, reason="device-bg.sh needs setsid (util-linux)")
+def test_device_bg_stop_ends_the_whole_chain_also_under_job_control(tmp_path):
+    (tmp_path / "slow.sh").write_text("#!/usr/bin/env bash\nsleep 60\n")
+    name = f"sw-test-{os.getpid()}-stop"
+    env = dict(os.environ, OUT=str(tmp_path), BG_SCRIPT=str(tmp_path / "slow.sh"), BG_NAME=name)
+    script = str(ROOT / "scripts" / "device-bg.sh")
+    try:
+        # `set -m` as the device's shell has it: setsid forks, so $! is not the chain's pid
+        subprocess.run(["bash", "-c", f"set -m; bash {script} start c0ffee a.toml --then b.toml"],
+                       env=env, cwd=tmp_path, check=True, capture_output=True)
+        pid = int(Path(f"/tmp/{name}.pid").read_text())
+        os.kill(pid, 0)                                        # the recorded pid is the running chain
+        stopped = subprocess.run(["bash", script, "stop"], env=env, cwd=tmp_path, capture_output=True, text=True,
+                                 timeout=30)
+        assert "stopped" in stopped.stdout
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+        # the chain did not go on to its second run
+        assert subprocess.run(["pgrep", "-f", f"{tmp_path}/slow.sh"], capture_output=True).returncode == 1
+    finally:
+        subprocess.run(f"rm -rf /tmp/{name} /tmp/{name}-repo /tmp/{name}-out /tmp/{name}.*", shell=True)
