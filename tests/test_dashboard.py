@@ -1,4 +1,5 @@
 import shutil
+from datetime import timedelta
 import subprocess
 
 import pytest
@@ -137,6 +138,11 @@ def test_dcp_matrix_shows_outcomes_and_compares_outputs_with_the_dcp1_twin(tmp_p
     folded = {r["backend"]: r for r in dcp_summary(matrix).to_dict("records")}
     assert folded["triton"]["dcp 1 standard 128→256"] == "1 not measured (host interference)"
     assert folded["triton"]["dcp 2 standard 128→256"].startswith("0/2 ok;")
+    # a newer such record does not hide an older measured one
+    before = dcp_record(1, "ee", backend="triton", page_size=1)
+    unbalanced.provenance.started_at = before.provenance.started_at + timedelta(hours=1)
+    matrix = dcp_matrix(records_frame([before, unbalanced]))
+    assert list(matrix.outcome) == ["ok"]
     # ...and `run --known` runs such a case again
     path = results_path(tmp_path, "m", "0.5.17", "dcp")
     for r in (recs[-1], unbalanced):

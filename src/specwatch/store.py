@@ -209,8 +209,14 @@ def row_matches_model_now(r: CaseRecord) -> Optional[bool]:
 def latest_rows(df: "pd.DataFrame", by: list[str]) -> "pd.DataFrame":
     """The newest row (by ``started_at``) of each ``by`` group of a records frame, whole: unlike
     ``groupby(by).last()``, which takes each column's last non-null value and so can pair a
-    crashed record's status with an older record's metrics or output digest."""
-    return df.sort_values("started_at").drop_duplicates(by, keep="last")
+    crashed record's status with an older record's metrics or output digest. A record of host
+    interference (``host_interference``) is taken only where its group has no other: it says what
+    the host did, not what the case does."""
+    if "host_interference" not in df:
+        return df.sort_values("started_at").drop_duplicates(by, keep="last")
+    measured = df.host_interference.isna().rename("_measured")
+    return (df.assign(_measured=measured).sort_values(["_measured", "started_at"])
+            .drop_duplicates(by, keep="last").drop(columns="_measured"))
 
 
 def import_records(paths: Iterable[Path], root: Path) -> dict[Path, int]:
