@@ -337,3 +337,15 @@ def test_across_versions_takes_exact_metrics_from_every_run_and_timing_from_wave
     assert timed_common == [waves[0].case_id]
     assert sorted(exact_common) == sorted({waves[0].case_id, overlapped[0].case_id})
     assert 1.0 not in set(timed.output_throughput)                  # a fault run is not a release's value
+
+
+def test_memory_plot_draws_one_release_its_model_and_its_records(tmp_path, monkeypatch):
+    import specwatch.plots as plots
+    from specwatch.store import records_frame
+
+    old, new = record(case(), sglang_version="0.5.9"), record(case(page_size=1), sglang_version="0.5.13")
+    seen = []
+    monkeypatch.setattr(plots, "measured_on_line", lambda df, *a: seen.append(set(df.sglang_version)) or df.iloc[0:0])
+    df = records_frame([old, new]).assign(req_to_token_bytes=1.0)
+    plots.memory_vs_topk(df, tmp_path)
+    assert seen and all(v == {"0.5.13"} for v in seen)                    # 0.5.13 > 0.5.9: release order

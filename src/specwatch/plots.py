@@ -6,6 +6,7 @@ plot draws the analytic model as lines and the measured req_to_token bytes as po
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import matplotlib
 
@@ -44,6 +45,13 @@ def measured_on_line(df: pd.DataFrame, page: int, steps: int, line_bytes: dict[i
     return pts[pts.model_req_to_token_bytes == pts.topk.map(line_bytes)]
 
 
+def newest_release(df: pd.DataFrame) -> tuple[Optional[str], pd.DataFrame]:
+    """The newest SGLang release the records hold and its records only (all records and None when
+    none says its release)."""
+    versions = sorted(df.sglang_version.dropna().unique(), key=version_key) if "sglang_version" in df else []
+    return (versions[-1], df[df.sglang_version == versions[-1]]) if versions else (None, df)
+
+
 def memory_vs_topk(df: pd.DataFrame, out: Path, steps: int = 3, context_len: int = 8192,
                    max_running: int = 8, draft_tokens: int = 8) -> list[Path]:
     """req_to_token bytes and per-decode KV reserve vs topk, one line per page size.
@@ -54,10 +62,7 @@ def memory_vs_topk(df: pd.DataFrame, out: Path, steps: int = 3, context_len: int
     and points are the newest SGLang release's that the records hold."""
     # the lines are one release's rules (the row rule moved at 0.5.13 and 0.5.16): the newest
     # measured release's, with only its records as points (an older release's row is not a finding)
-    versions = sorted(df.sglang_version.dropna().unique(), key=version_key) if "sglang_version" in df else []
-    newest = versions[-1] if versions else None
-    if newest is not None:
-        df = df[df.sglang_version == newest]
+    newest, df = newest_release(df)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     for page in PAGES:
         model = [reference_sizing(SizingInput(Algorithm.EAGLE, page, k, steps,
