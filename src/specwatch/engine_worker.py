@@ -26,7 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from specwatch.case import Algorithm, Case, ModelSize, Profile, Workload
-from specwatch.memory_model import SizingInput, reference_sizing, sglang_sizing
+from specwatch.memory_model import Sizing, SizingInput, reference_sizing, sglang_sizing
 from specwatch.oracle import SHAPES, NgramCorpusModel, Oracle, ensure_models
 from specwatch.timing_lock import ENGINE_FACTS_EVENT, ENGINE_STARTED_EVENT, PARALLEL_ENV, WorkerTimingLock
 
@@ -379,9 +379,10 @@ def run_case(engine, case: Case, repeats: int, warmup: bool, calibrate: bool = F
     input_len = case.input_len
 
     def batch(tag):
+        """(prompts, expected outputs, the chain starts they come from)."""
         starts = prompt_starts(case, tag, case.batch_size)
         chains = [oracle.chain(s, input_len + case.output_len) for s in starts]
-        return [c[:input_len] for c in chains], [c[input_len:] for c in chains]
+        return [c[:input_len] for c in chains], [c[input_len:] for c in chains], starts
 
     calibration = None
     if warmup:
@@ -425,7 +426,7 @@ def run_case(engine, case: Case, repeats: int, warmup: bool, calibrate: bool = F
         engine.generate(input_ids=batch(f"prefill{r}")[0], sampling_params={**sp, "max_new_tokens": 1})
         prefill_s = time.perf_counter() - t
         prefills.append(prefill_s)
-        prompts, expected = batch(f"timed{r}")
+        prompts, expected, starts = batch(f"timed{r}")
         fresh_cache()
         t = time.perf_counter()
         outs = engine.generate(input_ids=prompts, sampling_params=sp)
@@ -454,8 +455,7 @@ def run_case(engine, case: Case, repeats: int, warmup: bool, calibrate: bool = F
         if ngram is not None:
             ngram.flush()
             expected_per_repeat.append(statistics.mean(ngram.decode_batch(
-                prompt_starts(case, f"timed{r}", case.batch_size), input_len, case.output_len,
-                case.num_draft_tokens)))
+                starts, input_len, case.output_len, case.num_draft_tokens)))
         if draft_oracle is not None:
             expected_per_repeat.append(statistics.mean(expected_accept_length(draft_oracle, case, exp)
                                                        for exp in expected))
@@ -564,6 +564,16 @@ def radix_cache_tokens(probe_facts: dict) -> int:
     return sum(probe_facts.get(f"tree_cache_{k}_size") or 0 for k in ("evictable", "protected"))
 
 
+def req_to_token_vs_model(case: Case, size: int, row_width: float, row_bytes: float,
+                          sglang_version: str | None) -> tuple[SizingInput, Sizing, bool]:
+    """The memory model beside a measured req_to_token pool of ``size`` request slots: the sizing
+    inputs of the case's engine, the model's sizing for that SGLang release (the row rule moved at
+    0.5.13 and 0.5.16), and whether the row's width and bytes are the model's."""
+    inputs = SizingInput.for_case(case, SHAPES[case.model].max_position, size)
+    model = reference_sizing(inputs, sglang_version)
+    return inputs, model, model.req_to_token_row_width == row_width and model.req_to_token_bytes == row_bytes
+
+
 def memory_and_leaks(engine, case: Case) -> tuple[dict, dict, dict]:
     ok_flush, flush_refusals = flush_cache(engine)
     facts = server_facts(engine)
@@ -624,11 +634,9 @@ def memory_and_leaks(engine, case: Case) -> tuple[dict, dict, dict]:
         if sw.get("cuda"):
             metrics["peak_gpu_memory"] = metric(sw["cuda"]["max_allocated"], "bytes", higher_is_better=False)
         # The CPU-tier memory model next to the real objects
-        inputs = SizingInput.for_case(case, SHAPES[case.model].max_position, r["size"])
-        model = reference_sizing(inputs, facts.get("version"))      # the row rule moved at 0.5.16
+        inputs, model, checks["req_to_token_matches_model"] = req_to_token_vs_model(
+            case, r["size"], r["row_width"], r["bytes"], facts.get("version"))
         metrics["model_req_to_token_bytes"] = metric(model.req_to_token_bytes, "bytes", exact=True)
-        checks["req_to_token_matches_model"] = (model.req_to_token_row_width == r["row_width"]
-                                                and model.req_to_token_bytes == r["bytes"])
         # ...and the running SGLang's own sizing functions on the same inputs: when a row width moves
         # between versions, this says whether the sizing rule moved or something else did
         try:

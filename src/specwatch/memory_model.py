@@ -38,7 +38,6 @@ C = model context length, R = max running requests):
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import asdict, dataclass, fields
 from types import SimpleNamespace
 from typing import Optional
@@ -135,16 +134,14 @@ H200 (tiny, context 8192, flashinfer, page 64, topk 4, 3 steps, 8 draft tokens):
 
 
 def release(version: Optional[str]) -> Optional[tuple[int, ...]]:
-    """``"0.5.13"`` / ``"0.5.17.post1"`` -> (0, 5, 13) / (0, 5, 17); None for None or no number."""
-    parts = []
-    for piece in (version or "").split("."):
-        lead = re.match(r"\d+", piece)
-        if not lead:
-            break
-        parts.append(int(lead.group()))
-        if lead.end() < len(piece):         # "15rc2": a pre-release of 15; nothing after it counts
-            break
-    return tuple(parts) or None
+    """``"0.5.13"`` / ``"0.5.17.post1"`` / ``"0.5.15rc2"`` -> (0, 5, 13) / (0, 5, 17) / (0, 5, 15)
+    (PEP 440's release segment); None for None or a string that is no version."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(version).release if version else None
+    except InvalidVersion:
+        return None
 
 
 def reference_sizing(x: SizingInput, sglang_version: Optional[str] = None) -> Sizing:

@@ -178,10 +178,8 @@ def newest_tiny(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     if df.empty or "model" not in df:
         return df, ""
     tiny = df[(df.model == "tiny") & df.fault.isna()] if "fault" in df else df[df.model == "tiny"]
-    versions = sorted(tiny.sglang_version.dropna().unique(), key=version_key)
-    if not versions:
-        return tiny, ""
-    return tiny[tiny.sglang_version == versions[-1]], f"tiny, SGLang {versions[-1]}"
+    newest, tiny = newest_release(tiny)
+    return tiny, f"tiny, SGLang {newest}" if newest else ""
 
 
 def make_all(df: pd.DataFrame, out: Path) -> list[Path]:

@@ -194,16 +194,13 @@ def row_matches_model_now(r: CaseRecord) -> Optional[bool]:
     day; the model learns an older release's rule after its rows are measured (0.5.12's rows ignore
     the decode reserve: ``memory_model.ROW_RESERVE_SINCE``). The recorded verdict stays; this says
     whether the mismatch was SGLang's or the model's."""
-    from specwatch.memory_model import SizingInput, reference_sizing
-    from specwatch.oracle import SHAPES
+    from specwatch.engine_worker import req_to_token_vs_model
 
     width, nbytes = r.metrics.get("req_to_token_row_width"), r.metrics.get("req_to_token_bytes")
     if width is None or nbytes is None or not width.value:
         return None
     rows = int(nbytes.value) // (int(width.value) * 4)          # int32 slots, one padding row
-    x = SizingInput.for_case(r.case, SHAPES[r.case.model].max_position, rows - 1)
-    model = reference_sizing(x, r.provenance.sglang_version)
-    return model.req_to_token_row_width == width.value and model.req_to_token_bytes == nbytes.value
+    return req_to_token_vs_model(r.case, rows - 1, width.value, nbytes.value, r.provenance.sglang_version)[2]
 
 
 def latest_rows(df: "pd.DataFrame", by: list[str]) -> "pd.DataFrame":
