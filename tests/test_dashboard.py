@@ -349,3 +349,51 @@ def test_memory_plot_draws_one_release_its_model_and_its_records(tmp_path, monke
     df = records_frame([old, new]).assign(req_to_token_bytes=1.0)
     plots.memory_vs_topk(df, tmp_path)
     assert seen and all(v == {"0.5.13"} for v in seen)                    # 0.5.13 > 0.5.9: release order
+
+
+def test_dcp_twins_on_prompts_drawn_apart_are_judged_by_the_oracle_not_called_different():
+    """The H200 pair behind this test: the dcp-2 run of tiny STANDALONE flashinfer page 64 topk 1
+    (specwatch before b9372a5) drew start 21 twice in its first timed batch; its dcp-1 twin ran
+    after the distinct draw. Both lossless, digests differ. The digests are the ones the two H200
+    runs recorded: the CPU oracle reproduces each from the draw that made it."""
+    from specwatch.case import Algorithm, Backend
+    from specwatch.dashboard import dcp_matrix, dcp_summary
+    from specwatch.record import Metric
+    from specwatch.engine_worker import lossless_output_digest, starts_behind_digest, timed_starts
+
+    def twin(dcp, digest, starts=None):
+        c = case(algorithm=Algorithm.STANDALONE, attention_backend=Backend.flashinfer, topk=1, num_draft_tokens=4,
+                 tp=2, dcp=dcp, batch_size=4, input_len=1152, output_len=256)
+        r = record(c)
+        r.suite = "dcp"
+        r.metrics["wall_time"] = Metric(value=0.4, unit="s", samples=[0.4, 0.4, 0.4])
+        r.metrics["lossless_mismatches"] = Metric(value=0, unit="tokens", exact=True)
+        r.details["output_digest"] = digest
+        if starts is not None:
+            r.details["prompt_starts"] = starts
+        return r
+
+    old, new = "5c21133b96f68c73", "d620775d42b1ec9d"          # dcp 2 (plain draw), dcp 1 (distinct)
+    c = twin(2, old).case
+    assert timed_starts(c, 3, distinct=False)[0] == [21, 604, 21, 687]
+    assert starts_behind_digest(c, 1152, 3, old) == timed_starts(c, 3, distinct=False)
+    assert starts_behind_digest(c, 1152, 3, new) == timed_starts(c, 3)
+    assert starts_behind_digest(c, 1152, 3, "0" * 16) is None
+    assert lossless_output_digest(c, 1152, timed_starts(c, 3)) == new
+
+    def verdict(recs):
+        m = dcp_matrix(records_frame(recs))
+        return m[m.dcp == 2]["same outputs as dcp 1"].item(), dcp_summary(m)["outputs = dcp 1"].item()
+
+    # older records (no prompt_starts): the starts are reproduced from the digests
+    assert verdict([twin(1, new), twin(2, old)]) == (
+        "prompts drawn apart (specwatch's draw changed between the runs); both lossless",
+        "1 on prompts drawn apart (both lossless)")
+    # recorded starts: the same prompts with different outputs are DIFFERENT, whatever the oracle says
+    same = timed_starts(c, 3)
+    assert verdict([twin(1, new, same), twin(2, old, same)])[0] == "DIFFERENT"
+    assert verdict([twin(1, new, same), twin(2, new, same)]) == ("identical", "1/1 identical")
+    # a dcp-2 run that is not lossless differs for a reason of its own: DIFFERENT
+    bad = twin(2, old)
+    bad.metrics["lossless_mismatches"] = Metric(value=3, unit="tokens", exact=True)
+    assert verdict([twin(1, new), bad])[0] == "DIFFERENT"

@@ -106,10 +106,15 @@ def test_dcp_case_shares_prompts_with_its_dcp1_twin_and_records_an_output_digest
     assert dcp2.case_id != tp2.case_id and dcp2.dcp_twin_id() == tp2.case_id
     assert prompt_starts(dcp2, "timed0", 4) == prompt_starts(tp2, "timed0", 4)
     assert prompt_starts(CASE, "timed0", 4) != prompt_starts(tp2, "timed0", 4)
-    a = run_case(FakeEngine(tp2), tp2, repeats=1, warmup=False)["details"]["output_digest"]
-    b = run_case(FakeEngine(dcp2), dcp2, repeats=1, warmup=False)["details"]["output_digest"]
-    c = run_case(FakeEngine(dcp2, corrupt_every=50), dcp2, repeats=1, warmup=False)["details"]["output_digest"]
+    details = run_case(FakeEngine(tp2), tp2, repeats=2, warmup=False)["details"]
+    a = details["output_digest"]
+    b = run_case(FakeEngine(dcp2), dcp2, repeats=2, warmup=False)["details"]["output_digest"]
+    c = run_case(FakeEngine(dcp2, corrupt_every=50), dcp2, repeats=2, warmup=False)["details"]["output_digest"]
     assert a == b != c
+    # the record says which prompts the digest answers, and a lossless digest is the oracle's
+    from specwatch.engine_worker import lossless_output_digest, timed_starts
+    assert details["prompt_starts"] == timed_starts(tp2, 2) == [prompt_starts(tp2, f"timed{r}", tp2.batch_size) for r in (0, 1)]
+    assert lossless_output_digest(tp2, tp2.input_len, details["prompt_starts"]) == a
 
 
 @pytest.mark.parametrize("page,dcp,missing", [(64, 2, 64), (64, 8, 448), (1, 2, 1), (16, 4, 48)])

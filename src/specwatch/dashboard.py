@@ -11,6 +11,7 @@ from typing import Optional
 import pandas as pd
 
 from specwatch.case import CASE_FIELDS, Case
+from specwatch.engine_worker import starts_behind_digest
 from specwatch.plots import make_all
 from specwatch.runner import WORKER_DIED_RE
 from specwatch.store import latest_rows, relative_spread
@@ -84,47 +85,71 @@ def dcp_matrix(df: pd.DataFrame) -> pd.DataFrame:
         .to_dict("records")                    # dicts: check.* columns are not attribute names
     by_id = {(r["sglang_version"], r["case_id"]): r for r in recs}
 
-    def col(r, name):
-        v = r.get(name)
-        return None if v is None or (isinstance(v, float) and pd.isna(v)) else v
-
     rows = []
     for r in recs:
         outcome = r["status"] if r["status"] == "ok" else f"{r['status']}: {str(r['reason'])[:160]}"
-        if col(r, "host_interference"):
+        if cell(r, "host_interference"):
             outcome = f"not measured (host interference): {r['host_interference']}"
         equiv = ""
         if r["dcp"] > 1 and r["status"] == "ok":
             twin = by_id.get((r["sglang_version"], Case(**{f: r[f] for f in CASE_FIELDS}).dcp_twin_id()))
-            if twin is None or twin["status"] != "ok":
-                equiv = "no dcp 1 run" if twin is None else f"dcp 1 {twin['status']}"
-            elif col(r, "calibrated_input_len") != col(twin, "calibrated_input_len"):
-                # each engine lengthened its near-full prompts to its own pool: the outputs cannot match,
-                # but each is checked token by token against the oracle chain of its own prompts
-                both = col(r, "lossless_mismatches") == 0 and col(twin, "lossless_mismatches") == 0
-                equiv = "prompts calibrated apart; both lossless" if both else "DIFFERENT"
-            else:
-                equiv = "identical" if col(r, "output_digest") and r["output_digest"] == twin["output_digest"] \
-                    else "DIFFERENT"
-        covers = [col(r, c) for c in ("check.target_pool_covers_allocator", "check.draft_pool_covers_allocator")]
+            equiv = ("no dcp 1 run" if twin is None else f"dcp 1 {twin['status']}") \
+                if twin is None or twin["status"] != "ok" else twin_outputs(r, twin)
+        covers = [cell(r, c) for c in ("check.target_pool_covers_allocator", "check.draft_pool_covers_allocator")]
         cover_text = ", ".join("yes" if c else "NO" for c in covers if c is not None)
-        if cover_text and r["dcp"] > 1 and col(r, "probe_read_attention_backend") is False:
+        if cover_text and r["dcp"] > 1 and cell(r, "probe_read_attention_backend") is False:
             # an older probe: the target pool was taken as sharded per rank whatever the backend does
             cover_text += " (target judged as sharded: probe predates the backend check)"
-        al = col(r, "accept_length")
+        al = cell(r, "accept_length")
         rows.append({
             "sglang": r["sglang_version"], "model": r["model"], "algo": r["algorithm"],
             "backend": r["attention_backend"], "page": r["page_size"], "topk": r["topk"], "dcp": r["dcp"],
             "workload": r["workload"], "lengths": f"{r['input_len']}→{r['output_len']}", "outcome": outcome,
             "accept length": "" if al is None else f"{al:.3f}" + {True: " (= oracle)", False: " (≠ oracle)"}.get(
-                col(r, "check.accept_length_matches_oracle"), ""),
-            "lossless mismatches": col(r, "lossless_mismatches"),
-            "peak token usage": col(r, "peak_token_usage"),
+                cell(r, "check.accept_length_matches_oracle"), ""),
+            "lossless mismatches": cell(r, "lossless_mismatches"),
+            "peak token usage": cell(r, "peak_token_usage"),
             "pools cover allocator": cover_text,
-            "draft pool missing rows": col(r, "draft_pool_missing_rows"),
+            "draft pool missing rows": cell(r, "draft_pool_missing_rows"),
             "same outputs as dcp 1": equiv,
         })
     return pd.DataFrame(rows)
+
+
+def cell(r: dict, name: str):
+    """A record row's value, None where the frame has none (NaN)."""
+    v = r.get(name)
+    return None if v is None or (isinstance(v, float) and pd.isna(v)) else v
+
+
+def _prompt_starts(r: dict) -> Optional[list]:
+    """A record's timed chain starts: recorded, or (older records) reproduced from its output digest."""
+    starts = r.get("prompt_starts")
+    if isinstance(starts, list):
+        return starts
+    reps, digest = cell(r, "timed_repeats"), cell(r, "output_digest")
+    if cell(r, "lossless_mismatches") != 0 or not digest or reps is None:
+        return None
+    case = Case(**{f: r[f] for f in CASE_FIELDS})
+    return starts_behind_digest(case, cell(r, "calibrated_input_len") or case.input_len, int(reps), digest)
+
+
+def twin_outputs(r: dict, twin: dict) -> str:
+    """Whether a dcp > 1 record's greedy outputs equal its dcp-1 twin's. The two share prompts by
+    construction, unless near-full calibration lengthened each to its own pool or the two ran under
+    different prompt draws of specwatch; then each is judged by the oracle (lossless) instead."""
+    lossless = cell(r, "lossless_mismatches") == 0 and cell(twin, "lossless_mismatches") == 0
+    if cell(r, "calibrated_input_len") != cell(twin, "calibrated_input_len"):
+        # each engine lengthened its near-full prompts to its own pool: the outputs cannot match,
+        # but each is checked token by token against the oracle chain of its own prompts
+        return "prompts calibrated apart; both lossless" if lossless else "DIFFERENT"
+    if cell(r, "output_digest") and r["output_digest"] == twin.get("output_digest"):
+        return "identical"
+    if lossless:
+        mine, theirs = _prompt_starts(r), _prompt_starts(twin)
+        if mine is not None and theirs is not None and mine != theirs:
+            return "prompts drawn apart (specwatch's draw changed between the runs); both lossless"
+    return "DIFFERENT"
 
 
 def dcp_summary(matrix: pd.DataFrame) -> pd.DataFrame:
@@ -150,8 +175,10 @@ def dcp_summary(matrix: pd.DataFrame) -> pd.DataFrame:
                 f"; {unmeasured} more not measured (host interference)" if unmeasured else "")
         same = g.loc[g.dcp > 1, "same outputs as dcp 1"]
         compared = same[same.isin(["identical", "DIFFERENT"])]
-        row["outputs = dcp 1"] = (f"{int((compared == 'identical').sum())}/{len(compared)} identical"
-                                  if not compared.empty else "no ok dcp-1 twin" if (same != "").any() else "")
+        apart = int(same.str.startswith("prompts drawn apart").sum())
+        parts = [f"{int((compared == 'identical').sum())}/{len(compared)} identical"] if not compared.empty else []
+        parts += [f"{apart} on prompts drawn apart (both lossless)"] if apart else []
+        row["outputs = dcp 1"] = "; ".join(parts) or ("no ok dcp-1 twin" if (same != "").any() else "")
         rows.append(row)
     out = pd.DataFrame(rows)
     lead = ["sglang", "model", "algo", "backend"]

@@ -209,27 +209,54 @@ def recorded_kwargs(kw: dict) -> dict:
     return {k: v for k, v in kw.items() if not k.endswith("_path")}
 
 
-def prompt_starts(case: Case, tag: str, n: int) -> list[int]:
+def prompt_starts(case: Case, tag: str, n: int, distinct: bool = True) -> list[int]:
     """Seeded start indices of the oracle chain, per case, purpose and request (a DCP case uses its
     dcp-1 twin's, so the two must give identical outputs), distinct within the batch: two requests
     from one start share their whole prompt in the radix cache. (They did: on 2xH200 a tiny
     near-full warm-up drew start 202 twice, held 0.80 of the pool instead of 1.0, and the calibration
     then lengthened the prompts past what the pool holds.) A repeated draw is redrawn with a counter;
-    starts that never collided are the same as before."""
+    starts that never collided are the same as before. ``distinct=False`` draws as specwatch did
+    before that (commit b9372a5): records of that time used it."""
     a = SHAPES[case.model].active
-    if n > a:
+    if distinct and n > a:
         raise ValueError(f"{n} distinct prompts need {n} chain starts; the {case.model.value} oracle has {a}")
     out: list[int] = []
     for i in range(n):
         key, k = f"{case.dcp_twin_id()}/{tag}/{i}", 0
         while True:
             s = int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "little") % a
-            if s not in out:
+            if not distinct or s not in out:
                 break
             k += 1
             key = f"{case.dcp_twin_id()}/{tag}/{i}/{k}"
         out.append(s)
     return out
+
+
+def timed_starts(case: Case, repeats: int, distinct: bool = True) -> list[list[int]]:
+    """The chain starts of each timed batch of ``run_case`` (records keep them: ``prompt_starts``)."""
+    return [prompt_starts(case, f"timed{r}", case.batch_size, distinct) for r in range(repeats)]
+
+
+def lossless_output_digest(case: Case, input_len: int, starts: list[list[int]]) -> str:
+    """The ``output_digest`` ``run_case`` records for a lossless run whose timed batches prompted
+    ``input_len`` tokens of the oracle chain from ``starts``: every output is the chain's next tokens."""
+    oracle, digest = Oracle(SHAPES[case.model], 0, case.profile), hashlib.sha256()
+    for batch_starts in starts:
+        for s in batch_starts:
+            digest.update(json.dumps(oracle.chain(s, input_len + case.output_len)[input_len:]).encode())
+    return digest.hexdigest()[:16]
+
+
+def starts_behind_digest(case: Case, input_len: int, repeats: int, output_digest: str) -> list[list[int]] | None:
+    """For a lossless record without recorded ``prompt_starts`` (made before specwatch kept them):
+    the timed starts, under either draw specwatch has used, whose oracle outputs reproduce its
+    ``output_digest``; None when neither does."""
+    for distinct in (True, False):
+        starts = timed_starts(case, repeats, distinct)
+        if lossless_output_digest(case, input_len, starts) == output_digest:
+            return starts
+    return None
 
 
 def server_facts(engine) -> dict:
@@ -407,6 +434,7 @@ def run_case(engine, case: Case, repeats: int, warmup: bool, calibrate: bool = F
         and case.workload is Workload.standard and case.batch_size * case.input_len <= NGRAM_ONE_PREFILL_TOKENS \
         else None
     expected_per_repeat: list[float] = []
+    timed: list[list[int]] = []          # each timed batch's chain starts
     hist = None
     flush_failures = flush_refusals = 0   # SGLang refuses a flush until idle: retried (flush_cache)
 
@@ -427,6 +455,7 @@ def run_case(engine, case: Case, repeats: int, warmup: bool, calibrate: bool = F
         prefill_s = time.perf_counter() - t
         prefills.append(prefill_s)
         prompts, expected, starts = batch(f"timed{r}")
+        timed.append(starts)
         fresh_cache()
         t = time.perf_counter()
         outs = engine.generate(input_ids=prompts, sampling_params=sp)
@@ -491,6 +520,8 @@ def run_case(engine, case: Case, repeats: int, warmup: bool, calibrate: bool = F
                         "cache_flush_failures": flush_failures, "cache_flush_refusals": flush_refusals,
                         # identical prompts (seeded by dcp_twin_id) must give identical outputs
                         "output_digest": digest.hexdigest()[:16],
+                        # what the outputs answer: a twin's digest is comparable only with the same
+                        "prompt_starts": timed,
                         "decode_split_repeats": len(decode_tps)}}
 
 

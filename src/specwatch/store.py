@@ -160,6 +160,9 @@ def records_frame(records: Iterable[CaseRecord]) -> "pd.DataFrame":
         for name, ok in r.checks.items():
             row[f"check.{name}"] = ok
         row["output_digest"] = (r.details or {}).get("output_digest")
+        # the timed batches' chain starts (records since this session; older ones: None) and how many
+        row["prompt_starts"] = (r.details or {}).get("prompt_starts")
+        row["timed_repeats"] = len(r.metrics["wall_time"].samples) if "wall_time" in r.metrics else None
         # near-full prompts lengthened after the warm-up (engine_worker.near_full_extension)
         row["calibrated_input_len"] = ((r.details or {}).get("near_full_calibration") or {}).get("input_len")
         row["overlap_starts"] = r.overlap_starts          # timed while other engines started
