@@ -17,6 +17,9 @@ def test_plan_lists_every_case_with_skips():
     rows = [json.loads(l) for l in res.stdout.splitlines()]
     # 8 NGRAM + 12 FlashMLA + 8 flashinfer-MLA topk>1 skips
     assert len(rows) == 256 and sum(r["skip"] is not None for r in rows) == 28
+    # the table names each case's model (dcp.toml has three oracles)
+    table = runner.invoke(app, ["plan", str(SUITES / "dcp.toml"), "--where", "model=tiny-mla"], terminal_width=300)
+    assert table.exit_code == 0 and "model" in table.stdout and "tiny-mla" in table.stdout
 
 
 def test_bad_backend_is_one_line_no_traceback(tmp_path):

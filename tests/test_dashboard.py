@@ -397,3 +397,41 @@ def test_dcp_twins_on_prompts_drawn_apart_are_judged_by_the_oracle_not_called_di
     bad = twin(2, old)
     bad.metrics["lossless_mismatches"] = Metric(value=3, unit="tokens", exact=True)
     assert verdict([twin(1, new), bad])[0] == "DIFFERENT"
+
+
+def test_dcp_summary_names_each_cause_once_and_a_refusal_recorded_before_its_rule_as_a_skip(tmp_path):
+    from specwatch.case import ModelSize, Backend
+    from specwatch.dashboard import build, crash_cause, dcp_matrix, dcp_summary
+    from specwatch.record import Status
+
+    def rec(dcp, reason=None, **kw):
+        r = record(case(tp=2, dcp=dcp, attention_backend=Backend.flashinfer, **kw),
+                   status=Status.crashed if reason else Status.ok, reason=reason)
+        r.suite = "dcp"
+        return r
+
+    assertion = ("worker exited with code -9 before finishing this case: device-side assertion in kvcache.cuh:209 "
+                 "store_kvcache: `index >= 0 && index < size_limit` failed ({} lines of it in the log); surfaced as: x")
+    assert crash_cause(assertion.format(288)) == crash_cause(assertion.format(64)[:170]) == (
+        "device-side assertion in kvcache.cuh:209 store_kvcache: `index >= 0 && index < size_limit` failed")
+    refusal = "worker exited with code -9 before finishing this case: ValueError: " \
+              "Currently Flashinfer MLA only supports topk=1 for speculative decoding"
+    recs = [rec(2, assertion.format(288), page_size=1), rec(2, assertion.format(64), page_size=64),
+            rec(1, refusal, model=ModelSize.tiny_mla, topk=4), rec(1, model=ModelSize.tiny_mla, topk=1,
+                                                                   num_draft_tokens=4)]
+    m = dcp_matrix(records_frame(recs))
+    mla = m[m.model == "tiny-mla"].set_index("topk").outcome
+    assert mla[4].startswith("skipped: mla-backend: Currently Flashinfer MLA only supports topk=1") \
+        and "recorded crashed before the rule" in mla[4]
+    assert mla[1] == "ok"
+    s = dcp_summary(m).set_index("model")
+    assert s.loc["tiny", "dcp 2 standard 128→256"] == "0/2 ok; crashed: " + crash_cause(assertion.format(1))
+    assert s.loc["tiny-mla", "dcp 1 standard 128→256"] == "1/1 ok; 1 more skipped by rule"
+    # a crash whose words are not the rule's stays a crash
+    recs[2].reason = "worker exited with code -9 before finishing this case: RuntimeError: boom"
+    assert dcp_matrix(records_frame(recs)).query("model == 'tiny-mla' and topk == 4").outcome.item().startswith("crashed")
+    # the dashboard writes the two tables as markdown too
+    build(records_frame(recs), tmp_path)
+    md = (tmp_path / "dcp-support.md").read_text()
+    assert "## Summary" in md and "| 0/2 ok; crashed: device-side assertion" in md and "dcp-support.md" in (
+        tmp_path / "index.html").read_text()

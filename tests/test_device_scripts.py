@@ -62,3 +62,36 @@ def test_device_bg_stop_ends_the_whole_chain_also_under_job_control(tmp_path):
         assert subprocess.run(["pgrep", "-f", f"{tmp_path}/slow.sh"], capture_output=True).returncode == 1
     finally:
         subprocess.run(f"rm -rf /tmp/{name} /tmp/{name}-repo /tmp/{name}-out /tmp/{name}.*", shell=True)
+
+
+def test_device_run_logs_each_line_as_it_comes_and_returns_the_runs_exit_code(tmp_path):
+    """A detached run's log is read while it runs (`device-bg.sh wait`): device-run.sh's filter must
+    not hold lines back until the run ends (grep | cut did: block-buffered into a file)."""
+    import signal
+    site, fake, results, out = (tmp_path / n for n in ("site", "bin", "results", "out"))
+    for d in (site, fake, results, out):
+        d.mkdir()
+    (site / "env.sh").write_text("export PYTHONPATH=${PYTHONPATH:-}\n")      # as the kit's env.sh sets it
+    (fake / "python3").write_text("#!/usr/bin/env bash\n"
+                                  '[ "$2" = specwatch.cli ] || exit 0\n'
+                                  'echo "ok case 1"; sleep "${FAKE_SLEEP:-0}"; echo "ok case 2"; exit 3\n')
+    (fake / "python3").chmod(0o755)
+    env = dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}", SPECWATCH_SITE=str(site), OUT=str(out),
+               SPECWATCH_DEVICE_RESULTS=str(results), SUMMARY_LINES="0")
+    cmd = ["bash", str(ROOT / "scripts" / "device-run.sh"), "0" * 40, "suites/smoke.toml"]
+    log = tmp_path / "run.log"
+    with open(log, "w") as f:
+        p = subprocess.Popen(cmd, env=dict(env, FAKE_SLEEP="30"), cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+    try:
+        for _ in range(100):
+            if "ok case 1" in log.read_text():
+                break
+            subprocess.run(["sleep", "0.1"])
+        assert "ok case 1" in log.read_text() and p.poll() is None     # seen while the run goes on
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3 and "ok case 1\nok case 2" in done.stdout
+    assert (out / "results.tgz").exists()

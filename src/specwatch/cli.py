@@ -73,12 +73,12 @@ def plan(suite: Path = typer.Argument(..., help="Suite file (suites/*.toml)."),
                               **p.case.params()}))
         return
     t = Table(title=f"{s.name}: {len(planned)} cases ({sum(p.skip is None for p in planned)} runnable)")
-    for col in ("case id", "algo", "backend", "page", "topk", "steps", "draft", "tp", "dcp", "bs",
+    for col in ("case id", "model", "algo", "backend", "page", "topk", "steps", "draft", "tp", "dcp", "bs",
                 "in->out", "profile", "workload", "status"):
         t.add_column(col, overflow="fold")
     for p in planned:
         c = p.case
-        t.add_row(c.case_id, c.algorithm.value, c.attention_backend.value, str(c.page_size), str(c.topk),
+        t.add_row(c.case_id, c.model.value, c.algorithm.value, c.attention_backend.value, str(c.page_size), str(c.topk),
                   str(c.num_steps), str(c.num_draft_tokens), str(c.tp), str(c.dcp), str(c.batch_size),
                   f"{c.input_len}->{c.output_len}", c.profile.value, c.workload.value,
                   "run" if p.skip is None else f"[yellow]skip[/yellow]: {p.skip}")

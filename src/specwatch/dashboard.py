@@ -4,6 +4,7 @@ statuses, and the latest comparison reports (``dashboards/reports/*.md``)."""
 from __future__ import annotations
 
 import html
+import re
 import statistics
 from pathlib import Path
 from typing import Optional
@@ -15,6 +16,7 @@ from specwatch.engine_worker import starts_behind_digest
 from specwatch.plots import make_all
 from specwatch.runner import WORKER_DIED_RE
 from specwatch.store import latest_rows, relative_spread
+from specwatch.validity import skip_reason
 
 PLOT_TITLES = {
     "memory_vs_topk": "req_to_token and KV reserve vs topk (analytic model lines, measured points)",
@@ -88,6 +90,10 @@ def dcp_matrix(df: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for r in recs:
         outcome = r["status"] if r["status"] == "ok" else f"{r['status']}: {str(r['reason'])[:160]}"
+        rule = skip_reason(Case(**{f: r[f] for f in CASE_FIELDS})) if r["status"] == "crashed" else None
+        if rule and rule.split(": ", 1)[-1] in str(r["reason"]):
+            # SGLang refused it at start with the words of a rule specwatch learnt since: a skip
+            outcome = f"skipped: {rule} (SGLang refused it at start; recorded crashed before the rule)"
         if cell(r, "host_interference"):
             outcome = f"not measured (host interference): {r['host_interference']}"
         equiv = ""
@@ -152,6 +158,15 @@ def twin_outputs(r: dict, twin: dict) -> str:
     return "DIFFERENT"
 
 
+ASSERTION_LINES_RE = re.compile(r"(failed) \(\d+ l.*$")   # "... failed (288 lines of it in the log); surfaced as ..."
+
+
+def crash_cause(outcome: str) -> str:
+    """An outcome as a summary names its cause: without the worker's exit prefix, the count of
+    assertion lines in that run's log and what the assertion surfaced as (they vary run to run)."""
+    return ASSERTION_LINES_RE.sub(r"\1", WORKER_DIED_RE.sub("", outcome))[:140]
+
+
 def dcp_summary(matrix: pd.DataFrame) -> pd.DataFrame:
     """The DCP support matrix folded over page size and topk: one row per SGLang version, model,
     algorithm and backend; per (dcp, workload, prompt→output lengths) how many cases ran ok out of those that were not
@@ -170,9 +185,11 @@ def dcp_summary(matrix: pd.DataFrame) -> pd.DataFrame:
                 row[col] = f"{unmeasured} not measured (host interference)" if unmeasured else "all skipped by rule"
                 continue
             ok = int((ran.outcome == "ok").sum())
-            causes = sorted({WORKER_DIED_RE.sub("", o)[:140] for o in ran.outcome if o != "ok"})
+            causes = sorted({crash_cause(o) for o in ran.outcome if o != "ok"})
+            skipped = int(h.outcome.str.startswith("skipped").sum())
             row[col] = f"{ok}/{len(ran)} ok" + "".join(f"; {c}" for c in causes) + (
-                f"; {unmeasured} more not measured (host interference)" if unmeasured else "")
+                f"; {unmeasured} more not measured (host interference)" if unmeasured else "") + (
+                f"; {skipped} more skipped by rule" if skipped else "")
         same = g.loc[g.dcp > 1, "same outputs as dcp 1"]
         compared = same[same.isin(["identical", "DIFFERENT"])]
         apart = int(same.str.startswith("prompts drawn apart").sum())
@@ -184,6 +201,18 @@ def dcp_summary(matrix: pd.DataFrame) -> pd.DataFrame:
     lead = ["sglang", "model", "algo", "backend"]
     return out[lead + sorted(c for c in out.columns if c not in lead and c != "outputs = dcp 1")
                + ["outputs = dcp 1"]].fillna("not run")
+
+
+def dcp_markdown(matrix: pd.DataFrame) -> str:
+    """The DCP support summary and matrix as markdown (``dashboards/dcp-support.md``, readable where
+    the HTML dashboard is not served): generated from the store, so no count in it is typed by hand."""
+    def md(t: pd.DataFrame) -> str:
+        return t.astype(str).replace({r"\|": r"\\|", "\n": " ", "^nan$": "", "^None$": ""}, regex=True) \
+            .to_markdown(index=False)
+    versions = ", ".join(sorted(matrix.sglang.unique()))
+    return ("# DCP support (`suites/dcp.toml`)\n\nWritten by `specwatch dashboard` from `results/` "
+            f"(SGLang {versions}); each case's latest record.\n\n## Summary, folded over page size and topk\n\n"
+            f"{md(dcp_summary(matrix))}\n\n## Matrix\n\n{md(matrix)}\n")
 
 
 OWN_TABLES = ("dcp", "faults")
@@ -306,6 +335,9 @@ def build(df: pd.DataFrame, out: Path, tables: Optional[dict[str, pd.DataFrame]]
               "DCP support summary (suites/dcp.toml, folded over page size and topk)": dcp_summary(matrix),
               "DCP support matrix (suites/dcp.toml)": matrix,
               "Harness overhead (specwatch run --bare)": overhead, **(tables or {})}
+    if not matrix.empty:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "dcp-support.md").write_text(dcp_markdown(matrix))
     plots = make_all(df, out / "plots")
     names = [p.stem for p in plots if p.suffix == ".png"]
     parts = ["<!doctype html><html><head><meta charset='utf-8'><title>specwatch dashboard</title>",
@@ -332,6 +364,8 @@ def build(df: pd.DataFrame, out: Path, tables: Optional[dict[str, pd.DataFrame]]
         parts.append("<h2>asv</h2><p><a href='asv/index.html'>asv dashboard</a> (trend across SGLang versions; "
                      "written by <code>specwatch asv-import</code>)</p>")
     reports = sorted((out / "reports").glob("*.md")) if (out / "reports").exists() else []
+    if (out / "dcp-support.md").exists() and not matrix.empty:
+        parts.append("<p>The DCP tables as markdown: <a href='dcp-support.md'>dcp-support.md</a></p>")
     parts.append("<h2>Comparison reports</h2>")
     parts.append("<ul>" + "".join(f"<li><a href='reports/{r.name}'>{html.escape(r.stem)}</a></li>" for r in reports)
                  + "</ul>" if reports else "<p>none yet</p>")
