@@ -435,3 +435,41 @@ def test_dcp_summary_names_each_cause_once_and_a_refusal_recorded_before_its_rul
     md = (tmp_path / "dcp-support.md").read_text()
     assert "## Summary" in md and "| 0/2 ok; crashed: device-side assertion" in md and "dcp-support.md" in (
         tmp_path / "index.html").read_text()
+
+
+def test_dcp_matrix_shows_seed_004_facts_and_judges_the_page_flag_from_them():
+    """Allocator page, each pool's page and valid range against the allocator's last page end in its
+    slot space, and draft_pool_page_mismatch judged from those facts today (a record before 65d73a6
+    stored a check comparing raw pages, and took NGRAM's shared target pool for a draft pool)."""
+    from specwatch.case import Algorithm, Backend
+    from specwatch.dashboard import dcp_matrix
+    from specwatch.engine_worker import pool_coverage
+
+    allocator = {"size": 524288, "page_size": 128}                 # dcp 2, page 64
+    target = {"size": 262144, "page_size": 64, "rows": 262208}
+    seed004 = {"size": 524288, "page_size": 64}                    # draft pool paged by the server page
+    replicated = {"size": 524288, "page_size": 128}
+
+    def rec(algorithm, draft, virtual=False, stored_check=None):
+        r = record(case(tp=2, dcp=2, attention_backend=Backend.flashinfer, algorithm=algorithm, topk=1,
+                        num_draft_tokens=4 if algorithm is Algorithm.EAGLE else 8))
+        r.suite = "dcp"
+        r.details["probe"] = {"allocator": allocator, "dcp_size": 2}
+        r.details["pool_coverage"] = {"target": pool_coverage(allocator, target, virtual_slot_writes=virtual),
+                                      "draft": pool_coverage(allocator, draft)}
+        if stored_check is not None:
+            r.checks["draft_pool_page_matches_allocator"] = stored_check
+        return r
+
+    rows = lambda recs: dcp_matrix(records_frame(recs)).to_dict("records")
+    good, bad = rows([rec(Algorithm.EAGLE, replicated)])[0], rows([rec(Algorithm.EAGLE, seed004, virtual=True)])[0]
+    assert good["allocator page"] == 128
+    assert good["target pool"] == "page 64, valid to 262208 of 262208"
+    assert good["draft pool"] == "page 128, valid to 524416 of 524416" and good["draft_pool_page_mismatch"] == "no"
+    assert bad["draft pool"] == "page 64, valid to 524352 of 524416" and bad["draft_pool_page_mismatch"] == "YES"
+    assert bad["target pool"] == "page 64, valid to 262208 of 524416"      # a backend with no DCP code
+    # an old NGRAM record: its "draft pool" is the target's own, and its stored check compared raw pages
+    ngram = rows([rec(Algorithm.NGRAM, target, stored_check=False)])[0]
+    assert ngram["draft pool"] == "" and ngram["draft_pool_page_mismatch"] == ""
+    old_eagle = rows([rec(Algorithm.EAGLE, replicated, stored_check=False)])[0]
+    assert old_eagle["draft_pool_page_mismatch"] == "no"

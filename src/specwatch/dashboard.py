@@ -107,6 +107,12 @@ def dcp_matrix(df: pd.DataFrame) -> pd.DataFrame:
             # an older probe: the target pool was taken as sharded per rank whatever the backend does
             cover_text += " (target judged as sharded: probe predates the backend check)"
         al = cell(r, "accept_length")
+
+        def pool(role: str) -> str:
+            page, valid, needed = (cell(r, f"{role}_pool_{k}") for k in ("page_size", "valid_end", "needed_end"))
+            return "" if page is None else f"page {int(page)}, valid to {int(valid)} of {int(needed)}"
+
+        mismatch = cell(r, "draft_pool_page_mismatch")
         rows.append({
             "sglang": r["sglang_version"], "model": r["model"], "algo": r["algorithm"],
             "backend": r["attention_backend"], "page": r["page_size"], "topk": r["topk"], "dcp": r["dcp"],
@@ -116,6 +122,10 @@ def dcp_matrix(df: pd.DataFrame) -> pd.DataFrame:
             "lossless mismatches": cell(r, "lossless_mismatches"),
             "peak token usage": cell(r, "peak_token_usage"),
             "pools cover allocator": cover_text,
+            "allocator page": cell(r, "allocator_page_size"),
+            "target pool": pool("target"), "draft pool": pool("draft"),
+            # seed 004's flag: the draft pool paged other than the allocator (in the pool's slot space)
+            "draft_pool_page_mismatch": "" if mismatch is None else ("YES" if mismatch else "no"),
             "draft pool missing rows": cell(r, "draft_pool_missing_rows"),
             "same outputs as dcp 1": equiv,
         })

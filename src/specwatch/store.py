@@ -170,6 +170,26 @@ def records_frame(records: Iterable[CaseRecord]) -> "pd.DataFrame":
         # without it a DCP target pool is judged as sharded, which a backend with no DCP code is not
         probe = (r.details or {}).get("probe")
         row["probe_read_attention_backend"] = None if not probe else "target_attention_backend" in probe
+        # seed 004's facts: the shared allocator's page and, per KV pool, its page, where its valid
+        # slots end and where the allocator's last page ends in that pool's slot space
+        # (engine_worker.pool_coverage; a crashed record keeps those read right after its engine started)
+        coverage = dict((r.details or {}).get("pool_coverage") or (r.details or {}).get("pool_coverage_at_start") or {})
+        if r.case.algorithm.value == "NGRAM":
+            coverage.pop("draft", None)   # probes before 65d73a6 took NGRAM's shared target pool for a draft pool
+        any_cov = next(iter(coverage.values()), {})
+        row["allocator_page_size"] = ((probe or {}).get("allocator") or {}).get("page_size") or (
+            any_cov.get("allocator_page_in_pool_slots", 0) * (any_cov.get("scale") or 0) or None)
+        for role in ("target", "draft"):
+            cov = coverage.get(role) or {}
+            row[f"{role}_pool_page_size"] = cov.get("pool_page_size")
+            row[f"{role}_pool_valid_end"] = cov.get("pool_valid_end")
+            row[f"{role}_pool_needed_end"] = cov.get("allocator_slot_end")
+        # seed 004's flag, judged from those facts under today's definition (the draft pool's page
+        # against the allocator's in the pool's slot space); records before 65d73a6 stored a check
+        # that compared the raw pages, wrong under DCP
+        draft = coverage.get("draft")
+        row["draft_pool_page_mismatch"] = None if not draft else \
+            draft["pool_page_size"] != draft["allocator_page_in_pool_slots"]
         row["leak_is_unflushed_cache"] = leak_is_unflushed_cache(r)
         row["row_matches_model_now"] = row_matches_model_now(r)
         row["host_interference"] = host_interference(r)
