@@ -107,11 +107,6 @@ def dcp_matrix(df: pd.DataFrame) -> pd.DataFrame:
             # an older probe: the target pool was taken as sharded per rank whatever the backend does
             cover_text += " (target judged as sharded: probe predates the backend check)"
         al = cell(r, "accept_length")
-
-        def pool(role: str) -> str:
-            page, valid, needed = (cell(r, f"{role}_pool_{k}") for k in ("page_size", "valid_end", "needed_end"))
-            return "" if page is None else f"page {int(page)}, valid to {int(valid)} of {int(needed)}"
-
         mismatch = cell(r, "draft_pool_page_mismatch")
         rows.append({
             "sglang": r["sglang_version"], "model": r["model"], "algo": r["algorithm"],
@@ -123,7 +118,7 @@ def dcp_matrix(df: pd.DataFrame) -> pd.DataFrame:
             "peak token usage": cell(r, "peak_token_usage"),
             "pools cover allocator": cover_text,
             "allocator page": cell(r, "allocator_page_size"),
-            "target pool": pool("target"), "draft pool": pool("draft"),
+            "target pool": pool_text(r, "target"), "draft pool": pool_text(r, "draft"),
             # seed 004's flag: the draft pool paged other than the allocator (in the pool's slot space)
             "draft_pool_page_mismatch": "" if mismatch is None else ("YES" if mismatch else "no"),
             "draft pool missing rows": cell(r, "draft_pool_missing_rows"),
@@ -136,6 +131,13 @@ def cell(r: dict, name: str):
     """A record row's value, None where the frame has none (NaN)."""
     v = r.get(name)
     return None if v is None or (isinstance(v, float) and pd.isna(v)) else v
+
+
+def pool_text(r: dict, role: str) -> str:
+    """A KV pool's page and where its valid slots end, of where the allocator's last page ends in the
+    pool's slot space (seed 004: "valid to X of Y" with X < Y is a pool the allocator overruns)."""
+    page, valid, needed = (cell(r, f"{role}_pool_{k}") for k in ("page_size", "valid_end", "needed_end"))
+    return "" if page is None else f"page {int(page)}, valid to {int(valid)} of {int(needed)}"
 
 
 def _prompt_starts(r: dict) -> Optional[list]:
