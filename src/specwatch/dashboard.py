@@ -89,8 +89,9 @@ def dcp_matrix(df: pd.DataFrame) -> pd.DataFrame:
 
     rows = []
     for r in recs:
+        case = case_of(r)
         outcome = r["status"] if r["status"] == "ok" else f"{r['status']}: {str(r['reason'])[:160]}"
-        rule = skip_reason(Case(**{f: r[f] for f in CASE_FIELDS})) if r["status"] == "crashed" else None
+        rule = skip_reason(case) if r["status"] == "crashed" else None
         if rule and rule.split(": ", 1)[-1] in str(r["reason"]):
             # SGLang refused it at start with the words of a rule specwatch learnt since: a skip
             outcome = f"skipped: {rule} (SGLang refused it at start; recorded crashed before the rule)"
@@ -98,7 +99,7 @@ def dcp_matrix(df: pd.DataFrame) -> pd.DataFrame:
             outcome = f"not measured (host interference): {r['host_interference']}"
         equiv = ""
         if r["dcp"] > 1 and r["status"] == "ok":
-            twin = by_id.get((r["sglang_version"], Case(**{f: r[f] for f in CASE_FIELDS}).dcp_twin_id()))
+            twin = by_id.get((r["sglang_version"], case.dcp_twin_id()))
             equiv = ("no dcp 1 run" if twin is None else f"dcp 1 {twin['status']}") \
                 if twin is None or twin["status"] != "ok" else twin_outputs(r, twin)
         covers = [cell(r, c) for c in ("check.target_pool_covers_allocator", "check.draft_pool_covers_allocator")]
@@ -127,6 +128,11 @@ def dcp_matrix(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def case_of(r: dict) -> Case:
+    """The case of a records-frame row (a dict)."""
+    return Case(**{f: r[f] for f in CASE_FIELDS})
+
+
 def cell(r: dict, name: str):
     """A record row's value, None where the frame has none (NaN)."""
     v = r.get(name)
@@ -148,7 +154,7 @@ def _prompt_starts(r: dict) -> Optional[list]:
     reps, digest = cell(r, "timed_repeats"), cell(r, "output_digest")
     if cell(r, "lossless_mismatches") != 0 or not digest or reps is None:
         return None
-    case = Case(**{f: r[f] for f in CASE_FIELDS})
+    case = case_of(r)
     return starts_behind_digest(case, cell(r, "calibrated_input_len") or case.input_len, int(reps), digest)
 
 
@@ -215,7 +221,7 @@ def dcp_summary(matrix: pd.DataFrame) -> pd.DataFrame:
                + ["outputs = dcp 1"]].fillna("not run")
 
 
-def dcp_markdown(matrix: pd.DataFrame) -> str:
+def dcp_markdown(summary: pd.DataFrame, matrix: pd.DataFrame) -> str:
     """The DCP support summary and matrix as markdown (``dashboards/dcp-support.md``, readable where
     the HTML dashboard is not served): generated from the store, so no count in it is typed by hand."""
     def md(t: pd.DataFrame) -> str:
@@ -224,7 +230,7 @@ def dcp_markdown(matrix: pd.DataFrame) -> str:
     versions = ", ".join(sorted(matrix.sglang.unique()))
     return ("# DCP support (`suites/dcp.toml`)\n\nWritten by `specwatch dashboard` from `results/` "
             f"(SGLang {versions}); each case's latest record.\n\n## Summary, folded over page size and topk\n\n"
-            f"{md(dcp_summary(matrix))}\n\n## Matrix\n\n{md(matrix)}\n")
+            f"{md(summary)}\n\n## Matrix\n\n{md(matrix)}\n")
 
 
 OWN_TABLES = ("dcp", "faults")
@@ -341,15 +347,16 @@ def build(df: pd.DataFrame, out: Path, tables: Optional[dict[str, pd.DataFrame]]
     if "probe" in df:
         df = df[df.probe != False]        # noqa: E712 (bare runs: only in the overhead table)
     matrix = dcp_matrix(df)
+    summary = dcp_summary(matrix)
     tables = {"Coverage and health per suite (latest record of each case; rows with no record left out; "
               "DCP and faults have tables of their own)":
               health_matrix(df),
-              "DCP support summary (suites/dcp.toml, folded over page size and topk)": dcp_summary(matrix),
+              "DCP support summary (suites/dcp.toml, folded over page size and topk)": summary,
               "DCP support matrix (suites/dcp.toml)": matrix,
               "Harness overhead (specwatch run --bare)": overhead, **(tables or {})}
     if not matrix.empty:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "dcp-support.md").write_text(dcp_markdown(matrix))
+        (out / "dcp-support.md").write_text(dcp_markdown(summary, matrix))
     plots = make_all(df, out / "plots")
     names = [p.stem for p in plots if p.suffix == ".png"]
     parts = ["<!doctype html><html><head><meta charset='utf-8'><title>specwatch dashboard</title>",

@@ -233,6 +233,20 @@ def prompt_starts(case: Case, tag: str, n: int, distinct: bool = True) -> list[i
     return out
 
 
+class OutputDigest:
+    """The ``output_digest`` records carry: sha256 over each output's token ids as JSON, in the
+    order the outputs came, as 16 hex digits (run_case, run_multi_turn, lossless_output_digest)."""
+
+    def __init__(self) -> None:
+        self._sha = hashlib.sha256()
+
+    def add(self, output_ids: list[int]) -> None:
+        self._sha.update(json.dumps(output_ids).encode())
+
+    def hexdigest(self) -> str:
+        return self._sha.hexdigest()[:16]
+
+
 def timed_starts(case: Case, repeats: int, distinct: bool = True) -> list[list[int]]:
     """The chain starts of each timed batch of ``run_case`` (records keep them: ``prompt_starts``)."""
     return [prompt_starts(case, f"timed{r}", case.batch_size, distinct) for r in range(repeats)]
@@ -241,11 +255,11 @@ def timed_starts(case: Case, repeats: int, distinct: bool = True) -> list[list[i
 def lossless_output_digest(case: Case, input_len: int, starts: list[list[int]]) -> str:
     """The ``output_digest`` ``run_case`` records for a lossless run whose timed batches prompted
     ``input_len`` tokens of the oracle chain from ``starts``: every output is the chain's next tokens."""
-    oracle, digest = Oracle(SHAPES[case.model], 0, case.profile), hashlib.sha256()
+    oracle, digest = Oracle(SHAPES[case.model], 0, case.profile), OutputDigest()
     for batch_starts in starts:
         for s in batch_starts:
-            digest.update(json.dumps(oracle.chain(s, input_len + case.output_len)[input_len:]).encode())
-    return digest.hexdigest()[:16]
+            digest.add(oracle.chain(s, input_len + case.output_len)[input_len:])
+    return digest.hexdigest()
 
 
 def starts_behind_digest(case: Case, input_len: int, repeats: int, output_digest: str) -> list[list[int]] | None:
@@ -325,7 +339,7 @@ def run_multi_turn(engine, case: Case, repeats: int, warmup: bool) -> dict:
         starts = prompt_starts(case, "warmup", case.batch_size)
         engine.generate(input_ids=[oracle.chain(s, lens[0]) for s in starts], sampling_params=sp)
     tps, walls, als, expected_als, hit_shares = [], [], [], [], []
-    mismatches, digest = 0, hashlib.sha256()
+    mismatches, digest = 0, OutputDigest()
     draft_oracle = draft_oracle_for(case, oracle)
     for r in range(repeats):
         chains = [oracle.chain(s, lens[-1] + case.output_len) for s in prompt_starts(case, f"timed{r}", case.batch_size)]
@@ -336,7 +350,7 @@ def run_multi_turn(engine, case: Case, repeats: int, warmup: bool) -> dict:
             wall += time.perf_counter() - t0
             for o, c in zip(outs, chains):
                 exp = c[n:n + case.output_len]
-                digest.update(json.dumps(o["output_ids"]).encode())
+                digest.add(o["output_ids"])
                 mismatches += mismatched_tokens(o["output_ids"], exp)
                 n_out += len(o["output_ids"])
                 m = o["meta_info"]
@@ -366,7 +380,7 @@ def run_multi_turn(engine, case: Case, repeats: int, warmup: bool) -> dict:
     if expected_als:
         checks["accept_length_matches_oracle"] = matches_oracle(als, expected_als)
     return {"metrics": metrics, "checks": checks,
-            "details": {"output_digest": digest.hexdigest()[:16], "turn_prompt_lens": lens}}
+            "details": {"output_digest": digest.hexdigest(), "turn_prompt_lens": lens}}
 
 
 NGRAM_ONE_PREFILL_TOKENS = 8192
@@ -425,7 +439,7 @@ def run_case(engine, case: Case, repeats: int, warmup: bool, calibrate: bool = F
 
     tps, decode_tps, als, rates, step_ms, itl_ms, walls, mismatches, verify = [], [], [], [], [], [], [], 0, []
     prefills: list[float] = []
-    digest = hashlib.sha256()
+    digest = OutputDigest()
     draft_oracle = draft_oracle_for(case, oracle)
     # NGRAM: its corpus simulated (flushed before the timed batch, so it starts empty); only where
     # the batch decodes together from its prefill on: not near full, and prompts that one prefill
@@ -469,7 +483,7 @@ def run_case(engine, case: Case, repeats: int, warmup: bool, calibrate: bool = F
         else:
             decode_tps.append(sum(len(o["output_ids"]) - 1 for o in outs) / decode_s)
         for o in outs:
-            digest.update(json.dumps(o["output_ids"]).encode())
+            digest.add(o["output_ids"])
         for o, exp in zip(outs, expected):
             mismatches += mismatched_tokens(o["output_ids"], exp)
         metas = [o["meta_info"] for o in outs]
@@ -519,7 +533,7 @@ def run_case(engine, case: Case, repeats: int, warmup: bool, calibrate: bool = F
             "details": {"accept_histogram": hist, "prefill_s": prefills, "near_full_calibration": calibration,
                         "cache_flush_failures": flush_failures, "cache_flush_refusals": flush_refusals,
                         # identical prompts (seeded by dcp_twin_id) must give identical outputs
-                        "output_digest": digest.hexdigest()[:16],
+                        "output_digest": digest.hexdigest(),
                         # what the outputs answer: a twin's digest is comparable only with the same
                         "prompt_starts": timed,
                         "decode_split_repeats": len(decode_tps)}}
@@ -583,10 +597,14 @@ def pool_checks(sw: dict) -> tuple[dict, dict, dict]:
             checks[f"{role}_pool_covers_allocator"] = (cov["missing_rows"] == 0
                                                        and cov.get("missing_buffer_rows", 0) == 0)
     if "draft" in coverage:
-        # the allocator's page, in the pool's own slot space (a DCP-sharded pool: page / dcp)
-        checks["draft_pool_page_matches_allocator"] = (dp["page_size"]
-                                                       == coverage["draft"]["allocator_page_in_pool_slots"])
+        checks["draft_pool_page_matches_allocator"] = draft_page_matches(coverage["draft"])
     return metrics, checks, coverage
+
+
+def draft_page_matches(draft_coverage: dict) -> bool:
+    """Seed 004's page rule, from a draft pool's ``pool_coverage``: its page is the allocator's page
+    in the pool's own slot space (a replicated draft pool under DCP: page x dcp)."""
+    return draft_coverage["pool_page_size"] == draft_coverage["allocator_page_in_pool_slots"]
 
 
 def radix_cache_tokens(probe_facts: dict) -> int:

@@ -140,6 +140,8 @@ def records_frame(records: Iterable[CaseRecord]) -> "pd.DataFrame":
     """One row per case run: case parameters, status, provenance and one column per metric value."""
     import pandas as pd
 
+    from specwatch.engine_worker import draft_page_matches
+
     rows = []
     for r in records:
         row = {"suite": r.suite, "case_id": r.case_id, "status": r.status.value, "reason": r.reason}
@@ -159,21 +161,22 @@ def records_frame(records: Iterable[CaseRecord]) -> "pd.DataFrame":
         row.update(start_breakdown(r))
         for name, ok in r.checks.items():
             row[f"check.{name}"] = ok
-        row["output_digest"] = (r.details or {}).get("output_digest")
-        # the timed batches' chain starts (records since this session; older ones: None) and how many
-        row["prompt_starts"] = (r.details or {}).get("prompt_starts")
+        details = r.details or {}
+        row["output_digest"] = details.get("output_digest")
+        # the timed batches' chain starts (None on records made before specwatch kept them) and how many
+        row["prompt_starts"] = details.get("prompt_starts")
         row["timed_repeats"] = len(r.metrics["wall_time"].samples) if "wall_time" in r.metrics else None
         # near-full prompts lengthened after the warm-up (engine_worker.near_full_extension)
-        row["calibrated_input_len"] = ((r.details or {}).get("near_full_calibration") or {}).get("input_len")
+        row["calibrated_input_len"] = (details.get("near_full_calibration") or {}).get("input_len")
         row["overlap_starts"] = r.overlap_starts          # timed while other engines started
         # whether the probe read the target's attention backend (engine_worker.writes_at_virtual_slots):
         # without it a DCP target pool is judged as sharded, which a backend with no DCP code is not
-        probe = (r.details or {}).get("probe")
+        probe = details.get("probe")
         row["probe_read_attention_backend"] = None if not probe else "target_attention_backend" in probe
         # seed 004's facts: the shared allocator's page and, per KV pool, its page, where its valid
         # slots end and where the allocator's last page ends in that pool's slot space
         # (engine_worker.pool_coverage; a crashed record keeps those read right after its engine started)
-        coverage = dict((r.details or {}).get("pool_coverage") or (r.details or {}).get("pool_coverage_at_start") or {})
+        coverage = dict(details.get("pool_coverage") or details.get("pool_coverage_at_start") or {})
         if r.case.algorithm.value == "NGRAM":
             coverage.pop("draft", None)   # probes before 65d73a6 took NGRAM's shared target pool for a draft pool
         any_cov = next(iter(coverage.values()), {})
@@ -188,8 +191,7 @@ def records_frame(records: Iterable[CaseRecord]) -> "pd.DataFrame":
         # against the allocator's in the pool's slot space); records before 65d73a6 stored a check
         # that compared the raw pages, wrong under DCP
         draft = coverage.get("draft")
-        row["draft_pool_page_mismatch"] = None if not draft else \
-            draft["pool_page_size"] != draft["allocator_page_in_pool_slots"]
+        row["draft_pool_page_mismatch"] = None if not draft else not draft_page_matches(draft)
         row["leak_is_unflushed_cache"] = leak_is_unflushed_cache(r)
         row["row_matches_model_now"] = row_matches_model_now(r)
         row["host_interference"] = host_interference(r)
