@@ -599,3 +599,22 @@ def test_ngram_standard_cases_are_judged_against_the_corpus_model():
     near = ng.model_copy(update={"workload": Workload.near_full})
     res = run_case(FakeEngine(near), near, repeats=1, warmup=False)
     assert res["metrics"]["accept_length"]["expected"] is None and "accept_length_matches_oracle" not in res["checks"]
+
+
+def test_rendezvous_port_is_below_the_ephemeral_range_and_skips_a_taken_one():
+    import socket
+
+    from specwatch.engine_worker import RENDEZVOUS_PORTS_FROM, ephemeral_port_floor, recorded_kwargs, rendezvous_port
+
+    floor = ephemeral_port_floor()
+    seed = 4242
+    first = rendezvous_port(seed)
+    assert RENDEZVOUS_PORTS_FROM <= first < floor
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
+        held.bind(("", first))
+        held.listen()
+        second = rendezvous_port(seed)
+    assert second != first and RENDEZVOUS_PORTS_FROM <= second < floor
+    assert rendezvous_port(seed + 1) != rendezvous_port(seed)    # parallel workers start apart
+    assert "nccl_port" not in recorded_kwargs({"nccl_port": first, "page_size": 1})
+

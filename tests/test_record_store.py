@@ -103,3 +103,16 @@ def test_import_keeps_fault_runs_apart_from_clean_runs(tmp_path):
     assert [r.provenance.fault for r in read_records(base)] == [None]
     assert [r.provenance.fault for r in read_records(base.with_name("smoke+fault-unaligned-watermark.jsonl"))] == [
         "unaligned-watermark"]
+
+
+def test_a_lost_rendezvous_port_is_host_interference_and_runs_again(tmp_path):
+    from specwatch.store import host_interference, recorded_case_ids
+
+    lost = record(status=Status.crashed, reason="worker exited with code -9 before finishing this case: "
+                      "torch.distributed.DistNetworkError: The server socket has failed to listen on any local "
+                      "network address. port: 45377, useIpv6: false, code: -98, name: EADDRINUSE, message: "
+                      "address already in use")
+    assert "rendezvous" in host_interference(lost)
+    path = results_path(tmp_path, "m", "0.5.17", "dcp")
+    append_record(path, lost)
+    assert recorded_case_ids(path) == set()

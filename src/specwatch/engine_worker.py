@@ -171,7 +171,8 @@ RENAMED_ARGS = {
 }
 """Engine arguments specwatch passes under their 0.5.14+ names -> the same setting's name in older
 releases (0.5.12-0.5.13: one ``cuda_graph_max_bs``; prefill graphs were the "piecewise" graphs)."""
-HARNESS_ARGS = {"sleep_on_idle", "enforce_disable_flashinfer_allreduce_fusion", "disable_prefill_cuda_graph"}
+HARNESS_ARGS = {"sleep_on_idle", "enforce_disable_flashinfer_allreduce_fusion", "disable_prefill_cuda_graph",
+                "nccl_port"}
 """Arguments that only tune how specwatch runs the engine, not the case: dropped (and recorded)
 where the installed SGLang lacks them. Any other unknown argument goes to SGLang, which refuses
 it: a version without a feature the case needs (e.g. ``dcp_size`` before 0.5.15) is a result."""
@@ -205,8 +206,43 @@ def server_arg_names() -> set[str] | None:
 
 
 def recorded_kwargs(kw: dict) -> dict:
-    """The engine arguments a record keeps (paths dropped: they differ per host)."""
-    return {k: v for k, v in kw.items() if not k.endswith("_path")}
+    """The engine arguments a record keeps (paths and the rendezvous port dropped: they differ per
+    host and per run)."""
+    return {k: v for k, v in kw.items() if not k.endswith("_path") and k != "nccl_port"}
+
+
+RENDEZVOUS_PORTS_FROM = 20000
+"""Lowest port ``rendezvous_port`` hands out; it stays below the kernel's ephemeral range."""
+
+
+def ephemeral_port_floor() -> int:
+    """The first port of the kernel's ephemeral range (``ip_local_port_range``; Linux's default 32768)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def rendezvous_port(seed: int | None = None) -> int:
+    """A free TCP port for torch.distributed's rendezvous (SGLang's ``nccl_port``), below the
+    ephemeral range. SGLang's own choice (``get_free_port``: bind port 0, release) races every other
+    process that binds port 0 before its TCP store binds: on the x2 host one of six parallel tp-2
+    starts lost that race (EADDRINUSE). Below the ephemeral range only an explicit bind takes a
+    port, and parallel workers start their search at different places (``seed``: the pid)."""
+    import socket
+
+    lo, hi = RENDEZVOUS_PORTS_FROM, ephemeral_port_floor()
+    span = max(hi - lo, 1)
+    first = (os.getpid() if seed is None else seed) % span
+    for i in range(span):
+        port = lo + (first + i) % span
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free TCP port in [{lo}, {hi})")
 
 
 def prompt_starts(case: Case, tag: str, n: int, distinct: bool = True) -> list[int]:
@@ -725,6 +761,7 @@ def main(spec_path: str) -> int:
     t0 = time.perf_counter()
     try:
         kwargs = engine_kwargs(first, target, draft, max(c.batch_size for c in cases), kv_pool_tokens(cases))
+        kwargs["nccl_port"] = rendezvous_port()     # tp 1 too: its process group has a TCP store
         kwargs, dropped_args = fit_server_args(kwargs, known) if known else (kwargs, [])
         engine = sglang.Engine(**kwargs)
     except Exception as e:

@@ -89,9 +89,14 @@ HOST_INTERFERENCE = {
     "The memory capacity is unbalanced":
         "another process held memory on one of the engine's GPUs (a concurrent run on the host), so "
         "SGLang refused to start the engine",
+    "EADDRINUSE":
+        "the port SGLang had picked for torch.distributed's rendezvous was taken before its TCP store "
+        "bound it (get_free_port releases the port it found; an engine starting beside it took it)",
 }
 """SGLang's messages that say a record measured the host, not the case: message fragment -> what
-happened. Seen on the x2 host (tenth session): a one-GPU run on GPU 0 beside a tp-2 DCP sweep."""
+happened. Seen on the x2 host: a one-GPU run on GPU 0 beside a tp-2 DCP sweep (tenth session);
+a tp-2 engine whose ``nccl_port`` another of six parallel starts took (thirteenth session, before
+``engine_worker.rendezvous_port``)."""
 
 
 def host_interference(r: CaseRecord) -> Optional[str]:
