@@ -401,11 +401,11 @@ def test_dcp_twins_on_prompts_drawn_apart_are_judged_by_the_oracle_not_called_di
 
 def test_dcp_summary_names_each_cause_once_and_a_refusal_recorded_before_its_rule_as_a_skip(tmp_path):
     from specwatch.case import ModelSize, Backend
-    from specwatch.dashboard import build, crash_cause, dcp_matrix, dcp_summary
+    from specwatch.dashboard import build, crash_cause, dcp_matrix, dcp_summary, health_matrix
     from specwatch.record import Status
 
-    def rec(dcp, reason=None, **kw):
-        r = record(case(tp=2, dcp=dcp, attention_backend=Backend.flashinfer, **kw),
+    def rec(dcp, reason=None, tp=2, **kw):
+        r = record(case(tp=tp, dcp=dcp, attention_backend=Backend.flashinfer, **kw),
                    status=Status.crashed if reason else Status.ok, reason=reason)
         r.suite = "dcp"
         return r
@@ -435,6 +435,20 @@ def test_dcp_summary_names_each_cause_once_and_a_refusal_recorded_before_its_rul
     md = (tmp_path / "dcp-support.md").read_text()
     assert "## Summary" in md and "| 0/2 ok; crashed: device-side assertion" in md and "dcp-support.md" in (
         tmp_path / "index.html").read_text()
+    # dcp-large (tp 4/8) gets tables of its own, after dcp's, and stays out of the health matrix
+    large = [rec(d, None if d == 1 else "worker exited with code -9 before finishing this case: RuntimeError: "
+                 "The size of tensor a (6656) must match the size of tensor b (12288)", tp=4) for d in (1, 4)]
+    for r in large:
+        r.suite = "dcp-large"
+    assert dcp_matrix(records_frame(recs + large)).tp.unique().tolist() == [2]
+    big = dcp_summary(dcp_matrix(records_frame(recs + large), "dcp-large")).to_dict("records")
+    assert [(r["tp"], r["dcp 1 standard 128→256"], r["dcp 4 standard 128→256"]) for r in big] == [
+        (4, "1/1 ok", "0/1 ok; crashed: RuntimeError: The size of tensor a (6656) must match the size of tensor b (12288)")]
+    build(records_frame(recs + large), tmp_path)
+    md = (tmp_path / "dcp-support.md").read_text()
+    assert md.index("## Matrix (`suites/dcp.toml`)") < md.index("## Summary, folded over page size and topk "
+                                                                 "(`suites/dcp-large.toml`)")
+    assert "dcp-large" not in health_matrix(records_frame(large)).to_string()
 
 
 def test_dcp_matrix_shows_seed_004_facts_and_judges_the_page_flag_from_them():

@@ -116,3 +116,18 @@ def test_a_lost_rendezvous_port_is_host_interference_and_runs_again(tmp_path):
     path = results_path(tmp_path, "m", "0.5.17", "dcp")
     append_record(path, lost)
     assert recorded_case_ids(path) == set()
+
+
+def test_a_cause_recorded_as_a_cpp_frame_is_read_again_from_the_log_tail():
+    frame = "frame #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x9d (0x7f in libc10.so)"
+    log = ("  File \"eagle.py\", line 47, in fill_bonus_tokens_func\n"
+           "RuntimeError: Triton Error [CUDA]: an illegal memory access was encountered\n"
+           "[rank0]: terminate called after throwing an instance of 'c10::Error'\n" + frame + "\n")
+    died = "worker exited with code -9 before finishing this case: "
+    r = record(status=Status.crashed, reason=died + frame)
+    r.log_tail = log
+    assert records_frame([r]).reason.item() == died + "RuntimeError: Triton Error [CUDA]: an illegal memory access was encountered"
+    assert r.reason == died + frame                                     # the record keeps its words
+    r2 = record(status=Status.crashed, reason=died + "ValueError: boom")
+    r2.log_tail = log
+    assert records_frame([r2]).reason.item() == died + "ValueError: boom"   # a Python cause stands

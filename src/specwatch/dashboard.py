@@ -71,15 +71,19 @@ def fault_table(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def dcp_matrix(df: pd.DataFrame) -> pd.DataFrame:
-    """DCP support matrix: one row per engine configuration of the ``dcp`` suite (latest record per
-    case and SGLang version) with its status or SGLang's reason, acceptance against the oracle,
+DCP_SUITES = ("dcp", "dcp-large")
+"""Suites whose records make a DCP support matrix: ``dcp`` (tp 2) and ``dcp-large`` (tp 4 and 8)."""
+
+
+def dcp_matrix(df: pd.DataFrame, suite: str = "dcp") -> pd.DataFrame:
+    """DCP support matrix: one row per engine configuration of a DCP suite (``DCP_SUITES``; latest
+    record per case and SGLang version) with its status or SGLang's reason, acceptance against the oracle,
     lossless mismatches, whether each KV pool covers every slot the allocator hands out (seed 004),
     and, for dcp > 1, whether the greedy outputs equal those of the same case at dcp 1 (the two
     share prompts by construction)."""
     if df.empty or "dcp" not in df or "suite" not in df:
         return pd.DataFrame()
-    d = df[df.suite == "dcp"]
+    d = df[df.suite == suite]
     if d.empty:
         return pd.DataFrame()
     d = latest_rows(d, ["sglang_version", "case_id"])
@@ -111,7 +115,7 @@ def dcp_matrix(df: pd.DataFrame) -> pd.DataFrame:
         mismatch = cell(r, "draft_pool_page_mismatch")
         rows.append({
             "sglang": r["sglang_version"], "model": r["model"], "algo": r["algorithm"],
-            "backend": r["attention_backend"], "page": r["page_size"], "topk": r["topk"], "dcp": r["dcp"],
+            "backend": r["attention_backend"], "page": r["page_size"], "topk": r["topk"], "tp": r["tp"], "dcp": r["dcp"],
             "workload": r["workload"], "lengths": f"{r['input_len']}→{r['output_len']}", "outcome": outcome,
             "accept length": "" if al is None else f"{al:.3f}" + {True: " (= oracle)", False: " (≠ oracle)"}.get(
                 cell(r, "check.accept_length_matches_oracle"), ""),
@@ -186,15 +190,16 @@ def crash_cause(outcome: str) -> str:
 
 
 def dcp_summary(matrix: pd.DataFrame) -> pd.DataFrame:
-    """The DCP support matrix folded over page size and topk: one row per SGLang version, model,
+    """The DCP support matrix folded over page size and topk: one row per SGLang version, tp, model,
     algorithm and backend; per (dcp, workload, prompt→output lengths) how many cases ran ok out of those that were not
     skipped by SGLang's own rules, with the distinct failure causes, and how many dcp > 1 cases
     gave greedy outputs identical to their dcp-1 twins."""
     if matrix.empty:
         return pd.DataFrame()
     rows = []
-    for key, g in matrix.groupby(["sglang", "model", "algo", "backend"], sort=True):
-        row = dict(zip(("sglang", "model", "algo", "backend"), key))
+    lead = ["sglang", "tp", "model", "algo", "backend"]
+    for key, g in matrix.groupby(lead, sort=True):
+        row = dict(zip(lead, key))
         for (dcp, workload, lengths), h in g.groupby(["dcp", "workload", "lengths"], sort=True):
             col = f"dcp {dcp} {workload} {lengths}"
             unmeasured = int(h.outcome.str.startswith("not measured").sum())
@@ -216,24 +221,28 @@ def dcp_summary(matrix: pd.DataFrame) -> pd.DataFrame:
         row["outputs = dcp 1"] = "; ".join(parts) or ("no ok dcp-1 twin" if (same != "").any() else "")
         rows.append(row)
     out = pd.DataFrame(rows)
-    lead = ["sglang", "model", "algo", "backend"]
     return out[lead + sorted(c for c in out.columns if c not in lead and c != "outputs = dcp 1")
                + ["outputs = dcp 1"]].fillna("not run")
 
 
-def dcp_markdown(summary: pd.DataFrame, matrix: pd.DataFrame) -> str:
-    """The DCP support summary and matrix as markdown (``dashboards/dcp-support.md``, readable where
-    the HTML dashboard is not served): generated from the store, so no count in it is typed by hand."""
+def dcp_markdown(tables: dict[str, tuple[pd.DataFrame, pd.DataFrame]]) -> str:
+    """The DCP support summaries and matrices (suite -> (summary, matrix)) as markdown
+    (``dashboards/dcp-support.md``, readable where the HTML dashboard is not served): generated from
+    the store, so no count in it is typed by hand."""
     def md(t: pd.DataFrame) -> str:
         return t.astype(str).replace({r"\|": r"\\|", "\n": " ", "^nan$": "", "^None$": ""}, regex=True) \
             .to_markdown(index=False)
-    versions = ", ".join(sorted(matrix.sglang.unique()))
-    return ("# DCP support (`suites/dcp.toml`)\n\nWritten by `specwatch dashboard` from `results/` "
-            f"(SGLang {versions}); each case's latest record.\n\n## Summary, folded over page size and topk\n\n"
-            f"{md(summary)}\n\n## Matrix\n\n{md(matrix)}\n")
+    names = ", ".join(f"`suites/{suite}.toml`" for suite in tables)
+    versions = ", ".join(sorted({v for _, m in tables.values() for v in m.sglang.unique()}))
+    parts = [f"# DCP support ({names})\n\nWritten by `specwatch dashboard` from `results/` "
+             f"(SGLang {versions}); each case's latest record.\n"]
+    for suite, (summary, matrix) in tables.items():
+        parts.append(f"\n## Summary, folded over page size and topk (`suites/{suite}.toml`)\n\n{md(summary)}\n"
+                     f"\n## Matrix (`suites/{suite}.toml`)\n\n{md(matrix)}\n")
+    return "".join(parts)
 
 
-OWN_TABLES = ("dcp", "faults")
+OWN_TABLES = DCP_SUITES + ("faults",)
 """Suites the dashboard shows in tables of their own (DCP support, fault injection)."""
 
 
@@ -346,17 +355,17 @@ def build(df: pd.DataFrame, out: Path, tables: Optional[dict[str, pd.DataFrame]]
         df = df[df.fault.isna()]          # the rest shows clean runs only
     if "probe" in df:
         df = df[df.probe != False]        # noqa: E712 (bare runs: only in the overhead table)
-    matrix = dcp_matrix(df)
-    summary = dcp_summary(matrix)
+    dcp = {suite: (dcp_summary(m), m) for suite in DCP_SUITES if not (m := dcp_matrix(df, suite)).empty}
     tables = {"Coverage and health per suite (latest record of each case; rows with no record left out; "
               "DCP and faults have tables of their own)":
               health_matrix(df),
-              "DCP support summary (suites/dcp.toml, folded over page size and topk)": summary,
-              "DCP support matrix (suites/dcp.toml)": matrix,
+              **{title: t for suite, (summary, matrix) in dcp.items() for title, t in (
+                  (f"DCP support summary (suites/{suite}.toml, folded over page size and topk)", summary),
+                  (f"DCP support matrix (suites/{suite}.toml)", matrix))},
               "Harness overhead (specwatch run --bare)": overhead, **(tables or {})}
-    if not matrix.empty:
+    if dcp:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "dcp-support.md").write_text(dcp_markdown(summary, matrix))
+        (out / "dcp-support.md").write_text(dcp_markdown(dcp))
     plots = make_all(df, out / "plots")
     names = [p.stem for p in plots if p.suffix == ".png"]
     parts = ["<!doctype html><html><head><meta charset='utf-8'><title>specwatch dashboard</title>",
@@ -383,7 +392,7 @@ def build(df: pd.DataFrame, out: Path, tables: Optional[dict[str, pd.DataFrame]]
         parts.append("<h2>asv</h2><p><a href='asv/index.html'>asv dashboard</a> (trend across SGLang versions; "
                      "written by <code>specwatch asv-import</code>)</p>")
     reports = sorted((out / "reports").glob("*.md")) if (out / "reports").exists() else []
-    if (out / "dcp-support.md").exists() and not matrix.empty:
+    if (out / "dcp-support.md").exists() and dcp:
         parts.append("<p>The DCP tables as markdown: <a href='dcp-support.md'>dcp-support.md</a></p>")
     parts.append("<h2>Comparison reports</h2>")
     parts.append("<ul>" + "".join(f"<li><a href='reports/{r.name}'>{html.escape(r.stem)}</a></li>" for r in reports)

@@ -95,7 +95,7 @@ HOST_INTERFERENCE = {
 }
 """SGLang's messages that say a record measured the host, not the case: message fragment -> what
 happened. Seen on the x2 host: a one-GPU run on GPU 0 beside a tp-2 DCP sweep (tenth session);
-a tp-2 engine whose ``nccl_port`` another of six parallel starts took (thirteenth session, before
+a tp-2 engine whose ``nccl_port`` another of six parallel starts took (twelfth session, before
 ``engine_worker.rendezvous_port``)."""
 
 
@@ -149,7 +149,7 @@ def records_frame(records: Iterable[CaseRecord]) -> "pd.DataFrame":
 
     rows = []
     for r in records:
-        row = {"suite": r.suite, "case_id": r.case_id, "status": r.status.value, "reason": r.reason}
+        row = {"suite": r.suite, "case_id": r.case_id, "status": r.status.value, "reason": reason_now(r)}
         row.update(r.case.params())
         prov = r.provenance
         row.update({
@@ -202,6 +202,19 @@ def records_frame(records: Iterable[CaseRecord]) -> "pd.DataFrame":
         row["host_interference"] = host_interference(r)
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def reason_now(r: CaseRecord) -> Optional[str]:
+    """A record's reason, with a crash's cause read again from its stored log tail where the
+    recorded cause is a C++ stack frame (``frame #0: c10::Error::Error(...)``): until the twelfth
+    GPU session ``runner.crash_cause`` took the last line naming an error, and a C++ trace after the
+    Python exception named ``c10::Error``. The record keeps what it said; this is what it meant."""
+    from specwatch.runner import WORKER_DIED_RE, _CPP_FRAME, _last_error
+
+    m = WORKER_DIED_RE.match(r.reason or "")
+    if not m or not r.log_tail or not _CPP_FRAME.match(r.reason[m.end():]):
+        return r.reason
+    return m.group(0) + _last_error(r.log_tail)
 
 
 def leak_is_unflushed_cache(r: CaseRecord) -> bool:
