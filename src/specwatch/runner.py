@@ -273,21 +273,21 @@ def finally_kill(pgid: int) -> None:
         pass
 
 
-_PY_EXCEPTION = re.compile(r"^[\w.]*(?:Error|Exception)(?::|$)")
+PY_EXCEPTION = re.compile(r"^[\w.]*(?:Error|Exception)(?::|$)")
 """A Python exception line as a traceback ends: ``RuntimeError: ...``, ``torch.distributed.X: ...``."""
-_CPP_FRAME = re.compile(r"^frame #\d+:")
+CPP_FRAME = re.compile(r"^frame #\d+:")
 """A line of a C++ stack trace (``frame #0: c10::Error::Error(...)``): names functions, not a cause."""
 
 
-def _last_error(log_text: str) -> str:
+def last_error(log_text: str) -> str:
     """The log's last Python exception line; else its last line that speaks of an error (not a C++
     stack frame: those name ``c10::Error`` after the exception that says what went wrong)."""
     lines = [line.strip() for line in log_text.splitlines()]
     for s in reversed(lines):
-        if _PY_EXCEPTION.match(s):
+        if PY_EXCEPTION.match(s):
             return s[:500]
     for s in reversed(lines):
-        if s and not _CPP_FRAME.match(s) and ("Error" in s or "Exception" in s or "Killed" in s or "assert" in s.lower()):
+        if s and not CPP_FRAME.match(s) and ("Error" in s or "Exception" in s or "Killed" in s or "assert" in s.lower()):
             return s[:500]
     return "no error line in the log"
 
@@ -321,7 +321,7 @@ def crash_cause(log_text: str, device: Optional[str] = None) -> str:
     """Why a worker died, from its log: a device-side assertion first (with the Python error it
     surfaced as), else the last error line. ``device``: ``device_assertion(log_text)`` if the
     caller has it already."""
-    last = _last_error(log_text)
+    last = last_error(log_text)
     dev = device or device_assertion(log_text)
     return f"{dev}; surfaced as: {last[:200]}" if dev else last
 

@@ -209,12 +209,12 @@ def reason_now(r: CaseRecord) -> Optional[str]:
     recorded cause is a C++ stack frame (``frame #0: c10::Error::Error(...)``): until the twelfth
     GPU session ``runner.crash_cause`` took the last line naming an error, and a C++ trace after the
     Python exception named ``c10::Error``. The record keeps what it said; this is what it meant."""
-    from specwatch.runner import WORKER_DIED_RE, _CPP_FRAME, _last_error
+    from specwatch.runner import WORKER_DIED_RE, CPP_FRAME, last_error
 
     m = WORKER_DIED_RE.match(r.reason or "")
-    if not m or not r.log_tail or not _CPP_FRAME.match(r.reason[m.end():]):
+    if not m or not r.log_tail or not CPP_FRAME.match(r.reason[m.end():]):
         return r.reason
-    return m.group(0) + _last_error(r.log_tail)
+    return m.group(0) + last_error(r.log_tail)
 
 
 def leak_is_unflushed_cache(r: CaseRecord) -> bool:
