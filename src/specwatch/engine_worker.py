@@ -283,9 +283,14 @@ class OutputDigest:
         return self._sha.hexdigest()[:16]
 
 
+def timed_tag(r: int) -> str:
+    """``prompt_starts``'s purpose tag of timed batch ``r`` (``run_case``, ``run_multi_turn``)."""
+    return f"timed{r}"
+
+
 def timed_starts(case: Case, repeats: int, distinct: bool = True) -> list[list[int]]:
     """The chain starts of each timed batch of ``run_case`` (records keep them: ``prompt_starts``)."""
-    return [prompt_starts(case, f"timed{r}", case.batch_size, distinct) for r in range(repeats)]
+    return [prompt_starts(case, timed_tag(r), case.batch_size, distinct) for r in range(repeats)]
 
 
 def lossless_output_digest(case: Case, input_len: int, starts: list[list[int]]) -> str:
@@ -377,8 +382,8 @@ def run_multi_turn(engine, case: Case, repeats: int, warmup: bool) -> dict:
     tps, walls, als, expected_als, hit_shares = [], [], [], [], []
     mismatches, digest = 0, OutputDigest()
     draft_oracle = draft_oracle_for(case, oracle)
-    for r in range(repeats):
-        chains = [oracle.chain(s, lens[-1] + case.output_len) for s in prompt_starts(case, f"timed{r}", case.batch_size)]
+    for starts in timed_starts(case, repeats):
+        chains = [oracle.chain(s, lens[-1] + case.output_len) for s in starts]
         n_out, wall, al_turns, exp_turns, cached, later_prompt = 0, 0.0, [], [], 0, 0
         for t, n in enumerate(lens):
             t0 = time.perf_counter()
@@ -504,7 +509,7 @@ def run_case(engine, case: Case, repeats: int, warmup: bool, calibrate: bool = F
         engine.generate(input_ids=batch(f"prefill{r}")[0], sampling_params={**sp, "max_new_tokens": 1})
         prefill_s = time.perf_counter() - t
         prefills.append(prefill_s)
-        prompts, expected, starts = batch(f"timed{r}")
+        prompts, expected, starts = batch(timed_tag(r))
         timed.append(starts)
         fresh_cache()
         t = time.perf_counter()

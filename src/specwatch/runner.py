@@ -273,18 +273,18 @@ def finally_kill(pgid: int) -> None:
         pass
 
 
-PY_EXCEPTION = re.compile(r"^[\w.]*(?:Error|Exception)(?::|$)")
+_PY_EXCEPTION = re.compile(r"^[\w.]*(?:Error|Exception)(?::|$)")
 """A Python exception line as a traceback ends: ``RuntimeError: ...``, ``torch.distributed.X: ...``."""
 CPP_FRAME = re.compile(r"^frame #\d+:")
 """A line of a C++ stack trace (``frame #0: c10::Error::Error(...)``): names functions, not a cause."""
 
 
-def last_error(log_text: str) -> str:
+def _last_error(log_text: str) -> str:
     """The log's last Python exception line; else its last line that speaks of an error (not a C++
     stack frame: those name ``c10::Error`` after the exception that says what went wrong)."""
     lines = [line.strip() for line in log_text.splitlines()]
     for s in reversed(lines):
-        if PY_EXCEPTION.match(s):
+        if _PY_EXCEPTION.match(s):
             return s[:500]
     for s in reversed(lines):
         if s and not CPP_FRAME.match(s) and ("Error" in s or "Exception" in s or "Killed" in s or "assert" in s.lower()):
@@ -321,7 +321,7 @@ def crash_cause(log_text: str, device: Optional[str] = None) -> str:
     """Why a worker died, from its log: a device-side assertion first (with the Python error it
     surfaced as), else the last error line. ``device``: ``device_assertion(log_text)`` if the
     caller has it already."""
-    last = last_error(log_text)
+    last = _last_error(log_text)
     dev = device or device_assertion(log_text)
     return f"{dev}; surfaced as: {last[:200]}" if dev else last
 

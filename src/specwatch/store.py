@@ -208,13 +208,14 @@ def reason_now(r: CaseRecord) -> Optional[str]:
     """A record's reason, with a crash's cause read again from its stored log tail where the
     recorded cause is a C++ stack frame (``frame #0: c10::Error::Error(...)``): until the twelfth
     GPU session ``runner.crash_cause`` took the last line naming an error, and a C++ trace after the
-    Python exception named ``c10::Error``. The record keeps what it said; this is what it meant."""
-    from specwatch.runner import WORKER_DIED_RE, CPP_FRAME, last_error
+    Python exception named ``c10::Error``; today's ``crash_cause`` reads the tail. The record keeps
+    what it said; this is what it meant."""
+    from specwatch.runner import WORKER_DIED_RE, CPP_FRAME, crash_cause
 
     m = WORKER_DIED_RE.match(r.reason or "")
     if not m or not r.log_tail or not CPP_FRAME.match(r.reason[m.end():]):
         return r.reason
-    return m.group(0) + last_error(r.log_tail)
+    return m.group(0) + crash_cause(r.log_tail)
 
 
 def leak_is_unflushed_cache(r: CaseRecord) -> bool:
