@@ -8,7 +8,7 @@ class AllocatorSimulation(SpecwatchBenchmark):
     params = [[16, 64, 256], [1, 8], ["none", "row-widen-revert"]]
 
     def skip(self, p):
-        from specwatch.sglang_host import sglang_importable
+        from specwatch.core.sglang_host import sglang_importable
 
         if not sglang_importable():
             return "sglang is not importable in this environment"
@@ -17,7 +17,8 @@ class AllocatorSimulation(SpecwatchBenchmark):
         return None
 
     def make_case(self, p):
-        from specwatch.allocator_sim import AcceptPattern, SimConfig, SimFault, simulate
+        from specwatch.cpu.allocator_sim import AcceptPattern, SimConfig, simulate
+        from specwatch.inject.faults import SimFault
 
         fault = None if p["fault"] == "none" else SimFault(p["fault"])
         self.config = SimConfig(p["page_size"], p["topk"], 3, 16 if p["topk"] > 1 else 4, fault=fault,
@@ -35,12 +36,12 @@ class AllocatorSimulation(SpecwatchBenchmark):
     track_row_violations.unit = "violations"
 
     def time_simulate(self, *args):
-        from specwatch.allocator_sim import simulate
+        from specwatch.cpu.allocator_sim import simulate
 
         simulate(self.config)
 
     def peakmem_simulate(self, *args):
-        from specwatch.allocator_sim import simulate
+        from specwatch.cpu.allocator_sim import simulate
 
         simulate(self.config)
 
@@ -53,7 +54,7 @@ class ProbeSample(SpecwatchBenchmark):
     params = [suite_values("tree-page", "page_size")]
 
     def skip(self, p):
-        from specwatch.sglang_host import sglang_importable
+        from specwatch.core.sglang_host import sglang_importable
 
         return None if sglang_importable() else "sglang is not importable in this environment"
 
@@ -61,7 +62,7 @@ class ProbeSample(SpecwatchBenchmark):
         return p["page_size"]
 
     def track_probe_time_per_batch(self, *args):
-        from specwatch.probe_cost import sample_cost_us
+        from specwatch.cpu.probe_cost import sample_cost_us
 
         return sample_cost_us(self.case)
 

@@ -14,8 +14,8 @@ from benchmarks.common import SpecwatchBenchmark, suite_values
 
 
 def _records():
-    from specwatch.sglang_host import sglang_version
-    from specwatch.store import load_records, result_files
+    from specwatch.core.sglang_host import sglang_version
+    from specwatch.store.jsonl import load_records, result_files
 
     root = Path(os.environ.get("SPECWATCH_RESULTS", Path(__file__).resolve().parents[1] / "results"))
     version = sglang_version()   # honours SPECWATCH_SGLANG_VERSION

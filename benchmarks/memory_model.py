@@ -1,8 +1,8 @@
 """CPU tier: the analytic memory model (specwatch's formulas) over tree-page's grid."""
 
 from benchmarks.common import SpecwatchBenchmark, suite_values
-from specwatch.case import Algorithm
-from specwatch.memory_model import SizingInput, reference_sizing
+from specwatch.core.case import Algorithm
+from specwatch.rules.memory_model import SizingInput, reference_sizing
 
 
 class MemoryModel(SpecwatchBenchmark):

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from specwatch.sglang_host import ensure_import_stubs
+from specwatch.core.sglang_host import ensure_import_stubs
 
 # Tests that import transformers (the HF oracle checks) must see the same torchvision stub SGLang
 # sees, or transformers caches "no torchvision" and SGLang's later import fails (CI's CPU venv).
@@ -15,7 +15,7 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
 def _sglang_ok() -> bool:
-    from specwatch.sglang_host import sglang_importable
+    from specwatch.core.sglang_host import sglang_importable
 
     return sglang_importable()
 

@@ -1,4 +1,4 @@
-"""A stand-in for specwatch.engine_worker in harness tests: no GPU, no SGLang.
+"""A stand-in for specwatch.worker in harness tests: no GPU, no SGLang.
 
 Reports each case ok with a throughput of 100 * page_size, except that a case whose topk is 4
 kills the process the way a dying SGLang scheduler does (SIGKILL of the worker), a case with topk 6
@@ -18,9 +18,8 @@ spec = json.load(open(sys.argv[1]))
 if os.environ.get("FAKE_WORKER_STARTS"):
     with open(os.environ["FAKE_WORKER_STARTS"], "a") as f:
         f.write("start\n")
-from specwatch.case import Case
-
-from specwatch.timing_lock import WorkerTimingLock
+from specwatch.core.case import Case
+from specwatch.core.timing_lock import WorkerTimingLock
 
 
 def interval(kind, t0):

@@ -1,8 +1,8 @@
 """Helpers that build records for harness tests."""
 from datetime import datetime, timezone
 
-from specwatch.case import Algorithm, Backend, Case, ModelSize
-from specwatch.record import CaseRecord, Metric, Provenance, Status
+from specwatch.core.case import Algorithm, Backend, Case, ModelSize
+from specwatch.core.record import CaseRecord, Metric, Provenance, Status
 
 T0 = datetime(2026, 11, 30, tzinfo=timezone.utc)
 

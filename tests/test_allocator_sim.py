@@ -1,6 +1,7 @@
 import pytest
 
-from specwatch.allocator_sim import AcceptPattern, SimConfig, SimFault, simulate
+from specwatch.cpu.allocator_sim import AcceptPattern, SimConfig, simulate
+from specwatch.inject.faults import SimFault
 
 pytestmark = pytest.mark.sglang
 
@@ -35,7 +36,7 @@ def test_page1_tree_overshoots_row_near_context_limit():
     # Finding (0.5.17): page 1, topk 8, draft 16: row headroom 4+16 = 20, watermark reserve 48,
     # admission reserve 24: the longest admitted request's last steps pass its row by up to 3 slots.
     # The simulation reports it, it does not crash.
-    from specwatch.case import Algorithm
+    from specwatch.core.case import Algorithm
 
     res = simulate(SimConfig(1, 8, 3, 16, accept=AcceptPattern.one))
     assert res.row_violations and not res.clean

@@ -1,11 +1,17 @@
 import subprocess
 import sys
 
-from specwatch.asv_bridge import asv_import, offline_config, version_ledger
-from specwatch.case import Backend, Profile
-from specwatch.record import Metric
-from specwatch.store import append_record, load_records, result_files, results_path
 from records import case, record
+
+from specwatch.core.case import Backend, Profile
+from specwatch.core.record import Metric
+from specwatch.present.asv_bridge import asv_import, offline_config, version_ledger
+from specwatch.store.jsonl import (
+    append_record,
+    load_records,
+    result_files,
+    results_path,
+)
 
 
 def _tree_record(version, tps, al=4.0):

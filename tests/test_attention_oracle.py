@@ -7,8 +7,10 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from specwatch.case import ModelSize, Profile  # noqa: E402
-from specwatch.oracle import FIRST_ACTIVE, SHAPES, Oracle, write_target  # noqa: E402
+from specwatch.core.case import ModelSize, Profile  # noqa: E402
+from specwatch.oracle.checkpoints import write_target  # noqa: E402
+from specwatch.oracle.predict import Oracle
+from specwatch.oracle.shapes import FIRST_ACTIVE, SHAPES
 
 
 @pytest.fixture(scope="module")

@@ -3,10 +3,10 @@ import subprocess
 import sys
 
 import pytest
+from conftest import SUITES
 from typer.testing import CliRunner
 
 from specwatch.cli import app
-from conftest import SUITES
 
 runner = CliRunner()
 
@@ -102,8 +102,9 @@ def test_where_is_validated_and_applied(tmp_path):
 
 
 def test_results_health_names_failed_checks(tmp_path):
-    from specwatch.store import append_record, results_path
     from records import case, record
+
+    from specwatch.store.jsonl import append_record, results_path
 
     good, bad = record(case(page_size=1)), record(case(page_size=64))
     good.checks["lossless"], good.checks["no_kv_leak"] = True, True      # all-bool column: numpy bools
@@ -118,9 +119,11 @@ def test_results_health_names_failed_checks(tmp_path):
 
 
 def test_results_breaks_engine_starts_down(tmp_path):
-    from specwatch.record import Metric
-    from specwatch.store import append_record, records_frame, results_path
     from records import case, record
+
+    from specwatch.core.record import Metric
+    from specwatch.store.frame import records_frame
+    from specwatch.store.jsonl import append_record, results_path
 
     recs = [record(case(page_size=p)) for p in (1, 16, 64)]
     for r, start in zip(recs, (40.0, 50.0, 90.0)):
@@ -144,7 +147,7 @@ def test_run_on_gpu_path_shows_progress_and_records(tmp_path, monkeypatch):
     import os
 
     import specwatch.cli as cli
-    import specwatch.runner as runner_mod
+    import specwatch.run.runner as runner_mod
 
     here = os.path.dirname(__file__)
     monkeypatch.setattr(cli, "_cuda_available", lambda: True)
@@ -163,8 +166,9 @@ def test_run_on_gpu_path_shows_progress_and_records(tmp_path, monkeypatch):
 def _runs_at(tmp_path, levels):
     """One results file per run, each holding one case at the given tokens/s (repeats level +- 1)."""
     from records import case, record
-    from specwatch.record import Metric
-    from specwatch.store import append_record
+
+    from specwatch.core.record import Metric
+    from specwatch.store.jsonl import append_record
 
     files = []
     for i, level in enumerate(levels):
@@ -229,8 +233,9 @@ def test_import_takes_a_fetched_folder_with_records_and_run_summaries(tmp_path):
     from datetime import datetime, timezone
 
     from records import case, record
-    from specwatch.record import RunSummary
-    from specwatch.store import append_record, append_run
+
+    from specwatch.core.record import RunSummary
+    from specwatch.store.jsonl import append_record, append_run
 
     fetched = tmp_path / "fetched"
     append_record(fetched / "m" / "sglang-0.5.17" / "smoke.jsonl", record(case(page_size=64)))
@@ -253,7 +258,8 @@ def test_import_takes_a_fetched_folder_with_records_and_run_summaries(tmp_path):
 
 def test_overhead_exits_1_when_the_probe_costs_more_than_2_percent(tmp_path):
     from records import case, record
-    from specwatch.store import append_record, results_path
+
+    from specwatch.store.jsonl import append_record, results_path
 
     def store(recs):
         for r in recs:
@@ -273,8 +279,9 @@ def test_plan_leaves_out_known_cases_and_estimates_device_time(tmp_path):
     from datetime import datetime, timezone
 
     from records import record
-    from specwatch.record import RunSummary
-    from specwatch.store import append_record, append_run
+
+    from specwatch.core.record import RunSummary
+    from specwatch.store.jsonl import append_record, append_run
     from specwatch.suite import load_suite
 
     smoke = load_suite(SUITES / "smoke.toml").plan()

@@ -1,6 +1,12 @@
-from specwatch.compare import Verdict, compare_records, has_regression, markdown
-from specwatch.record import Metric, Status
 from records import case, record
+
+from specwatch.analysis.compare import (
+    Verdict,
+    compare_records,
+    has_regression,
+    markdown,
+)
+from specwatch.core.record import Metric, Status
 
 
 def rec(c, tps_samples, al=4.0, leaked=0.0, status=Status.ok, reason=None, lossless=True):
@@ -70,7 +76,8 @@ def test_aa_noise_report_and_budgets_silence_between_run_noise():
     """Two runs of the same version whose repeats are tight but whose levels differ by 30% (as tiny
     bs1 runs do between sessions): compare flags it; the A/A budget for that class absorbs it, and a
     change beyond the budget is still a regression."""
-    from specwatch.compare import noise_class, noise_report
+    from specwatch.analysis.compare import noise_class
+    from specwatch.analysis.noise import noise_report
 
     run1 = [rec(A, [100, 101, 99]), rec(B, [200, 201, 199])]
     run2 = [rec(A, [70, 71, 69]), rec(B, [199, 200, 202])]
@@ -94,9 +101,10 @@ def test_aa_noise_report_and_budgets_silence_between_run_noise():
 def test_selection_holds_clean_probed_runs_unless_it_names_fault_or_probe(tmp_path):
     from datetime import timedelta
 
-    from specwatch.compare import select
-    from specwatch.store import append_record, results_path
     from records import T0, prov
+
+    from specwatch.store.jsonl import append_record, results_path
+    from specwatch.store.select import select
 
     clean, faulty, bare = rec(A, [100, 101, 99]), rec(A, [50, 51, 49]), rec(A, [103, 104, 102])
     overlapped = rec(A, [80, 120, 95])               # --overlap-starts: timed while other engines started
@@ -128,7 +136,7 @@ def test_a_memory_change_is_explained_by_the_versions_own_sizing():
 
 
 def test_aa_differences_name_the_conditions_that_differ():
-    from specwatch.compare import aa_differences
+    from specwatch.analysis.noise import aa_differences
 
     serial, parallel = rec(A, [100, 100, 100]), rec(A, [100, 100, 100])
     parallel.details["parallel_starts"] = 8
@@ -155,11 +163,11 @@ def test_runs_are_selected_by_id_or_by_recency(tmp_path):
     from datetime import timedelta
 
     import pytest
-
-    from specwatch.compare import select
-    from specwatch.errors import SpecwatchInputError
-    from specwatch.store import append_record, results_path
     from records import T0, prov
+
+    from specwatch.core.errors import SpecwatchInputError
+    from specwatch.store.jsonl import append_record, results_path
+    from specwatch.store.select import select
 
     old, first, second = rec(A, [90, 91, 89]), rec(A, [100, 101, 99]), rec(A, [103, 104, 102])
     old.provenance = prov(specwatch_commit="abc")

@@ -1,18 +1,24 @@
 import shutil
-from datetime import timedelta
 import subprocess
+from datetime import timedelta
 
 import pytest
-
-from specwatch.dashboard import build
-from specwatch.store import append_record, load_records, records_frame, result_files, results_path
 from records import case, record
+
+from specwatch.present.dashboard import build
+from specwatch.store.frame import records_frame
+from specwatch.store.jsonl import (
+    append_record,
+    load_records,
+    result_files,
+    results_path,
+)
 
 
 def _frame(tmp_path):
     for k in (1, 4, 8):
         r = record(case(topk=k, num_draft_tokens=8 if k > 1 else 4))
-        from specwatch.record import Metric
+        from specwatch.core.record import Metric
         r.metrics["req_to_token_bytes"] = Metric(value=9 * (8192 + 100 * k) * 4, unit="bytes", exact=True)
         r.metrics["decode_throughput"] = Metric(value=1000 / k, unit="tokens/s", samples=[1000 / k])
         r.metrics["accept_length"] = Metric(value=4.0, unit="tokens/verify", exact=True)
@@ -50,13 +56,13 @@ def test_dashboard_renders_in_headless_chromium(tmp_path):
 
 
 def test_fault_table_puts_each_fault_run_beside_the_clean_run():
-    from specwatch.dashboard import fault_table
-    from specwatch.record import Status
+    from specwatch.analysis.health import fault_table
+    from specwatch.core.record import Status
 
     c = case(page_size=64, topk=8, num_draft_tokens=16)
     clean, faulty = record(c), record(c, fault="accept-off-by-one")
     clean.checks["lossless"], faulty.checks["lossless"] = True, False
-    from specwatch.record import Metric
+    from specwatch.core.record import Metric
     faulty.metrics["fault_code_runs"] = Metric(value=64, unit="calls")
     crashed = record(case(page_size=256, topk=8, num_draft_tokens=16), status=Status.crashed,
                      reason="AssertionError: draft over-allocation", fault="row-widen-revert")
@@ -71,8 +77,8 @@ def test_fault_table_puts_each_fault_run_beside_the_clean_run():
 
 
 def test_dcp_matrix_shows_outcomes_and_compares_outputs_with_the_dcp1_twin(tmp_path):
-    from specwatch.dashboard import dcp_matrix
-    from specwatch.record import Metric, Status
+    from specwatch.analysis.dcp import dcp_matrix
+    from specwatch.core.record import Metric, Status
 
     def dcp_record(dcp, digest, status=Status.ok, reason=None, backend="flashinfer", **kw):
         r = record(case(tp=2, dcp=dcp, attention_backend=backend, **kw), status=status, reason=reason)
@@ -113,7 +119,7 @@ def test_dcp_matrix_shows_outcomes_and_compares_outputs_with_the_dcp1_twin(tmp_p
     rows = {(r["page"], r["dcp"]): r for r in dcp_matrix(records_frame(twins)).to_dict("records")}
     assert rows[(16, 2)]["same outputs as dcp 1"] == "prompts calibrated apart; both lossless"
 
-    from specwatch.dashboard import dcp_summary
+    from specwatch.analysis.dcp import dcp_summary
 
     recs.append(dcp_record(2, "dd", page_size=1, topk=1, num_draft_tokens=4))  # its dcp-1 twin never ran
     recs.append(dcp_record(2, None, status=Status.crashed, backend="triton", page_size=1,
@@ -127,7 +133,7 @@ def test_dcp_matrix_shows_outcomes_and_compares_outputs_with_the_dcp1_twin(tmp_p
                                                   "does not support custom masks; crashed: Exception: boom")
     assert folded["triton"]["outputs = dcp 1"] == ""
     # SGLang's refusal to start beside another run's memory on one GPU measured the host, not the case
-    from specwatch.store import recorded_case_ids, results_path, append_record
+    from specwatch.store.jsonl import append_record, recorded_case_ids, results_path
 
     unbalanced = dcp_record(1, None, status=Status.crashed, backend="triton", page_size=1,
                             reason="worker exited with code -9 before finishing this case: RuntimeError: The memory "
@@ -151,8 +157,8 @@ def test_dcp_matrix_shows_outcomes_and_compares_outputs_with_the_dcp1_twin(tmp_p
 
 
 def test_memory_plot_places_only_records_measured_at_the_lines_settings():
-    from specwatch.plots import measured_on_line
-    from specwatch.record import Metric
+    from specwatch.core.record import Metric
+    from specwatch.present.plots import measured_on_line
 
     def rec(bytes_, model_bytes, **kw):
         r = record(case(**kw))
@@ -168,8 +174,9 @@ def test_memory_plot_places_only_records_measured_at_the_lines_settings():
 def test_overhead_table_sets_each_probed_case_beside_its_bare_run():
     from datetime import timedelta
 
-    from specwatch.dashboard import PROBE_CLOCK, overhead_table
     from records import T0
+
+    from specwatch.analysis.overhead import PROBE_CLOCK, overhead_table
 
     a, b, c = case(page_size=1), case(page_size=64), case(page_size=16)
     recs = [record(a, tps=1000.0), record(a, tps=1010.0, probe=False),          # -1.0%: within 2%
@@ -183,7 +190,7 @@ def test_overhead_table_sets_each_probed_case_beside_its_bare_run():
     assert rows["p16"]["specwatch / bare"] == 0.975 and rows["p16"]["runs bare / probed"] == "1 / 2"
     assert rows["p16"]["verdict"].startswith("inconclusive") and rows["p16"]["run-to-run spread"] == "5.1%"
     assert rows["p16"]["probe per step"] == "not recorded"
-    from specwatch.record import Metric
+    from specwatch.core.record import Metric
     for r in (recs[4], recs[6]):    # the probe timed itself: 5 us a batch against 8 ms steps (0.0625%)
         r.metrics["probe_time_per_batch"] = Metric(value=5.0, unit="us")
         r.metrics["step_time"] = Metric(value=8.0, unit="ms")
@@ -204,10 +211,11 @@ def test_health_matrix_shows_coverage_and_what_went_wrong(tmp_path):
     cell never run, a re-run that fixed an earlier timeout, and a row with no record at all."""
     from datetime import timedelta
 
-    from specwatch.dashboard import health_matrix
-    from specwatch.record import Status
-    from specwatch.suite import load_suite
     from records import T0
+
+    from specwatch.analysis.health import health_matrix
+    from specwatch.core.record import Status
+    from specwatch.suite import load_suite
 
     (tmp_path / "grid.toml").write_text("""
 [suite]
@@ -245,8 +253,8 @@ batch_size = [1, 8]
 
 
 def test_a_version_that_ran_nothing_ok_keeps_its_place_on_the_version_axis():
-    from specwatch.plots import version_axis
-    from specwatch.record import Status
+    from specwatch.core.record import Status
+    from specwatch.present.plots import version_axis
 
     recs = []
     for v, status in (("0.5.14", Status.ok), ("0.5.15", Status.crashed), ("0.5.16", Status.ok)):
@@ -264,7 +272,7 @@ def test_a_version_that_ran_nothing_ok_keeps_its_place_on_the_version_axis():
 
 
 def test_timing_plots_leave_out_runs_whose_starts_overlapped_timed_batches():
-    from specwatch.plots import timing_records
+    from specwatch.present.plots import timing_records
 
     waves, overlapped = record(case()), record(case(page_size=1))
     overlapped.details["overlap_starts"] = True
@@ -275,9 +283,9 @@ def test_timing_plots_leave_out_runs_whose_starts_overlapped_timed_batches():
 
 
 def test_a_leak_that_is_the_radix_cache_left_by_a_refused_flush_is_named_so():
-    from specwatch.dashboard import health_matrix
-    from specwatch.record import Metric
-    from specwatch.store import records_frame
+    from specwatch.analysis.health import health_matrix
+    from specwatch.core.record import Metric
+    from specwatch.store.frame import records_frame
 
     cached, lost = record(case()), record(case(page_size=1))
     for r, held in ((cached, 640), (lost, 0)):           # 640 tokens not free; the cache held them or not
@@ -292,9 +300,9 @@ def test_a_leak_that_is_the_radix_cache_left_by_a_refused_flush_is_named_so():
 
 
 def test_by_topk_plots_take_the_tiny_oracle_on_the_newest_version():
-    from specwatch.case import ModelSize
-    from specwatch.plots import newest_tiny
-    from specwatch.store import records_frame
+    from specwatch.core.case import ModelSize
+    from specwatch.present.plots import newest_tiny
+    from specwatch.store.frame import records_frame
 
     old, new, big = (record(case(page_size=1), sglang_version="0.5.9"), record(case(), sglang_version="0.5.17"),
                      record(case(model=ModelSize.llama_8b), sglang_version="0.5.17"))
@@ -304,9 +312,9 @@ def test_by_topk_plots_take_the_tiny_oracle_on_the_newest_version():
 
 
 def test_a_row_mismatch_that_todays_model_explains_is_named_so():
-    from specwatch.dashboard import health_matrix
-    from specwatch.record import Metric
-    from specwatch.store import records_frame
+    from specwatch.analysis.health import health_matrix
+    from specwatch.core.record import Metric
+    from specwatch.store.frame import records_frame
 
     # flashinfer page 64 topk 4, context 8192: 0.5.12 measured 8204-slot rows, which the model of the
     # day (the reserve rule of 0.5.13-0.5.15: 9216) called a mismatch; 0.5.13 with 8204 would be one
@@ -323,8 +331,8 @@ def test_a_row_mismatch_that_todays_model_explains_is_named_so():
 
 
 def test_across_versions_takes_exact_metrics_from_every_run_and_timing_from_wave_runs_only():
-    from specwatch.plots import version_lines
-    from specwatch.store import records_frame
+    from specwatch.present.plots import version_lines
+    from specwatch.store.frame import records_frame
 
     waves = [record(case(page_size=1), sglang_version=v) for v in ("0.5.12", "0.5.17")]
     overlapped = [record(case(attention_backend="flashinfer"), sglang_version=v) for v in ("0.5.12", "0.5.17")]
@@ -340,8 +348,8 @@ def test_across_versions_takes_exact_metrics_from_every_run_and_timing_from_wave
 
 
 def test_memory_plot_draws_one_release_its_model_and_its_records(tmp_path, monkeypatch):
-    import specwatch.plots as plots
-    from specwatch.store import records_frame
+    import specwatch.present.plots as plots
+    from specwatch.store.frame import records_frame
 
     old, new = record(case(), sglang_version="0.5.9"), record(case(page_size=1), sglang_version="0.5.13")
     seen = []
@@ -356,10 +364,14 @@ def test_dcp_twins_on_prompts_drawn_apart_are_judged_by_the_oracle_not_called_di
     (specwatch before b9372a5) drew start 21 twice in its first timed batch; its dcp-1 twin ran
     after the distinct draw. Both lossless, digests differ. The digests are the ones the two H200
     runs recorded: the CPU oracle reproduces each from the draw that made it."""
-    from specwatch.case import Algorithm, Backend
-    from specwatch.dashboard import dcp_matrix, dcp_summary
-    from specwatch.record import Metric
-    from specwatch.engine_worker import lossless_output_digest, starts_behind_digest, timed_starts
+    from specwatch.analysis.dcp import dcp_matrix, dcp_summary
+    from specwatch.core.case import Algorithm, Backend
+    from specwatch.core.record import Metric
+    from specwatch.oracle.prompts import (
+        lossless_output_digest,
+        starts_behind_digest,
+        timed_starts,
+    )
 
     def twin(dcp, digest, starts=None):
         c = case(algorithm=Algorithm.STANDALONE, attention_backend=Backend.flashinfer, topk=1, num_draft_tokens=4,
@@ -400,9 +412,11 @@ def test_dcp_twins_on_prompts_drawn_apart_are_judged_by_the_oracle_not_called_di
 
 
 def test_dcp_summary_names_each_cause_once_and_a_refusal_recorded_before_its_rule_as_a_skip(tmp_path):
-    from specwatch.case import ModelSize, Backend
-    from specwatch.dashboard import build, crash_cause, dcp_matrix, dcp_summary, health_matrix
-    from specwatch.record import Status
+    from specwatch.analysis.dcp import crash_cause, dcp_matrix, dcp_summary
+    from specwatch.analysis.health import health_matrix
+    from specwatch.core.case import Backend, ModelSize
+    from specwatch.core.record import Status
+    from specwatch.present.dashboard import build
 
     def rec(dcp, reason=None, tp=2, **kw):
         r = record(case(tp=tp, dcp=dcp, attention_backend=Backend.flashinfer, **kw),
@@ -455,9 +469,9 @@ def test_dcp_matrix_shows_seed_004_facts_and_judges_the_page_flag_from_them():
     """Allocator page, each pool's page and valid range against the allocator's last page end in its
     slot space, and draft_pool_page_mismatch judged from those facts today (a record before 65d73a6
     stored a check comparing raw pages, and took NGRAM's shared target pool for a draft pool)."""
-    from specwatch.case import Algorithm, Backend
-    from specwatch.dashboard import dcp_matrix
-    from specwatch.engine_worker import pool_coverage
+    from specwatch.analysis.dcp import dcp_matrix
+    from specwatch.core.case import Algorithm, Backend
+    from specwatch.rules.pools import pool_coverage
 
     allocator = {"size": 524288, "page_size": 128}                 # dcp 2, page 64
     target = {"size": 262144, "page_size": 64, "rows": 262208}

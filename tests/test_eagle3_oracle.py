@@ -9,10 +9,17 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from specwatch.case import Algorithm, ModelSize, Profile  # noqa: E402
-from specwatch.oracle import (FIRST_ACTIVE, ROPE_THETA, SHAPES, Oracle, eagle3_shape, model_dirs,  # noqa: E402
-                              write_eagle3_draft, write_target)
-from specwatch.validity import skip_reason  # noqa: E402
+from specwatch.core.case import Algorithm, ModelSize, Profile  # noqa: E402
+from specwatch.oracle.checkpoints import (
+    ROPE_THETA,
+    eagle3_shape,
+    model_dirs,
+    write_eagle3_draft,
+    write_target,
+)
+from specwatch.oracle.predict import Oracle
+from specwatch.oracle.shapes import FIRST_ACTIVE, SHAPES
+from specwatch.rules.validity import skip_reason  # noqa: E402
 
 
 def rms(x, w, eps=1e-5):
@@ -121,7 +128,7 @@ def test_d2t_maps_a_reversed_draft_vocabulary_and_only_perfect_is_built(draft, t
 
 
 def test_eagle3_cases_are_perfect_llama_only():
-    from specwatch.case import Backend, Case
+    from specwatch.core.case import Backend, Case
 
     base = dict(algorithm=Algorithm.EAGLE3, attention_backend=Backend.triton, page_size=64, topk=1, num_steps=3,
                 num_draft_tokens=4, batch_size=1, input_len=128, output_len=64)

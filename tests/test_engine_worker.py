@@ -1,12 +1,15 @@
 """The GPU worker's per-case logic on a fake engine (no GPU): lossless counting, acceptance vs the
 oracle, leak and memory checks from the probe's facts."""
 
-from specwatch.case import Algorithm, Backend, Case, ModelSize, Profile
 import pytest
 
-from specwatch.engine_worker import (engine_kwargs, memory_and_leaks, pool_coverage, prompt_starts, run_case,
-                                     sglang_refusal)
-from specwatch.oracle import FIRST_ACTIVE, SHAPES, Oracle
+from specwatch.core.case import Algorithm, Backend, Case, ModelSize, Profile
+from specwatch.oracle.predict import Oracle
+from specwatch.oracle.prompts import prompt_starts
+from specwatch.oracle.shapes import FIRST_ACTIVE, SHAPES
+from specwatch.rules.pools import pool_coverage
+from specwatch.worker.engine_args import engine_kwargs, sglang_refusal
+from specwatch.worker.measure import memory_and_leaks, run_case
 
 
 class FakeEngine:
@@ -52,7 +55,7 @@ class FakeEngine:
 
     def get_server_info(self):
         c = self.case
-        from specwatch.memory_model import SizingInput, reference_sizing
+        from specwatch.rules.memory_model import SizingInput, reference_sizing
 
         model = reference_sizing(SizingInput.for_case(c, SHAPES[c.model].max_position, 8))
         row = self.row_width or model.req_to_token_row_width
@@ -112,7 +115,7 @@ def test_dcp_case_shares_prompts_with_its_dcp1_twin_and_records_an_output_digest
     c = run_case(FakeEngine(dcp2, corrupt_every=50), dcp2, repeats=2, warmup=False)["details"]["output_digest"]
     assert a == b != c
     # the record says which prompts the digest answers, and a lossless digest is the oracle's
-    from specwatch.engine_worker import lossless_output_digest, timed_starts
+    from specwatch.oracle.prompts import lossless_output_digest, timed_starts
     assert details["prompt_starts"] == timed_starts(tp2, 2) == [prompt_starts(tp2, f"timed{r}", tp2.batch_size) for r in (0, 1)]
     assert lossless_output_digest(tp2, tp2.input_len, details["prompt_starts"]) == a
 
@@ -162,7 +165,7 @@ def test_engine_kwargs_map_case_fields():
     assert kw["speculative_draft_load_format"] == "dummy" and kw["tp_size"] == 2
     assert "dcp_size" not in engine_kwargs(CASE, Path("/t"), Path("/d"), 8)
     # near-full prefills whole prompts (a chunked one left the 16th of 16 requests waiting on the H200)
-    from specwatch.case import Workload
+    from specwatch.core.case import Workload
     assert engine_kwargs(CASE.model_copy(update={"workload": Workload.near_full}), Path("/t"), Path("/d"), 16
                          )["chunked_prefill_size"] == -1
     assert "chunked_prefill_size" not in engine_kwargs(CASE, Path("/t"), Path("/d"), 8)
@@ -222,9 +225,13 @@ def test_prefill_dominated_case_gets_no_decode_metrics():
 
 
 def test_near_full_pool_holds_the_largest_batchs_peak_in_whole_pages():
-    from specwatch.case import Workload
-    from specwatch.engine_worker import KV_TOKENS, kv_pool_tokens, near_full_request_tokens
-    from specwatch.validity import skip_reason
+    from specwatch.core.case import Workload
+    from specwatch.rules.validity import skip_reason
+    from specwatch.worker.near_full import (
+        KV_TOKENS,
+        kv_pool_tokens,
+        near_full_request_tokens,
+    )
 
     assert kv_pool_tokens([CASE]) == KV_TOKENS[CASE.model]
     nf = [CASE.model_copy(update={"workload": Workload.near_full, "batch_size": b, "input_len": 6144,
@@ -254,7 +261,7 @@ def test_near_full_pool_holds_the_largest_batchs_peak_in_whole_pages():
 def test_deepseek_at_tp2_runs_without_allreduce_fusion_and_records_its_kwargs():
     from pathlib import Path
 
-    from specwatch.engine_worker import recorded_kwargs
+    from specwatch.worker.engine_args import recorded_kwargs
 
     mla = CASE.model_copy(update={"model": ModelSize.tiny_mla, "tp": 2, "dcp": 2})
     kw = engine_kwargs(mla, Path("/t"), None, 8)
@@ -266,9 +273,9 @@ def test_deepseek_at_tp2_runs_without_allreduce_fusion_and_records_its_kwargs():
 
 
 def test_multi_turn_resends_each_answer_and_reads_the_prefix_cache():
-    from specwatch.case import Workload
-    from specwatch.engine_worker import run_multi_turn
-    from specwatch.validity import skip_reason
+    from specwatch.core.case import Workload
+    from specwatch.rules.validity import skip_reason
+    from specwatch.worker.measure import run_multi_turn
 
     case = CASE.model_copy(update={"workload": Workload.long_prompt_multi_turn, "input_len": 1024, "output_len": 256,
                                    "page_size": 256})
@@ -289,14 +296,14 @@ def test_multi_turn_resends_each_answer_and_reads_the_prefix_cache():
 @pytest.mark.parametrize("workload,probe", [("standard", True), ("standard", False),
                                             ("long-prompt-multi-turn", True)])
 def test_worker_main_end_to_end_on_a_fake_sglang(tmp_path, monkeypatch, workload, probe):
-    """engine_worker.main as the runner starts it (spec file in, JSON lines out), with sglang.Engine
+    """The worker's main as the runner starts it (spec file in, JSON lines out), with sglang.Engine
     replaced by the fake engine: the kwargs it gets, the records it writes, bare and multi-turn."""
     import json
     import sys
     import types
 
-    from specwatch import engine_worker
-    from specwatch.case import Workload
+    from specwatch.core.case import Workload
+    from specwatch.worker import main as worker_main
 
     case = CASE.model_copy(update={"workload": Workload(workload), "input_len": 256, "output_len": 64})
     got = {}
@@ -310,12 +317,12 @@ def test_worker_main_end_to_end_on_a_fake_sglang(tmp_path, monkeypatch, workload
             got["shutdown"] = True
 
     monkeypatch.setitem(sys.modules, "sglang", types.SimpleNamespace(Engine=Engine))
-    monkeypatch.setattr(engine_worker, "ensure_models", lambda *a, **k: (tmp_path / "t", tmp_path / "d"))
+    monkeypatch.setattr(worker_main, "ensure_models", lambda *a, **k: (tmp_path / "t", tmp_path / "d"))
     out = tmp_path / "out.jsonl"
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"cases": [case.params()], "repeats": 2, "warmup": True, "models_dir": str(tmp_path),
                                 "fault": None, "probe": probe, "results": str(out)}))
-    assert engine_worker.main(str(spec)) == 0
+    assert worker_main.main(str(spec)) == 0
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert lines[0]["event"] == "engine_started"
     rec = lines[-1]
@@ -335,8 +342,8 @@ def test_every_engine_argument_is_a_server_arg_of_the_installed_sglang():
     import dataclasses
     from pathlib import Path
 
-    from specwatch.case import Algorithm, Workload
-    from specwatch.sglang_host import ensure_import_stubs
+    from specwatch.core.case import Algorithm, Workload
+    from specwatch.core.sglang_host import ensure_import_stubs
 
     ensure_import_stubs()
     from sglang.srt.server_args import ServerArgs
@@ -367,7 +374,11 @@ def test_engine_arguments_fit_older_sglang_releases():
     argument it lacks goes through so that SGLang refuses the case (a recorded result)."""
     from pathlib import Path
 
-    from specwatch.engine_worker import engine_kwargs, fit_server_args, server_arg_names
+    from specwatch.worker.engine_args import (
+        engine_kwargs,
+        fit_server_args,
+        server_arg_names,
+    )
 
     kw = engine_kwargs(CASE.model_copy(update={"dcp": 2, "tp": 2}), Path("/t"), Path("/d"), 8)
     old = set(kw) - {"cuda_graph_max_bs_decode", "disable_prefill_cuda_graph", "dcp_size", "sleep_on_idle"} \
@@ -386,8 +397,8 @@ def test_near_full_prompts_are_calibrated_to_the_warmups_measured_peak():
     64 and 256 (15 requests' worth of the modelled pool), no decode step above 0.95. The prompts are
     resized by whole pages so the batch fits with one page per request to spare: above 0.95 from the
     first decode step to the last, whichever explains the 0.9375."""
-    from specwatch.case import Workload
-    from specwatch.engine_worker import near_full_extension
+    from specwatch.core.case import Workload
+    from specwatch.worker.near_full import near_full_extension
 
     nf = CASE.model_copy(update={"workload": Workload.near_full, "batch_size": 16, "input_len": 6144,
                                  "output_len": 256, "topk": 8, "num_draft_tokens": 16})
@@ -437,7 +448,7 @@ def test_near_full_prompts_are_calibrated_to_the_warmups_measured_peak():
 
 
 def test_near_full_share_is_also_counted_over_decode_steps_only():
-    from specwatch.engine_worker import memory_and_leaks
+    from specwatch.worker.measure import memory_and_leaks
 
     class Eng(FakeEngine):
         def get_server_info(self):
@@ -500,7 +511,7 @@ def warm_first_draw(case: Case) -> int:
 
 
 def test_every_batch_of_a_case_starts_from_an_empty_radix_cache(monkeypatch):
-    from specwatch import engine_worker
+    from specwatch.worker import measure as engine_worker
     monkeypatch.setattr(engine_worker, "FLUSH_WAIT_S", 0.05)
     flushes = []
 
@@ -523,8 +534,9 @@ def test_every_batch_of_a_case_starts_from_an_empty_radix_cache(monkeypatch):
 def test_sglangs_flush_answer_is_read_by_its_success_field_and_a_refusal_retried(monkeypatch):
     """Engine.flush_cache() returns a FlushCacheReqOutput, an object that is true whatever it says."""
     import types
-    from specwatch import engine_worker
-    from specwatch.engine_worker import flush_cache
+
+    from specwatch.worker import measure as engine_worker
+    from specwatch.worker.measure import flush_cache
 
     class Busy(FakeEngine):          # not idle for its first two asks (the last batch still held)
         asks = 0
@@ -541,7 +553,8 @@ def test_sglangs_flush_answer_is_read_by_its_success_field_and_a_refusal_retried
 
 def test_what_an_unflushed_radix_cache_holds_is_not_a_leak_but_a_lost_page_is(monkeypatch):
     import types
-    from specwatch import engine_worker
+
+    from specwatch.worker import measure as engine_worker
     monkeypatch.setattr(engine_worker, "FLUSH_WAIT_S", 0.0)
 
     class Unflushed(FakeEngine):     # the flush refused: 3 pages sit in the radix cache, evictable
@@ -582,9 +595,10 @@ def test_ngram_standard_cases_are_judged_against_the_corpus_model():
     """NGRAM has no draft oracle; a standard case's acceptance is expected from NgramCorpusModel
     (a corpus emptied by the flush before the timed batch); a near-full one has no expectation."""
     import statistics
-    from specwatch.case import Workload
-    from specwatch.engine_worker import prompt_starts
-    from specwatch.oracle import NgramCorpusModel, Oracle
+
+    from specwatch.core.case import Workload
+    from specwatch.oracle.predict import NgramCorpusModel, Oracle
+    from specwatch.oracle.prompts import prompt_starts
 
     ng = CASE.model_copy(update={"algorithm": Algorithm.NGRAM, "topk": 1, "batch_size": 4, "input_len": 1152})
     res = run_case(FakeEngine(ng), ng, repeats=2, warmup=True)
@@ -604,7 +618,12 @@ def test_ngram_standard_cases_are_judged_against_the_corpus_model():
 def test_rendezvous_port_is_below_the_ephemeral_range_and_skips_a_taken_one():
     import socket
 
-    from specwatch.engine_worker import RENDEZVOUS_PORTS_FROM, ephemeral_port_floor, recorded_kwargs, rendezvous_port
+    from specwatch.worker.engine_args import (
+        RENDEZVOUS_PORTS_FROM,
+        ephemeral_port_floor,
+        recorded_kwargs,
+        rendezvous_port,
+    )
 
     floor = ephemeral_port_floor()
     seed = 4242

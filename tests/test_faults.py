@@ -1,9 +1,9 @@
 import pytest
 
-from specwatch import faults
-from specwatch.allocator_sim import AcceptPattern, SimConfig, simulate
-from specwatch.case import Algorithm
-from specwatch.memory_model import SizingInput, compare
+from specwatch.core.case import Algorithm
+from specwatch.cpu.allocator_sim import AcceptPattern, SimConfig, simulate
+from specwatch.inject import faults
+from specwatch.rules.memory_model import SizingInput, compare
 
 pytestmark = pytest.mark.sglang
 

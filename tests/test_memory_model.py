@@ -2,8 +2,14 @@ import itertools
 
 import pytest
 
-from specwatch.case import Algorithm
-from specwatch.memory_model import COMPARED_FIELDS, SizingInput, compare, reference_sizing, release
+from specwatch.core.case import Algorithm
+from specwatch.rules.memory_model import (
+    COMPARED_FIELDS,
+    SizingInput,
+    compare,
+    reference_sizing,
+    release,
+)
 
 
 def test_seed_example_tree_on_paged_kv():

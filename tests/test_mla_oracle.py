@@ -6,9 +6,11 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from specwatch.case import Algorithm, Backend, Case, ModelSize, Profile  # noqa: E402
-from specwatch.oracle import FIRST_ACTIVE, SHAPES, Oracle, model_dirs, write_deepseek_target  # noqa: E402
-from specwatch.validity import skip_reason  # noqa: E402
+from specwatch.core.case import Algorithm, Backend, Case, ModelSize, Profile  # noqa: E402
+from specwatch.oracle.checkpoints import model_dirs, write_deepseek_target  # noqa: E402
+from specwatch.oracle.predict import Oracle
+from specwatch.oracle.shapes import FIRST_ACTIVE, SHAPES
+from specwatch.rules.validity import skip_reason  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,10 @@
 import numpy as np
 import pytest
 
-from specwatch.case import Algorithm, ModelSize, Profile
-from specwatch.oracle import FIRST_ACTIVE, SHAPES, Oracle, ensure_models
+from specwatch.core.case import Algorithm, ModelSize, Profile
+from specwatch.oracle.checkpoints import ensure_models
+from specwatch.oracle.predict import Oracle
+from specwatch.oracle.shapes import FIRST_ACTIVE, SHAPES
 
 
 def test_sigma_is_one_cycle():
@@ -75,9 +77,11 @@ def test_tree_simulation_perfect_and_second_choice():
 def test_tree_simulation_matches_committed_h200_measurements():
     """The oracle's tree simulation against acceptance measured by SGLang on the H200 (results/)."""
     import statistics
+
     from conftest import ROOT
-    from specwatch.engine_worker import prompt_starts
-    from specwatch.store import load_records, result_files
+
+    from specwatch.oracle.prompts import prompt_starts
+    from specwatch.store.jsonl import load_records, result_files
 
     recs = [r for r in load_records(result_files(ROOT / "results")) if r.status.value == "ok"
             and r.provenance.fault is None and r.case.topk > 1 and r.case.algorithm is Algorithm.EAGLE and r.case.profile is not Profile.random]
@@ -100,11 +104,13 @@ def test_ngram_corpus_model_replays_every_standard_ngram_record_exactly():
     replay runs the harness of the time (warm-up, then per repeat a prefill-only batch and the timed
     one). A new record is flushed first, and the model starts empty (``engine_worker.run_case``)."""
     import statistics
+
     from conftest import ROOT
-    from specwatch.case import Workload
-    from specwatch.engine_worker import prompt_starts
-    from specwatch.oracle import NgramCorpusModel
-    from specwatch.store import load_records, result_files
+
+    from specwatch.core.case import Workload
+    from specwatch.oracle.predict import NgramCorpusModel
+    from specwatch.oracle.prompts import prompt_starts
+    from specwatch.store.jsonl import load_records, result_files
 
     recs = [r for r in load_records(result_files(ROOT / "results")) if r.status.value == "ok"
             and r.case.algorithm is Algorithm.NGRAM and r.case.workload is Workload.standard
@@ -123,7 +129,7 @@ def test_ngram_corpus_model_replays_every_standard_ngram_record_exactly():
 
 
 def test_ngram_corpus_model_on_its_own():
-    from specwatch.oracle import NgramCorpusModel
+    from specwatch.oracle.predict import NgramCorpusModel
 
     o = Oracle(SHAPES[ModelSize.tiny], 0, Profile.perfect)
     model = NgramCorpusModel(o)

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from specwatch.errors import SpecwatchInputError
-from specwatch.overlay import COMMIT_ENV, VERSION_ENV, build, load
+from specwatch.core.errors import SpecwatchInputError
+from specwatch.inject.overlay import COMMIT_ENV, VERSION_ENV, build, load
 
 
 def _git(repo, *args):
@@ -56,8 +56,8 @@ def test_overlay_refuses_another_release_line_and_bad_input(repo, tmp_path):
 
 
 def test_run_under_an_overlay_records_its_version_and_commit(repo, tmp_path, monkeypatch):
-    from specwatch.runner import run_suite
-    from specwatch.store import read_records
+    from specwatch.run.runner import run_suite
+    from specwatch.store.jsonl import read_records
     from specwatch.suite import load_suite
 
     ov = build(repo, "HEAD~1", tmp_path / "ov", base_version="0.5.17")

@@ -5,7 +5,7 @@ import types
 
 import pytest
 
-from specwatch.probe_cost import load_probe     # the probe module, no import hook in the test process
+from specwatch.cpu.probe_cost import load_probe
 
 torch = pytest.importorskip("torch")
 
@@ -125,21 +125,21 @@ def test_the_probes_per_batch_cost_on_sglangs_own_allocator_is_microseconds():
     """The probe's only work on SGLang's hot path, timed on the CPU with SGLang's real allocators: a
     few microseconds (2-6 us measured here), against decode steps of 1-12 ms on the H200. A sample
     that synchronised a device, copied the free list or scanned it would cost far more."""
-    from specwatch.sglang_host import sglang_importable
+    from specwatch.core.sglang_host import sglang_importable
 
     if not sglang_importable():
         pytest.skip("sglang is not importable here")
-    from specwatch.probe_cost import sample_cost_us
+    from specwatch.cpu.probe_cost import sample_cost_us
 
     for page in (1, 64):
         assert sample_cost_us(page, batches=500) < 80.0
 
 
 def test_a_fault_runs_edited_code_is_counted_per_case(monkeypatch):
-    """Each fault's edit calls specwatch.faults.hit; the probe hands the active fault's count so far
+    """Each fault's edit calls specwatch.inject.faults.hit; the probe hands the active fault's count so far
     in this engine to each case (a total: sizing edits run once, at start-up), so a fault run can
     say whether the faulted code ran at all."""
-    from specwatch import faults
+    from specwatch.inject import faults
 
     probe = load_probe()
 

@@ -2,12 +2,21 @@ import json
 import warnings
 
 import pytest
-
-from specwatch.errors import NewerSchemaError, SpecwatchInputError
-from specwatch.record import SCHEMA_VERSION, CaseRecord, Status, parse_record
-from specwatch.store import (TornLineWarning, append_record, import_records, finished_case_ids, load_records, read_records,
-                             records_frame, result_files, results_path)
 from records import case, record
+
+from specwatch.core.errors import NewerSchemaError, SpecwatchInputError
+from specwatch.core.record import SCHEMA_VERSION, CaseRecord, Status, parse_record
+from specwatch.store.frame import records_frame
+from specwatch.store.jsonl import (
+    TornLineWarning,
+    append_record,
+    finished_case_ids,
+    import_records,
+    load_records,
+    read_records,
+    result_files,
+    results_path,
+)
 
 
 def test_round_trip():
@@ -74,7 +83,8 @@ def test_latest_rows_keep_the_newest_record_whole():
     from datetime import timedelta
 
     from records import T0
-    from specwatch.store import latest_rows
+
+    from specwatch.store.frame import latest_rows
 
     c = case()
     df = records_frame([record(c), record(c, status=Status.crashed, reason="boom", started_at=T0 + timedelta(hours=1))])
@@ -106,7 +116,8 @@ def test_import_keeps_fault_runs_apart_from_clean_runs(tmp_path):
 
 
 def test_a_lost_rendezvous_port_is_host_interference_and_runs_again(tmp_path):
-    from specwatch.store import host_interference, recorded_case_ids
+    from specwatch.rules.crashlog import host_interference
+    from specwatch.store.jsonl import recorded_case_ids
 
     lost = record(status=Status.crashed, reason="worker exited with code -9 before finishing this case: "
                       "torch.distributed.DistNetworkError: The server socket has failed to listen on any local "

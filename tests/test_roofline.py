@@ -1,6 +1,6 @@
-from specwatch.case import Algorithm, Backend, Case, ModelSize
-from specwatch.roofline import BF16, bound_tokens_per_s, cycle_bytes
-from specwatch.oracle import SHAPES
+from specwatch.analysis.roofline import BF16, bound_tokens_per_s, cycle_bytes
+from specwatch.core.case import Algorithm, Backend, Case, ModelSize
+from specwatch.oracle.shapes import SHAPES
 
 CASE = Case(model=ModelSize.llama_8b, algorithm=Algorithm.EAGLE, attention_backend=Backend.triton, page_size=64,
             topk=1, num_steps=3, num_draft_tokens=4, batch_size=1, input_len=512, output_len=256)

@@ -1,10 +1,11 @@
 import os
 
-from specwatch.record import Status
-from specwatch.runner import Shard, engine_groups, run_suite
-from specwatch.store import read_records
-from specwatch.suite import load_suite
 from conftest import SUITES
+
+from specwatch.core.record import Status
+from specwatch.run.runner import Shard, engine_groups, run_suite
+from specwatch.store.jsonl import read_records
+from specwatch.suite import load_suite
 
 HERE = os.path.dirname(__file__)
 
@@ -121,7 +122,7 @@ def test_a_device_side_assertion_is_named_as_the_cause(tmp_path):
 
 
 def test_a_timeout_after_sglang_failed_says_so():
-    from specwatch.runner import timeout_reason
+    from specwatch.rules.crashlog import timeout_reason
 
     assert timeout_reason(9, "Capturing batches\n") == "engine group ran past 9 s"
     failed = "[TP0] Scheduler hit an exception: Traceback (most recent call last):\nValueError: boom\n"
@@ -134,13 +135,13 @@ def test_a_run_stopped_by_sigterm_still_leaves_its_summary(tmp_path):
     import sys
     import time
 
-    from specwatch.store import RUNS_FILE, read_runs
+    from specwatch.store.jsonl import RUNS_FILE, read_runs
 
     _suite(tmp_path, topks="[8]", timeout_s=900)   # batch 1 finishes, batch 8 hangs
     script = f"""
 import os, sys
 sys.path.insert(0, {HERE!r})
-from specwatch.runner import run_suite
+from specwatch.run.runner import run_suite
 from specwatch.suite import load_suite
 run_suite(load_suite({str(tmp_path / 's.toml')!r}), {str(tmp_path / 'results')!r}, gpus=1,
           worker_module="fake_worker", max_groups=1,
@@ -232,7 +233,7 @@ def test_overlapping_starts_keep_k_groups_in_flight_and_timed_parts_apart(tmp_pa
     """--overlap-starts, K = 2, 4 groups: a group starts as soon as one ends, so later starts (0.6 s)
     run while earlier groups time (0.2 s per case); timed parts still one at a time; never more than
     2 groups in flight; the run summary says so."""
-    from specwatch.store import RUNS_FILE, read_runs
+    from specwatch.store.jsonl import RUNS_FILE, read_runs
 
     out, st, tm = _timed_run(tmp_path, parallel_starts=2, overlap_starts=True)
     assert all(a["t1"] <= b["t0"] for a, b in zip(tm, tm[1:]))     # timed parts one at a time
@@ -258,7 +259,8 @@ def test_runs_that_share_a_timing_lock_never_time_at_once(tmp_path):
     import threading
 
     import pytest
-    from specwatch.store import RUNS_FILE, read_runs
+
+    from specwatch.store.jsonl import RUNS_FILE, read_runs
 
     intervals, lock = tmp_path / "intervals", tmp_path / "shared.lock"
     os.environ.update(FAKE_WORKER_INTERVALS=str(intervals), FAKE_START_S="0.3", FAKE_TIME_S="0.2")
@@ -297,7 +299,7 @@ def test_parallel_starts_survive_a_worker_dying_before_its_engine_is_up(tmp_path
 
 
 def test_every_run_leaves_a_summary_of_its_cost(tmp_path):
-    from specwatch.store import RUNS_FILE, read_runs
+    from specwatch.store.jsonl import RUNS_FILE, read_runs
 
     suite = _suite(tmp_path, topks="[1, 4]")
     out, starts = _run(tmp_path, suite, parallel_starts=2)
@@ -328,9 +330,11 @@ def test_bare_run_turns_the_probe_off_and_files_its_records_apart(tmp_path):
 
 
 def test_waves_keep_slow_starters_together():
-    from specwatch.case import Backend, ModelSize
-    from specwatch.runner import GroupJob, wave_order
     from records import case
+
+    from specwatch.core.case import Backend, ModelSize
+    from specwatch.run.group import GroupJob
+    from specwatch.run.schedule import wave_order
 
     def job(**kw):
         return GroupJob(suite=None, fault=None, cases=[case(**kw)], emit=print)
@@ -346,9 +350,11 @@ def test_waves_keep_slow_starters_together():
 
 
 def test_rolling_queue_spreads_slow_starters_and_opens_with_one_of_each():
-    from specwatch.case import Backend
-    from specwatch.runner import GroupJob, rolling_order
     from records import case
+
+    from specwatch.core.case import Backend
+    from specwatch.run.group import GroupJob
+    from specwatch.run.schedule import rolling_order
 
     def job(backend, page):
         topk = 4 if backend is Backend.flashinfer else 1
@@ -365,8 +371,8 @@ def test_rolling_queue_spreads_slow_starters_and_opens_with_one_of_each():
 
 
 def test_group_clock_does_not_run_while_queued_for_the_timing_lock():
-    from specwatch.runner import GroupClock
-    from specwatch.timing_lock import TIMING_EVENT
+    from specwatch.core.timing_lock import TIMING_EVENT
+    from specwatch.run.group import GroupClock
 
     now = [0.0]
     clock = GroupClock(100, now=lambda: now[0])

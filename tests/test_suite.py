@@ -1,9 +1,9 @@
 import pytest
-
-from specwatch.case import Algorithm, Backend, Case, ModelSize
-from specwatch.errors import SpecwatchInputError
-from specwatch.suite import load_suite
 from conftest import SUITES
+
+from specwatch.core.case import Algorithm, Backend, Case, ModelSize
+from specwatch.core.errors import SpecwatchInputError
+from specwatch.suite import load_suite
 
 
 def write(tmp_path, text, name="s.toml"):
@@ -102,8 +102,9 @@ def test_malformed_toml(tmp_path):
 
 
 def test_context_limit_rule_matches_sglangs_refusal():
-    from specwatch.store import load_records, result_files
     from conftest import ROOT
+
+    from specwatch.store.jsonl import load_records, result_files
 
     plan = {p.case.case_id: p for p in load_suite(SUITES / "context-limit.toml").plan()}
     refused = [r for r in load_records(result_files(ROOT / "results")) if r.suite == "context-limit"]
@@ -118,7 +119,7 @@ def test_context_limit_rule_matches_sglangs_refusal():
 
 
 def test_every_shipped_suite_loads_and_the_profiles_suite_covers_the_imperfect_profiles():
-    from specwatch.case import Profile
+    from specwatch.core.case import Profile
 
     for path in sorted(SUITES.glob("*.toml")):
         assert load_suite(path).plan(), path.name

@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from specwatch.errors import SpecwatchInputError
+from specwatch.core.errors import SpecwatchInputError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Benchmark and regression tracking for SGLang speculative decoding.")
@@ -61,7 +61,7 @@ def plan(suite: Path = typer.Argument(..., help="Suite file (suites/*.toml)."),
                                   field="--known"))
     planned = [p for p in s.plan() if not flt or matches(p.case, flt)]
     if known is not None:
-        from specwatch.store import recorded_case_ids, results_path
+        from specwatch.store.jsonl import recorded_case_ids, results_path
 
         done = recorded_case_ids(results_path(known, machine, sglang_version, s.name))
         left = [p for p in planned if p.case.case_id not in done]
@@ -87,8 +87,8 @@ def plan(suite: Path = typer.Argument(..., help="Suite file (suites/*.toml)."),
 
 def _print_device_estimate(name: str, left: list, n_known: int, root: Path, machine: str, version: str) -> None:
     """Engine groups still to run and, from the machine's recorded runs, the device time they cost."""
-    from specwatch.runner import engine_groups
-    from specwatch.store import RUNS_FILE, read_runs
+    from specwatch.run.runner import engine_groups
+    from specwatch.store.jsonl import RUNS_FILE, read_runs
 
     groups = engine_groups(p.case for p in left if p.skip is None and not p.duplicate)
     console.print(f"{name}: {n_known} case(s) already recorded for {machine} / SGLang {version}; "
@@ -152,7 +152,7 @@ def run(suites: list[Path] = typer.Argument(..., help="Suite file(s); on a GPU t
     from specwatch.suite import parse_where
 
     if overlay is not None:
-        from specwatch.overlay import load as load_overlay
+        from specwatch.inject.overlay import load as load_overlay
 
         try:
             ov = load_overlay(overlay)
@@ -170,8 +170,8 @@ def run(suites: list[Path] = typer.Argument(..., help="Suite file(s); on a GPU t
         for s in loaded:
             bad |= _cpu_tier(s, flt, context_len, out, strict, announce=not cpu_tier)
         raise typer.Exit(1 if bad else 0)
-    from specwatch.faults import get as get_fault
-    from specwatch.runner import Shard, check_bare, check_overlap, run_suites
+    from specwatch.inject.faults import get as get_fault
+    from specwatch.run.runner import Shard, check_bare, check_overlap, run_suites
 
     faults = tuple(None if f == "none" else f for f in fault) or (None,)
     try:
@@ -183,7 +183,13 @@ def run(suites: list[Path] = typer.Argument(..., help="Suite file(s); on a GPU t
         check_overlap(overlap_starts, parallel_starts, timing_lock)
     except ValueError as e:
         _fail(e)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     from specwatch.suite import matches
 
@@ -209,7 +215,7 @@ def run(suites: list[Path] = typer.Argument(..., help="Suite file(s); on a GPU t
 
 def _cpu_tier(s, flt, context_len: int, out: Path, strict: bool, announce: bool) -> bool:
     """Run the CPU tier on one suite and print its tables; True when it should fail the command."""
-    from specwatch.cpu_tier import run_cpu_tier
+    from specwatch.cpu.cpu_tier import run_cpu_tier
 
     console.print(f"[bold]no GPU: CPU tier on {s.path}[/bold]" if announce else f"[bold]CPU tier on {s.path}[/bold]")
     report = run_cpu_tier(s, context_len=context_len, where=flt)
@@ -238,8 +244,8 @@ def overlay_cmd(repo: Path = typer.Argument(..., help="A local git repository of
                 force: bool = typer.Option(False, help="Allow a commit of another release line than the "
                                            "installed SGLang.")) -> None:
     """Export SGLang's python/sglang at REV as a commit overlay for `specwatch run --overlay`."""
-    from specwatch.overlay import build
-    from specwatch.sglang_host import sglang_version
+    from specwatch.core.sglang_host import sglang_version
+    from specwatch.inject.overlay import build
 
     try:
         ov = build(repo, rev, out, sglang_version(), force=force)
@@ -254,7 +260,7 @@ def import_cmd(files: list[Path] = typer.Argument(..., help="JSONL record files 
                                                   "or a folder of them (run summaries, runs.ndjson, too)."),
                results: Path = typer.Option(Path("results"), help="Results root.")) -> None:
     """Validate records and append them to the results store (each to its machine/version/suite file)."""
-    from specwatch.store import RUNS_FILE, import_records, import_runs
+    from specwatch.store.jsonl import RUNS_FILE, import_records, import_runs
 
     paths = [q for p in files for q in (sorted(p.rglob("*.jsonl")) + sorted(p.rglob(RUNS_FILE)) if p.is_dir() else [p])]
     try:
@@ -282,7 +288,7 @@ def compare(base: str = typer.Argument(..., help="Base selection: results file/f
                                                    "model/batch-size class and metric, the change a timed "
                                                    "metric must exceed.")) -> None:
     """Markdown report of HEAD vs BASE; exit code 1 when anything regressed or now fails."""
-    from specwatch.compare import compare_records, has_regression, markdown
+    from specwatch.analysis.compare import compare_records, has_regression, markdown
 
     b, h = _selections(base, head, results)
     rows = compare_records(b, h, threshold=threshold, alpha=alpha, budgets=_budgets(budgets))
@@ -294,7 +300,7 @@ def compare(base: str = typer.Argument(..., help="Base selection: results file/f
 
 
 def _selections(base: str, head: str, results: Path):
-    from specwatch.compare import select
+    from specwatch.store.select import select
 
     try:
         b, h = select(base, results), select(head, results)
@@ -332,7 +338,8 @@ def noise(base: str = typer.Argument(..., help="First run of an A/A pair (same S
                                      "pairs and budgets, take per class/metric the larger of old and new.")) -> None:
     """A/A comparison: the false-positive rate of `compare` on two runs of the same version, and
     per-class noise budgets derived from their spread (use with `compare --budgets`)."""
-    from specwatch.compare import aa_differences, compare_records, merge_budgets, noise_report
+    from specwatch.analysis.compare import compare_records
+    from specwatch.analysis.noise import aa_differences, merge_budgets, noise_report
 
     b, h = _selections(base, head, results)
     for line in aa_differences(b, h):
@@ -379,7 +386,7 @@ def noise_holdout(budget_file: Path = typer.Argument(Path("results/noise-budgets
     under the budgets of the other pairs only (leave one out), at the pairs' own margin."""
     import pandas as pd
 
-    from specwatch.compare import aa_differences, held_out, pair_selections
+    from specwatch.analysis.noise import aa_differences, held_out, pair_selections
 
     data, budgets = _budget_file(budget_file)
     pairs = data.get("pairs") or []
@@ -430,10 +437,10 @@ def noise_holdout(budget_file: Path = typer.Argument(Path("results/noise-budgets
 def dashboard(results: Path = typer.Option(Path("results"), help="Results root."),
               out: Path = typer.Option(Path("dashboards"), help="Dashboard folder.")) -> None:
     """Write the plots (PNG + SVG) and dashboards/index.html from the stored results."""
-    from specwatch.dashboard import build
-    from specwatch.store import load_records, records_frame, result_files
-
-    from specwatch.roofline import roofline_frame
+    from specwatch.analysis.roofline import roofline_frame
+    from specwatch.present.dashboard import build
+    from specwatch.store.frame import records_frame
+    from specwatch.store.jsonl import load_records, result_files
 
     try:
         records = load_records(result_files(results))
@@ -441,7 +448,7 @@ def dashboard(results: Path = typer.Option(Path("results"), help="Results root."
     except SpecwatchInputError as e:
         _fail(e)
     roof = roofline_frame([r for r in records if r.provenance.fault is None and r.provenance.probe])
-    from specwatch.store import runs_frame
+    from specwatch.store.frame import runs_frame
 
     tables = {"Roofline, batch 1 (bound = accept_length x 4.8 TB/s / bytes per verify cycle; specwatch roofline)":
               roof.drop(columns=["case_id"]) if not roof.empty else roof,
@@ -456,8 +463,9 @@ def overhead(results: Path = typer.Option(Path("results"), help="Results root.")
     (``specwatch run SUITE --bare``), medians over all runs of each kind. Exit 1 when a case is more
     than 2% slower with the probe and the gap exceeds the spread between runs of one kind (or that
     spread is unmeasured: one run each); interleave bare and probed runs to measure it."""
-    from specwatch.dashboard import OVER_BUDGET, overhead_table
-    from specwatch.store import load_records, records_frame, result_files
+    from specwatch.analysis.overhead import OVER_BUDGET, overhead_table
+    from specwatch.store.frame import records_frame
+    from specwatch.store.jsonl import load_records, result_files
 
     try:
         t = overhead_table(records_frame(load_records(result_files(results))))
@@ -479,7 +487,7 @@ def inject(name: Optional[str] = typer.Argument(None, help="Fault to check again
            ) -> None:
     """List the injectable faults; with NAME, apply and restore it here to check it fits this SGLang.
     Use ``specwatch run SUITE --fault NAME`` to run a sweep with the fault active in SGLang's processes."""
-    from specwatch import faults
+    from specwatch.inject import faults
 
     if name is None:
         t = Table(title="faults (specwatch run SUITE --fault NAME)")
@@ -503,8 +511,8 @@ def asv_import_cmd(results: Path = typer.Option(Path("results"), help="Results r
                    html: Path = typer.Option(Path("dashboards/asv"), help="Where asv publish writes."),
                    publish: bool = typer.Option(True, help="Run asv publish afterwards.")) -> None:
     """Turn stored tree-page records into asv results (one asv commit per SGLang version) and publish."""
-    from specwatch.asv_bridge import asv_import
-    from specwatch.store import load_records, result_files
+    from specwatch.present.asv_bridge import asv_import
+    from specwatch.store.jsonl import load_records, result_files
 
     try:
         done = asv_import(load_records(result_files(results)), results, work, html, publish)
@@ -521,7 +529,8 @@ def results_cmd(root: Path = typer.Argument(Path("results"), help="Results root.
                 csv: Optional[Path] = typer.Option(None, help="Also write the frame as CSV.")) -> None:
     """Load every record under ROOT into one table (one row per case run) and print its health:
     statuses per machine / SGLang version / suite, and every failed check by name."""
-    from specwatch.store import load_records, records_frame, result_files
+    from specwatch.store.frame import records_frame
+    from specwatch.store.jsonl import load_records, result_files
 
     try:
         df = records_frame(load_records(result_files(root)))
@@ -534,7 +543,7 @@ def results_cmd(root: Path = typer.Argument(Path("results"), help="Results root.
         return
     counts = df.groupby(["machine", "sglang_version", "suite", "status"]).size().unstack(fill_value=0)
     _print_frame("records", counts.reset_index())
-    from specwatch.store import runs_frame
+    from specwatch.store.frame import runs_frame
 
     runs = runs_frame(root)
     if not runs.empty:
@@ -570,8 +579,8 @@ def results_cmd(root: Path = typer.Argument(Path("results"), help="Results root.
 def roofline_cmd(root: Path = typer.Argument(Path("results"), help="Results root."),
                  model: str = typer.Option("8b", help="Only this model size ('all' for every size).")) -> None:
     """Batch-1 EAGLE records against the HBM-bandwidth bound tau x 4.8 TB/s / bytes per verify cycle."""
-    from specwatch.roofline import roofline_frame
-    from specwatch.store import load_records, result_files
+    from specwatch.analysis.roofline import roofline_frame
+    from specwatch.store.jsonl import load_records, result_files
 
     recs = [r for r in load_records(result_files(root)) if model == "all" or r.case.model.value == model]
     df = roofline_frame(recs)
@@ -598,8 +607,13 @@ def model_memory(page: int = typer.Option(1, "--page"), topk: int = typer.Option
                  algorithm: str = typer.Option("EAGLE", help="EAGLE, EAGLE3, STANDALONE, NGRAM or none."),
                  csv: Optional[Path] = typer.Option(None), json_out: Optional[Path] = typer.Option(None, "--json")) -> None:
     """Spec-decode KV sizing for one configuration: specwatch's formulas next to SGLang's."""
-    from specwatch.case import Algorithm
-    from specwatch.memory_model import COMPARED_FIELDS, SIZING_FIELDS, SizingInput, compare
+    from specwatch.core.case import Algorithm
+    from specwatch.rules.memory_model import (
+        COMPARED_FIELDS,
+        SIZING_FIELDS,
+        SizingInput,
+        compare,
+    )
 
     try:
         algo = None if algorithm.lower() == "none" else Algorithm(algorithm)
@@ -647,7 +661,8 @@ def model_simulate(page: int = typer.Option(64, "--page"), topk: int = typer.Opt
                                                                "unaligned-watermark, draft-page-mismatch."),
                    as_json: bool = typer.Option(False, "--json")) -> None:
     """Drive SGLang's real ReqToTokenPool and paged allocator on CPU through spec-decode steps."""
-    from specwatch.allocator_sim import AcceptPattern, SimConfig, SimFault, simulate
+    from specwatch.cpu.allocator_sim import AcceptPattern, SimConfig, simulate
+    from specwatch.inject.faults import SimFault
 
     try:
         cfg = SimConfig(page, topk, steps, draft, context_len=context_len, num_requests=requests,

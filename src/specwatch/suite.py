@@ -17,9 +17,9 @@ from typing import Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from specwatch.case import Algorithm, Backend, Case, ModelSize, Profile, Workload
-from specwatch.errors import SpecwatchInputError
-from specwatch.validity import normalize_draft_tokens, skip_reason
+from specwatch.core.case import Algorithm, Backend, Case, ModelSize, Profile, Workload
+from specwatch.core.errors import SpecwatchInputError
+from specwatch.rules.validity import normalize_draft_tokens, skip_reason
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -114,7 +114,7 @@ WHERE_FIELDS: tuple[str, ...] = ("case_id",)
 
 def parse_where(terms: list[str]) -> dict[str, set[str]]:
     """``["page_size=64,256", "attention_backend=triton"]`` -> {field: allowed string values}."""
-    from specwatch.case import CASE_FIELDS
+    from specwatch.core.case import CASE_FIELDS
 
     out: dict[str, set[str]] = {}
     for term in terms:

@@ -1,0 +1,1 @@
+"""What the records say: comparisons, noise, DCP support, suite health, harness overhead, roofline."""

@@ -1,0 +1,210 @@
+"""Per-PR comparison: two result selections -> one verdict per (case, metric), as markdown.
+
+Verdicts: regressed, improved, unchanged, changed (exact metric with no better direction), new,
+gone, now failing, now fixed.
+
+* Exact metrics (``Metric.exact``: oracle acceptance, lossless mismatches, memory bytes, leaked
+  tokens) and checks: any change in the bad direction is a regression.
+* Timed metrics: a change counts only when both hold: the medians differ by more than
+  ``threshold`` (relative, default 5%), and a two-sided Mann-Whitney U test on the per-repeat
+  samples gives p <= ``alpha``. With 3 repeats per side the smallest p that test can give is 0.1
+  (all of one side above all of the other), hence the default ``alpha = 0.1``; use more repeats
+  for a stricter alpha.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Iterable, Optional
+
+from scipy.stats import mannwhitneyu
+
+from specwatch.core.record import CaseRecord, Metric, Status
+from specwatch.store.select import latest_by_case
+
+
+class Verdict(str, Enum):
+    regressed = "regressed"
+    now_failing = "now failing"
+    gone = "gone"
+    changed = "changed"
+    improved = "improved"
+    now_fixed = "now fixed"
+    new = "new"
+    unchanged = "unchanged"
+
+
+BAD = (Verdict.regressed, Verdict.now_failing)
+
+
+ORDER = {v: i for i, v in enumerate(Verdict)}
+
+
+@dataclass
+class Row:
+    """One line of the report."""
+
+    case_id: str
+    label: str
+    metric: str
+    base: Optional[float]
+    head: Optional[float]
+    unit: str
+    verdict: Verdict
+    note: str = ""
+    timed: bool = False
+    """A timed metric compared on per-repeat samples (both sides have at least 2)."""
+    noise_class: str = ""
+    """The case's noise class (``noise_class``): where a noise budget applies."""
+
+    @property
+    def ratio(self) -> Optional[float]:
+        if self.base in (None, 0) or self.head is None:
+            return None
+        return self.head / self.base
+
+
+def _timed_verdict(b: Metric, h: Metric, threshold: float, alpha: float) -> tuple[Verdict, str]:
+    rel = (h.value - b.value) / b.value if b.value else 0.0
+    if abs(rel) <= threshold:
+        return Verdict.unchanged, f"{rel:+.1%} within {threshold:.0%}"
+    if len(b.samples) < 2 or len(h.samples) < 2:
+        return Verdict.unchanged, f"{rel:+.1%}, too few samples to tell from noise"
+    p = mannwhitneyu(b.samples, h.samples, alternative="two-sided").pvalue
+    if p > alpha:
+        return Verdict.unchanged, f"{rel:+.1%}, p={p:.2f} > {alpha}"
+    better = (rel > 0) == bool(h.higher_is_better)
+    return (Verdict.improved if better else Verdict.regressed), f"{rel:+.1%}, p={p:.3f}"
+
+
+def _exact_verdict(b: Metric, h: Metric) -> tuple[Verdict, str]:
+    if h.value == b.value:
+        return Verdict.unchanged, ""
+    if h.higher_is_better is None:
+        return Verdict.changed, "exact metric"
+    better = (h.value > b.value) == h.higher_is_better
+    return (Verdict.improved if better else Verdict.regressed), "exact metric"
+
+
+def noise_class(case) -> str:
+    """Cases whose timings share a noise level: model size and batch size (a tiny model at batch 1
+    is bound by the CPU scheduler and far noisier between runs than an 8b model at batch 8)."""
+    return f"{case.model.value}/bs{case.batch_size}"
+
+
+def budget_key(budgets: Optional[dict], klass: str, metric: str) -> Optional[str]:
+    """The budget that applies to a class's timed metric: ``CLASS/METRIC``, else ``CLASS``, else None."""
+    return next((k for k in (f"{klass}/{metric}", klass) if k in (budgets or {})), None)
+
+
+def budget_for(budgets: Optional[dict], klass: str, metric: str, threshold: float) -> float:
+    """The relative change a timed metric must exceed: the class/metric budget when one is set
+    (never below ``threshold``), else ``threshold``."""
+    key = budget_key(budgets, klass, metric)
+    return threshold if key is None else max(threshold, budgets[key])
+
+
+SIZING_EXPLAINED = frozenset({"req_to_token_bytes", "req_to_token_row_width", "sglang_alloc_len_per_decode",
+                              "model_req_to_token_bytes"})
+"""Memory metrics whose change the two SGLang versions' own sizing functions can explain."""
+
+
+def sizing_change(base: CaseRecord, head: CaseRecord) -> str:
+    """Why a memory metric moved: the fields of the running SGLang's own sizing (recorded per case
+    by the GPU worker) that differ between the two records, or '' when neither recorded it."""
+    b, h = (r.details.get("sglang_sizing") or {} for r in (base, head))
+    if "error" in b or "error" in h or not b or not h:
+        return ""
+    moved = [f"{k} {b[k]}→{h[k]}" for k in sorted(set(b) & set(h)) if b[k] != h[k] and b[k] is not None]
+    return ("SGLang's sizing: " + ", ".join(moved)) if moved else "SGLang's sizing unchanged: look elsewhere"
+
+
+def compare_records(base: Iterable[CaseRecord], head: Iterable[CaseRecord], threshold: float = 0.05,
+                    alpha: float = 0.1, budgets: Optional[dict] = None) -> list[Row]:
+    b_by, h_by = latest_by_case(base), latest_by_case(head)
+    rows: list[Row] = []
+    for cid in sorted(set(b_by) | set(h_by)):
+        b, h = b_by.get(cid), h_by.get(cid)
+        label = (h or b).case.label()
+        if b is None or h is None:
+            rows.append(Row(cid, label, "status", None, None, "", Verdict.new if b is None else Verdict.gone,
+                            (h or b).status.value))
+            continue
+        if b.status is Status.ok and h.status is not Status.ok:
+            rows.append(Row(cid, label, "status", None, None, "", Verdict.now_failing,
+                            f"{h.status.value}: {(h.reason or '')[:200]}"))
+            continue
+        if b.status is not Status.ok and h.status is Status.ok:
+            rows.append(Row(cid, label, "status", None, None, "", Verdict.now_fixed, f"was {b.status.value}"))
+        if h.status is not Status.ok:
+            continue
+        for name, hm in h.metrics.items():
+            bm = b.metrics.get(name)
+            if bm is None:
+                rows.append(Row(cid, label, name, None, hm.value, hm.unit, Verdict.new))
+                continue
+            klass = noise_class(h.case)
+            if hm.exact:
+                verdict, note = _exact_verdict(bm, hm)
+                if verdict is not Verdict.unchanged and name in SIZING_EXPLAINED:
+                    note = "; ".join(x for x in (note, sizing_change(b, h)) if x)
+            else:
+                verdict, note = _timed_verdict(bm, hm, budget_for(budgets, klass, name, threshold), alpha)
+                if budgets and verdict is not Verdict.unchanged and budget_key(budgets, klass, name) is None:
+                    # the A/A pairs behind the budgets never measured this class/metric (a new metric, a
+                    # new model or batch size): the plain threshold applied, say so next to the verdict
+                    note = f"{note}; no noise budget for {klass}/{name}: {threshold:.0%} threshold"
+            timed = not hm.exact and len(bm.samples) >= 2 and len(hm.samples) >= 2
+            rows.append(Row(cid, label, name, bm.value, hm.value, hm.unit, verdict, note, timed, klass))
+        for name, ok in h.checks.items():
+            was = b.checks.get(name)
+            if was is True and not ok:
+                rows.append(Row(cid, label, f"check:{name}", 1, 0, "pass", Verdict.regressed, "check now fails"))
+            elif was is False and ok:
+                rows.append(Row(cid, label, f"check:{name}", 0, 1, "pass", Verdict.improved, "check now passes"))
+    rows.sort(key=lambda r: (ORDER[r.verdict], r.case_id, r.metric))
+    return rows
+
+
+def _fmt(v: Optional[float]) -> str:
+    if v is None:
+        return "–"
+    return f"{v:.4g}" if abs(v) < 1e6 else f"{v:.4e}"
+
+
+def markdown(rows: list[Row], base_name: str, head_name: str, show_unchanged: bool = False) -> str:
+    counts: dict[Verdict, int] = {}
+    for r in rows:
+        counts[r.verdict] = counts.get(r.verdict, 0) + 1
+    summary = ", ".join(f"{n} {v.value}" for v, n in sorted(counts.items(), key=lambda kv: ORDER[kv[0]]))
+    lines = [f"## specwatch: `{head_name}` vs `{base_name}`", "", summary or "no cases", ""]
+    shown = [r for r in rows if show_unchanged or r.verdict is not Verdict.unchanged]
+    folded = [r for r in shown if _is_benign_new(r)]
+    if main := [r for r in shown if not _is_benign_new(r)]:
+        lines += _table(main)
+    if folded:   # coverage added by the head (a sweep that grew): listed, but out of the reviewer's way
+        cases = sum(r.metric == "status" for r in folded)
+        what = f"{cases} case(s) only in head, healthy; {len(folded) - cases} metric(s) the base did not record"
+        lines += ["", f"<details><summary>{what}</summary>", ""]
+        lines += _table(folded) + ["", "</details>"]
+    return "\n".join(lines) + "\n"
+
+
+def _is_benign_new(r: Row) -> bool:
+    """A head-only case that is ok or skipped, or a metric the base did not record yet. A head-only
+    case that crashed or failed stays in the main table."""
+    return r.verdict is Verdict.new and (r.metric != "status" or r.note in (Status.ok.value, Status.skipped.value))
+
+
+def _table(rows: list[Row]) -> list[str]:
+    out = ["| verdict | case | metric | base | head | ratio | note |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ratio = "" if r.ratio is None else f"{r.ratio:.3f}"
+        out.append(f"| {r.verdict.value} | `{r.case_id}` {r.label} | {r.metric} | {_fmt(r.base)} | "
+                   f"{_fmt(r.head)} {r.unit} | {ratio} | {r.note} |")
+    return out
+
+
+def has_regression(rows: list[Row]) -> bool:
+    return any(r.verdict in BAD for r in rows)

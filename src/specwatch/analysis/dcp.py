@@ -1,0 +1,184 @@
+"""The DCP support matrix: per configuration, whether SGLang ran it, refused it or crashed, and the pools' facts."""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+import pandas as pd
+
+from specwatch.core.case import CASE_FIELDS, Case
+from specwatch.oracle.prompts import starts_behind_digest
+from specwatch.rules.crashlog import WORKER_DIED_RE
+from specwatch.rules.validity import skip_reason
+from specwatch.store.frame import latest_rows
+
+DCP_SUITES = ("dcp", "dcp-large")
+"""Suites whose records make a DCP support matrix: ``dcp`` (tp 2) and ``dcp-large`` (tp 4 and 8)."""
+
+
+def dcp_matrix(df: pd.DataFrame, suite: str = "dcp") -> pd.DataFrame:
+    """DCP support matrix: one row per engine configuration of a DCP suite (``DCP_SUITES``; latest
+    record per case and SGLang version) with its status or SGLang's reason, acceptance against the oracle,
+    lossless mismatches, whether each KV pool covers every slot the allocator hands out (seed 004),
+    and, for dcp > 1, whether the greedy outputs equal those of the same case at dcp 1 (the two
+    share prompts by construction)."""
+    if df.empty or "dcp" not in df or "suite" not in df:
+        return pd.DataFrame()
+    d = df[df.suite == suite]
+    if d.empty:
+        return pd.DataFrame()
+    d = latest_rows(d, ["sglang_version", "case_id"])
+    recs = d.sort_values(["model", "algorithm", "attention_backend", "page_size", "topk", "workload", "dcp"]) \
+        .to_dict("records")                    # dicts: check.* columns are not attribute names
+    by_id = {(r["sglang_version"], r["case_id"]): r for r in recs}
+
+    rows = []
+    for r in recs:
+        case = case_of(r)
+        outcome = r["status"] if r["status"] == "ok" else f"{r['status']}: {str(r['reason'])[:160]}"
+        rule = skip_reason(case) if r["status"] == "crashed" else None
+        if rule and rule.split(": ", 1)[-1] in str(r["reason"]):
+            # SGLang refused it at start with the words of a rule specwatch learnt since: a skip
+            outcome = f"skipped: {rule} (SGLang refused it at start; recorded crashed before the rule)"
+        if cell(r, "host_interference"):
+            outcome = f"not measured (host interference): {r['host_interference']}"
+        equiv = ""
+        if r["dcp"] > 1 and r["status"] == "ok":
+            twin = by_id.get((r["sglang_version"], case.dcp_twin_id()))
+            equiv = ("no dcp 1 run" if twin is None else f"dcp 1 {twin['status']}") \
+                if twin is None or twin["status"] != "ok" else twin_outputs(r, twin)
+        covers = [cell(r, c) for c in ("check.target_pool_covers_allocator", "check.draft_pool_covers_allocator")]
+        cover_text = ", ".join("yes" if c else "NO" for c in covers if c is not None)
+        if cover_text and r["dcp"] > 1 and cell(r, "probe_read_attention_backend") is False:
+            # an older probe: the target pool was taken as sharded per rank whatever the backend does
+            cover_text += " (target judged as sharded: probe predates the backend check)"
+        al = cell(r, "accept_length")
+        mismatch = cell(r, "draft_pool_page_mismatch")
+        rows.append({
+            "sglang": r["sglang_version"], "model": r["model"], "algo": r["algorithm"],
+            "backend": r["attention_backend"], "page": r["page_size"], "topk": r["topk"], "tp": r["tp"], "dcp": r["dcp"],
+            "workload": r["workload"], "lengths": f"{r['input_len']}→{r['output_len']}", "outcome": outcome,
+            "accept length": "" if al is None else f"{al:.3f}" + {True: " (= oracle)", False: " (≠ oracle)"}.get(
+                cell(r, "check.accept_length_matches_oracle"), ""),
+            "lossless mismatches": cell(r, "lossless_mismatches"),
+            "peak token usage": cell(r, "peak_token_usage"),
+            "pools cover allocator": cover_text,
+            "allocator page": cell(r, "allocator_page_size"),
+            "target pool": pool_text(r, "target"), "draft pool": pool_text(r, "draft"),
+            # seed 004's flag: the draft pool paged other than the allocator (in the pool's slot space)
+            "draft_pool_page_mismatch": "" if mismatch is None else ("YES" if mismatch else "no"),
+            "draft pool missing rows": cell(r, "draft_pool_missing_rows"),
+            "same outputs as dcp 1": equiv,
+        })
+    return pd.DataFrame(rows)
+
+
+def case_of(r: dict) -> Case:
+    """The case of a records-frame row (a dict)."""
+    return Case(**{f: r[f] for f in CASE_FIELDS})
+
+
+def cell(r: dict, name: str):
+    """A record row's value, None where the frame has none (NaN)."""
+    v = r.get(name)
+    return None if v is None or (isinstance(v, float) and pd.isna(v)) else v
+
+
+def pool_text(r: dict, role: str) -> str:
+    """A KV pool's page and where its valid slots end, of where the allocator's last page ends in the
+    pool's slot space (seed 004: "valid to X of Y" with X < Y is a pool the allocator overruns)."""
+    page, valid, needed = (cell(r, f"{role}_pool_{k}") for k in ("page_size", "valid_end", "needed_end"))
+    return "" if page is None else f"page {int(page)}, valid to {int(valid)} of {int(needed)}"
+
+
+def _prompt_starts(r: dict) -> Optional[list]:
+    """A record's timed chain starts: recorded, or (older records) reproduced from its output digest."""
+    starts = r.get("prompt_starts")
+    if isinstance(starts, list):
+        return starts
+    reps, digest = cell(r, "timed_repeats"), cell(r, "output_digest")
+    if cell(r, "lossless_mismatches") != 0 or not digest or reps is None:
+        return None
+    case = case_of(r)
+    return starts_behind_digest(case, cell(r, "calibrated_input_len") or case.input_len, int(reps), digest)
+
+
+def twin_outputs(r: dict, twin: dict) -> str:
+    """Whether a dcp > 1 record's greedy outputs equal its dcp-1 twin's. The two share prompts by
+    construction, unless near-full calibration lengthened each to its own pool or the two ran under
+    different prompt draws of specwatch; then each is judged by the oracle (lossless) instead."""
+    lossless = cell(r, "lossless_mismatches") == 0 and cell(twin, "lossless_mismatches") == 0
+    if cell(r, "calibrated_input_len") != cell(twin, "calibrated_input_len"):
+        # each engine lengthened its near-full prompts to its own pool: the outputs cannot match,
+        # but each is checked token by token against the oracle chain of its own prompts
+        return "prompts calibrated apart; both lossless" if lossless else "DIFFERENT"
+    if cell(r, "output_digest") and r["output_digest"] == twin.get("output_digest"):
+        return "identical"
+    if lossless:
+        mine, theirs = _prompt_starts(r), _prompt_starts(twin)
+        if mine is not None and theirs is not None and mine != theirs:
+            return "prompts drawn apart (specwatch's draw changed between the runs); both lossless"
+    return "DIFFERENT"
+
+
+ASSERTION_LINES_RE = re.compile(r"(failed) \(\d+ l.*$")   # "... failed (288 lines of it in the log); surfaced as ..."
+
+
+def crash_cause(outcome: str) -> str:
+    """An outcome as a summary names its cause: without the worker's exit prefix, the count of
+    assertion lines in that run's log and what the assertion surfaced as (they vary run to run)."""
+    return ASSERTION_LINES_RE.sub(r"\1", WORKER_DIED_RE.sub("", outcome))[:140]
+
+
+def dcp_summary(matrix: pd.DataFrame) -> pd.DataFrame:
+    """The DCP support matrix folded over page size and topk: one row per SGLang version, tp, model,
+    algorithm and backend; per (dcp, workload, prompt→output lengths) how many cases ran ok out of those that were not
+    skipped by SGLang's own rules, with the distinct failure causes, and how many dcp > 1 cases
+    gave greedy outputs identical to their dcp-1 twins."""
+    if matrix.empty:
+        return pd.DataFrame()
+    rows = []
+    lead = ["sglang", "tp", "model", "algo", "backend"]
+    for key, g in matrix.groupby(lead, sort=True):
+        row = dict(zip(lead, key))
+        for (dcp, workload, lengths), h in g.groupby(["dcp", "workload", "lengths"], sort=True):
+            col = f"dcp {dcp} {workload} {lengths}"
+            unmeasured = int(h.outcome.str.startswith("not measured").sum())
+            ran = h[~h.outcome.str.startswith("skipped") & ~h.outcome.str.startswith("not measured")]
+            if ran.empty:
+                row[col] = f"{unmeasured} not measured (host interference)" if unmeasured else "all skipped by rule"
+                continue
+            ok = int((ran.outcome == "ok").sum())
+            causes = sorted({crash_cause(o) for o in ran.outcome if o != "ok"})
+            skipped = int(h.outcome.str.startswith("skipped").sum())
+            row[col] = f"{ok}/{len(ran)} ok" + "".join(f"; {c}" for c in causes) + (
+                f"; {unmeasured} more not measured (host interference)" if unmeasured else "") + (
+                f"; {skipped} more skipped by rule" if skipped else "")
+        same = g.loc[g.dcp > 1, "same outputs as dcp 1"]
+        compared = same[same.isin(["identical", "DIFFERENT"])]
+        apart = int(same.str.startswith("prompts drawn apart").sum())
+        parts = [f"{int((compared == 'identical').sum())}/{len(compared)} identical"] if not compared.empty else []
+        parts += [f"{apart} on prompts drawn apart (both lossless)"] if apart else []
+        row["outputs = dcp 1"] = "; ".join(parts) or ("no ok dcp-1 twin" if (same != "").any() else "")
+        rows.append(row)
+    out = pd.DataFrame(rows)
+    return out[lead + sorted(c for c in out.columns if c not in lead and c != "outputs = dcp 1")
+               + ["outputs = dcp 1"]].fillna("not run")
+
+
+def dcp_markdown(tables: dict[str, tuple[pd.DataFrame, pd.DataFrame]]) -> str:
+    """The DCP support summaries and matrices (suite -> (summary, matrix)) as markdown
+    (``dashboards/dcp-support.md``, readable where the HTML dashboard is not served): generated from
+    the store, so no count in it is typed by hand."""
+    def md(t: pd.DataFrame) -> str:
+        return t.astype(str).replace({r"\|": r"\\|", "\n": " ", "^nan$": "", "^None$": ""}, regex=True) \
+            .to_markdown(index=False)
+    names = ", ".join(f"`suites/{suite}.toml`" for suite in tables)
+    versions = ", ".join(sorted({v for _, m in tables.values() for v in m.sglang.unique()}))
+    parts = [f"# DCP support ({names})\n\nWritten by `specwatch dashboard` from `results/` "
+             f"(SGLang {versions}); each case's latest record.\n"]
+    for suite, (summary, matrix) in tables.items():
+        parts.append(f"\n## Summary, folded over page size and topk (`suites/{suite}.toml`)\n\n{md(summary)}\n"
+                     f"\n## Matrix (`suites/{suite}.toml`)\n\n{md(matrix)}\n")
+    return "".join(parts)

@@ -1,0 +1,105 @@
+"""Coverage and health per suite, and the fault-injection table: what flagged each fault and whether clean stayed clean."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import pandas as pd
+
+from specwatch.analysis.dcp import DCP_SUITES
+from specwatch.store.frame import latest_rows
+
+RELABELS = {
+    "check.no_kv_leak": ("leak_is_unflushed_cache", "radix cache left by a refused flush, not a leak"),
+    "check.req_to_token_matches_model": ("row_matches_model_now", "match today's model: the model's rule, not SGLang's row"),
+}
+"""Failed checks a later finding explains: check -> (records-frame column that is True for such a
+record, what it was). The recorded verdicts stay (``store.leak_is_unflushed_cache``,
+``store.row_matches_model_now``)."""
+
+
+def relabel_note(ok: pd.DataFrame, check: str) -> str:
+    """Says how many of a check's failures a later finding explains (``RELABELS``)."""
+    column, what = RELABELS.get(check, (None, None))
+    if column is None or column not in ok:
+        return ""
+    n = int((ok[check].eq(False) & ok[column].eq(True)).sum())
+    return f" (of which {n}: {what})" if n else ""
+
+
+def fault_table(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per (fault, case) of fault-injection runs, with the clean run of the same case and
+    SGLang version beside it: what flagged the fault (status, failed checks) and whether clean stayed clean."""
+    if "fault" not in df or df.fault.isna().all():
+        return pd.DataFrame()
+    checks = [c for c in df.columns if c.startswith("check.")]
+
+    def verdict(row) -> str:
+        bad = [c[len("check."):] for c in checks if row.get(c) == False]  # noqa: E712 (numpy bools, NaN)
+        if row.status != "ok":
+            return f"{row.status}: {str(row.reason)[:140]}"
+        return "failed: " + ", ".join(bad) if bad else "all checks pass"
+
+    faulty = df[df.fault.notna()]
+    clean = df[df.fault.isna() & df.case_id.isin(faulty.case_id)]
+    rows = []
+    for _, r in faulty.sort_values(["fault", "page_size", "batch_size"]).iterrows():
+        c = clean[(clean.case_id == r.case_id) & (clean.sglang_version == r.sglang_version)]
+        runs = r.get("fault_code_runs")
+        rows.append({"fault": r.fault, "sglang": r.sglang_version, "case": f"{r.attention_backend} p{r.page_size} "
+                     f"k{r.topk} bs{r.batch_size} {r.input_len}->{r.output_len}", "fault run": verdict(r),
+                     # an edit that never ran cannot be caught (records before the count say "not counted")
+                     "faulted code ran": "not counted" if runs is None or pd.isna(runs) else f"{int(runs)} times in its engine",
+                     "clean run": verdict(c.iloc[-1]) if len(c) else "no clean run"})
+    return pd.DataFrame(rows)
+
+
+OWN_TABLES = DCP_SUITES + ("faults",)
+"""Suites the dashboard shows in tables of their own (DCP support, fault injection)."""
+
+
+def health_matrix(df: pd.DataFrame, suites_dir: Optional[Path] = Path("suites")) -> pd.DataFrame:
+    """Every other suite's coverage and health at a glance: one row per machine, SGLang version,
+    suite, model, algorithm, backend and page size, one column per topk; a cell says how many of
+    the cases the suite plans there have an ok latest record, then what went wrong in the rest (a
+    non-ok status, or a failed check such as ``lossless`` or ``accept_length_matches_oracle``, with
+    counts). Cells the suite plans but nothing recorded say "not run" (rows without any record are
+    left out); batch sizes and profiles fold. Only cases the suite file plans today count (a case
+    its validity rules now skip, or a matrix since edited, is not a gap)."""
+    if df.empty:
+        return pd.DataFrame()
+    from specwatch.suite import load_suite
+
+    clean = df[~df.suite.isin(OWN_TABLES)]
+    latest = latest_rows(clean, ["machine", "sglang_version", "suite", "case_id"])
+    key = ["model", "algorithm", "attention_backend", "page_size"]
+    checks = [c for c in latest.columns if c.startswith("check.")]
+    rows = []
+    for (machine, version, suite), g in latest.groupby(["machine", "sglang_version", "suite"], sort=True):
+        path = suites_dir / f"{suite}.toml" if suites_dir else None
+        planned = pd.DataFrame([{**p.case.params(), "case_id": p.case.case_id} for p in load_suite(path).plan()
+                                if not p.skip and not p.duplicate]) \
+            if path and path.exists() else g[key + ["topk", "case_id"]]
+        for k, plan in planned.groupby(key, sort=True):
+            row = dict(zip(("machine", "sglang", "suite", "model", "algo", "backend", "page"), (machine, version, suite, *k)))
+            rec = g[(g[key] == pd.Series(dict(zip(key, k)))).all(axis=1)]
+            for topk, want in plan.groupby("topk"):
+                got = rec[rec.case_id.isin(want.case_id)]     # records of cases the suite no longer plans: out
+                if got.empty:
+                    row[f"topk {topk}"] = "not run"
+                    continue
+                ok = got[got.status == "ok"]
+                issues = [f"{n} {st}" for st, n in got[got.status != "ok"].status.value_counts().items()]
+                if (missing := len(want) - len(got)) > 0:
+                    issues.append(f"{missing} not run")
+                issues += [f"{c[len('check.'):]} ✗ {n}" + relabel_note(ok, c)
+                           for c in checks if (n := int((ok[c] == False).sum()))]  # noqa: E712
+                row[f"topk {topk}"] = f"{len(ok)}/{len(want)} ok" + "".join(f"; {i}" for i in issues)
+            if not rec.empty:         # a row with no record at all (e.g. a reduced run of an old version): left out
+                rows.append(row)
+    out = pd.DataFrame(rows)
+    if out.empty:
+        return out
+    topks = sorted((c for c in out.columns if c.startswith("topk ")), key=lambda c: int(c.split()[1]))
+    return out[[c for c in out.columns if not c.startswith("topk ")] + topks].fillna("–")

@@ -1,0 +1,70 @@
+"""The harness's cost: probed runs against bare runs (``specwatch run --bare``) of the same cases."""
+
+from __future__ import annotations
+
+import statistics
+
+import pandas as pd
+
+from specwatch.store.frame import relative_spread
+
+OVERHEAD_BUDGET = 0.02
+"""Harness overhead the GPU-runner issue allows: specwatch's tokens/s within 2% of a bare run's."""
+
+
+OVER_BUDGET = f"slower by more than {OVERHEAD_BUDGET:.0%}"
+"""``overhead_table``'s verdict for a case past the budget and past the run-to-run noise."""
+
+
+WITHIN_NOISE = "inconclusive: the gap is within run-to-run noise"
+"""``overhead_table``'s verdict when the gap exceeds the budget but not the spread between runs of one kind."""
+
+
+PROBE_CLOCK = f"within {OVERHEAD_BUDGET:.0%} by the probe's own clock; the gap is run-to-run noise"
+"""``overhead_table``'s verdict for such a gap when the probe's timed cost per batch (``probe_time_per_batch``,
+measured inside the scheduler) is under a tenth of the budget of a step."""
+
+
+def overhead_table(df: pd.DataFrame, metric: str = "output_throughput") -> pd.DataFrame:
+    """Harness overhead: each case measured with specwatch's probe in SGLang's processes and bare
+    (``specwatch run --bare``: SGLang as installed, same engine arguments, same prompts), side by
+    side per SGLang version and machine. Every ok run of each kind counts: the ratio is of the
+    medians over runs, and the spread between runs of one kind (engine restarts move tokens/s by
+    more than the repeats inside one run do) decides whether a gap past the 2% budget is the probe
+    (``OVER_BUDGET``: past the budget and past that spread, or the spread unmeasured) or noise
+    (``WITHIN_NOISE``). Interleave bare and probed runs (ABAB) to measure it."""
+    if df.empty or "probe" not in df or not (df.probe == False).any():  # noqa: E712
+        return pd.DataFrame()
+    ok = df[(df.status == "ok") & df.fault.isna() & df[metric].notna()]
+    rows = []
+    for (machine, version, case_id), g in ok.groupby(["machine", "sglang_version", "case_id"], sort=False):
+        own = g[g.probe == True]                        # noqa: E712 (the probed runs)
+        bare = g[g.probe == False][metric].tolist()     # noqa: E712
+        probed = own[metric].tolist()
+        if not bare or not probed:
+            continue
+        b = g.iloc[-1]
+        bare_med, probed_med = statistics.median(bare), statistics.median(probed)
+        ratio = probed_med / bare_med
+        spreads = [s for s in (relative_spread(bare), relative_spread(probed)) if s is not None]   # None: one run
+        noise = max(spreads) if spreads else None
+        gap = abs(ratio - 1)
+        # the probe's own clock: its per-batch cost over the step time (ms), in its probed runs
+        share = None
+        if "probe_time_per_batch" in own and own.probe_time_per_batch.notna().any():
+            share = own.probe_time_per_batch.median() / 1000 / own.step_time.median()
+        if gap <= OVERHEAD_BUDGET:
+            verdict = f"within {OVERHEAD_BUDGET:.0%}"
+        elif noise is not None and gap <= noise:
+            verdict = PROBE_CLOCK if share is not None and share < OVERHEAD_BUDGET / 10 else WITHIN_NOISE
+        else:
+            verdict = OVER_BUDGET if ratio < 1 else f"faster by more than {OVERHEAD_BUDGET:.0%}"
+        rows.append({"machine": machine, "sglang": version, "suite": b.suite,
+                     "case": f"{b.model} {b.algorithm} {b.attention_backend} p{b.page_size} k{b.topk} bs{b.batch_size}",
+                     "runs bare / probed": f"{len(bare)} / {len(probed)}",
+                     f"bare {metric}": round(bare_med, 1), f"specwatch {metric}": round(probed_med, 1),
+                     "specwatch / bare": round(ratio, 4),
+                     "run-to-run spread": "unmeasured" if noise is None else f"{noise:.1%}",
+                     "probe per step": "not recorded" if share is None else f"{share:.3%}",
+                     "verdict": verdict})
+    return pd.DataFrame(rows)

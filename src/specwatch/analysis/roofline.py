@@ -1,0 +1,98 @@
+"""Memory-bandwidth roofline for speculative decoding at batch 1.
+
+At batch 1 a verify cycle is bound by the bytes it must read from HBM, not by FLOPs. One cycle
+reads (bf16, 2 bytes per parameter):
+
+* the target once (the verify forward over all draft tokens): every layer's q/k/v/o and
+  gate/up/down projections, the final norm and the LM head (the embedding is a gather of a few
+  rows, not counted);
+* the EAGLE draft once per draft step (``num_steps`` forwards per cycle: the extend pass after a
+  verify yields the first draft token, the others the rest): its one decoder layer, its ``fc``
+  (2h -> h) and the LM head it shares with the target;
+* the KV cache of the context, target (all layers) and draft (one layer), once per forward.
+
+The bound is ``tau * BW / bytes_per_cycle`` tokens/s with ``tau`` the measured acceptance length
+(tokens committed per cycle) and BW = 4.8 TB/s (H200 HBM3e). It ignores kernel launch gaps and
+the CPU scheduler, which is what the measured fraction of the bound shows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from specwatch.core.case import Algorithm, Case
+from specwatch.oracle.shapes import SHAPES, Shape
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+H200_BW = 4.8e12
+"""H200 HBM bandwidth, bytes/s."""
+BF16 = 2
+
+
+def layer_params(s: Shape) -> int:
+    hd = s.hidden // s.heads
+    attn = s.hidden * s.heads * hd * 2 + s.hidden * s.kv_heads * hd * 2      # q, o + k, v
+    mlp = 3 * s.hidden * s.intermediate
+    return attn + mlp + 2 * s.hidden                                        # + 2 RMSNorm weights
+
+
+def kv_bytes_per_token(s: Shape, layers: int) -> int:
+    return layers * 2 * s.kv_heads * (s.hidden // s.heads) * BF16
+
+
+@dataclass(frozen=True)
+class CycleBytes:
+    """Bytes one verify cycle reads from HBM, by part."""
+
+    target_weights: int
+    draft_weights: int
+    kv_cache: int
+
+    @property
+    def total(self) -> int:
+        return self.target_weights + self.draft_weights + self.kv_cache
+
+
+def cycle_bytes(case: Case, context_len: int) -> CycleBytes:
+    """Bytes read per verify cycle for ``case`` (EAGLE, batch 1) at ``context_len`` tokens."""
+    if case.algorithm is not Algorithm.EAGLE:
+        raise ValueError(f"roofline: only EAGLE is modelled, not {case.algorithm.value}")
+    s = SHAPES[case.model]
+    head = s.vocab * s.hidden
+    target = (s.layers * layer_params(s) + s.hidden + head) * BF16
+    draft_pass = (layer_params(s) + 2 * s.hidden * s.hidden + s.hidden + head) * BF16
+    kv = (kv_bytes_per_token(s, s.layers) + case.num_steps * kv_bytes_per_token(s, 1)) * context_len
+    return CycleBytes(target, case.num_steps * draft_pass, kv)
+
+
+def bound_tokens_per_s(case: Case, accept_length: float, context_len: int, bandwidth: float = H200_BW) -> float:
+    return accept_length * bandwidth / cycle_bytes(case, context_len).total
+
+
+def roofline_frame(records) -> "pd.DataFrame":
+    """One row per ok EAGLE batch-1 record: measured decode tokens/s next to the bound. The context
+    is taken at mid-decode (input + output / 2)."""
+    import pandas as pd
+
+    rows = []
+    for r in records:
+        if r.status.value != "ok" or r.case.batch_size != 1 or r.case.algorithm is not Algorithm.EAGLE \
+                or SHAPES[r.case.model].arch != "llama":     # the byte count is Llama's (MLA: not modelled)
+            continue
+        m = r.metrics
+        tput = m.get("decode_throughput") or m.get("output_throughput")
+        al = m.get("accept_length")
+        if tput is None or al is None:
+            continue
+        ctx = r.case.input_len + r.case.output_len // 2
+        b = cycle_bytes(r.case, ctx)
+        bound = bound_tokens_per_s(r.case, al.value, ctx)
+        rows.append({"case_id": r.case_id, "case": r.case.label(), "sglang": r.provenance.sglang_version,
+                     "accept_length": round(al.value, 3), "target_GB": round(b.target_weights / 1e9, 2),
+                     "draft_GB": round(b.draft_weights / 1e9, 2), "kv_GB": round(b.kv_cache / 1e9, 3),
+                     "bound_tok_s": round(bound, 1), "measured_tok_s": round(tput.value, 1),
+                     "fraction_of_bound": round(tput.value / bound, 3)})
+    return pd.DataFrame(rows)

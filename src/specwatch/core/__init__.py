@@ -1,0 +1,1 @@
+"""What every layer speaks: cases, records, errors, the installed SGLang, the timing lock, the worker protocol."""

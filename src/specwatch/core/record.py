@@ -1,0 +1,183 @@
+"""Typed result records: one per case run, with status, metrics (each with a unit) and provenance."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from enum import Enum
+from typing import Optional
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from specwatch.core.case import Case
+from specwatch.core.errors import NewerSchemaError, SpecwatchInputError
+
+SCHEMA_VERSION = 2
+"""Version of the record layout. Bump on any incompatible change; readers refuse newer ones.
+2: ``provenance.run_id`` and ``RunSummary.run_id`` (version-1 records read as before, without it)."""
+
+
+class Status(str, Enum):
+    """How a case ended."""
+
+    ok = "ok"
+    """Ran to the end; metrics are valid (checks may still have flagged problems)."""
+    skipped = "skipped"
+    """Not run: SGLang would refuse it, or the host cannot run it (reason says which)."""
+    failed = "failed"
+    """SGLang raised a Python exception for this case (e.g. at engine start)."""
+    crashed = "crashed"
+    """The case's process died (signal, scheduler abort, CUDA error)."""
+    timeout = "timeout"
+    """The case's process ran past its wall-clock limit and was killed."""
+
+
+class Metric(BaseModel):
+    """One measured (or computed) quantity."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    value: float = Field(description="The reported value: the median over ``samples`` when there are several.")
+    unit: str = Field(description="Unit of ``value`` (e.g. 'tokens/s', 'bytes', 'tokens', 'ms', '1').")
+    samples: list[float] = Field(default_factory=list, description="Per-repeat values, in run order.")
+    expected: Optional[float] = Field(default=None, description="Closed-form value the oracle predicts, when known.")
+    exact: bool = Field(default=False, description="True when any change is meaningful (no timing noise).")
+    higher_is_better: Optional[bool] = Field(default=None, description="Direction of improvement; None: no direction.")
+
+
+class Provenance(BaseModel):
+    """Where and with what a record was produced."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    specwatch_version: str = Field(description="specwatch package version.")
+    specwatch_commit: Optional[str] = Field(default=None, description="git commit of the specwatch checkout.")
+    sglang_version: Optional[str] = Field(default=None, description="Installed sglang version (None: not importable).")
+    sglang_commit: Optional[str] = Field(default=None, description="SGLang commit, when known (overlay or build info).")
+    torch_version: Optional[str] = Field(default=None, description="torch.__version__.")
+    cuda_version: Optional[str] = Field(default=None, description="CUDA version torch was built with.")
+    driver_version: Optional[str] = Field(default=None, description="NVIDIA driver version (nvidia-smi).")
+    gpu_name: Optional[str] = Field(default=None, description="GPU model name.")
+    gpu_count: int = Field(default=0, description="Number of visible GPUs.")
+    hostname: str = Field(description="Host name of the machine that ran the case.")
+    machine: str = Field(description="Machine label results are grouped by (e.g. 'nvidia-h200-x1').")
+    python_version: str = Field(description="Python version.")
+    suite_path: Optional[str] = Field(default=None, description="Suite file the case came from.")
+    suite_sha256: Optional[str] = Field(default=None, description="sha256 of the suite file's bytes.")
+    fault: Optional[str] = Field(default=None, description="Name of an injected fault, None for a clean run.")
+    probe: bool = Field(default=True, description="False: SGLang ran without specwatch's probe in its processes "
+                        "(a bare timing run, ``specwatch run --bare``: throughput and acceptance, no memory facts).")
+    started_at: datetime = Field(description="UTC start time of the case.")
+    finished_at: datetime = Field(description="UTC end time of the case.")
+    run_id: Optional[str] = Field(default=None, description="The `specwatch run` invocation that recorded the case "
+                                  "(its RunSummary has the same id), so two runs of one checkout and SGLang, e.g. "
+                                  "an A/A pair, can be told apart. None: recorded before run ids existed.")
+
+
+class CaseRecord(BaseModel):
+    """One run of one case."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: int = Field(default=SCHEMA_VERSION, description="Record layout version (see SCHEMA_VERSION).")
+    suite: str = Field(description="Suite name.")
+    case_id: str = Field(description="Stable id of ``case`` (hash of its normalized parameters).")
+    case: Case = Field(description="The case's parameters.")
+    status: Status = Field(description="How the case ended.")
+    reason: Optional[str] = Field(default=None, description="Why it was skipped / failed / crashed; None when ok.")
+    log_tail: Optional[str] = Field(default=None, description="Last lines of the case's log (failures).")
+    metrics: dict[str, Metric] = Field(default_factory=dict, description="Metric name -> value with unit.")
+    checks: dict[str, bool] = Field(default_factory=dict,
+                                    description="Named pass/fail checks (lossless, no_leak, acceptance_matches_oracle, ...).")
+    details: dict = Field(default_factory=dict, description="Free-form facts read from SGLang (shapes, dtypes, versions).")
+    provenance: Provenance = Field(description="Where and with what it ran.")
+
+    @property
+    def overlap_starts(self) -> bool:
+        """Timed while other engines started (``specwatch run --overlap-starts``): noisier timing."""
+        return bool((self.details or {}).get("overlap_starts"))
+
+    @model_validator(mode="after")
+    def _status_consistent(self) -> "CaseRecord":
+        if self.case_id != self.case.case_id:
+            raise ValueError(f"case_id {self.case_id} does not match the case parameters ({self.case.case_id})")
+        if self.status is Status.ok and self.reason:
+            raise ValueError("an ok record has no reason")
+        if self.status is not Status.ok and not self.reason:
+            raise ValueError(f"a {self.status.value} record needs a reason")
+        if self.status is Status.skipped and self.metrics:
+            raise ValueError("a skipped record has no metrics")
+        return self
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def new_run_id() -> str:
+    """A `specwatch run` id: its UTC start to the second plus 6 random hex digits (sorts by time)."""
+    import secrets
+
+    return utcnow().strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
+
+
+def parse_record(data: dict, source: str = "<record>") -> CaseRecord:
+    """Validate one record dict; a newer schema gives a clear error naming the source."""
+    version = data.get("schema_version")
+    if not isinstance(version, int):
+        raise SpecwatchInputError(source, "record has no integer schema_version", field="schema_version")
+    if version > SCHEMA_VERSION:
+        raise NewerSchemaError(
+            source,
+            f"record has schema_version {version}, this specwatch reads up to {SCHEMA_VERSION}; "
+            "upgrade specwatch to read it",
+            field="schema_version",
+        )
+    try:
+        return CaseRecord.model_validate(data)
+    except Exception as e:  # pydantic.ValidationError
+        errs = getattr(e, "errors", None)
+        if errs:
+            err = errs()[0]
+            field = ".".join(str(x) for x in err["loc"])
+            raise SpecwatchInputError(source, err["msg"], field=field) from None
+        raise SpecwatchInputError(source, str(e)) from None
+
+
+class RunSummary(BaseModel):
+    """One `specwatch run` on a GPU host: what the sweep cost (issue: sweep wall time vs generation)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: int = Field(default=SCHEMA_VERSION, description="Layout version, as for records.")
+    suites: list[str] = Field(description="Suite names run together.")
+    faults: list[Optional[str]] = Field(description="Faults each suite ran under (None: clean).")
+    parallel_starts: int = Field(description="Engines started at once (1: one after another).")
+    overlap_starts: bool = Field(default=False, description="Starts overlapped other engines' timed batches "
+                                 "(``--overlap-starts``: K groups in flight, no waves).")
+    timing_lock_shared: bool = Field(default=False, description="The timing lock was shared with other "
+                                     "runs (``--timing-lock``): wall time includes their timed batches, so "
+                                     "the cost ratio is not this run's alone.")
+    engine_groups: int = Field(description="Engine groups launched (each one sglang.Engine).")
+    worker_starts: int = Field(description="Worker processes started (more than groups after crashes).")
+    records: dict[str, int] = Field(description="Records written, by status.")
+    wall_s: float = Field(description="Wall time of the whole run, seconds.")
+    case_s: float = Field(description="Sum over ok cases of their own time (warm-up, prefill and timed "
+                                      "batches, leak probe): the generation the sweep exists for.")
+    engine_start_s: float = Field(description="Sum of the engine start times the ok records report.")
+    stopped_early: bool = Field(description="True when --stop-after or a signal left engine groups unstarted "
+                                             "or unfinished.")
+    stopped_by: Optional[str] = Field(default=None, description="Signal that stopped the run (SIGTERM, SIGINT: a "
+                                      "device timeout, ^C); its running groups have no record. None: ran to its end "
+                                      "or --stop-after.")
+    specwatch_commit: Optional[str] = Field(default=None, description="git commit of specwatch.")
+    sglang_version: Optional[str] = Field(default=None, description="SGLang version run.")
+    machine: str = Field(description="Machine label, as in records.")
+    run_id: Optional[str] = Field(default=None, description="Id stamped on every record of this run "
+                                  "(``provenance.run_id``). None: a summary from before run ids existed.")
+    started_at: datetime = Field(description="UTC start of the run.")
+    finished_at: datetime = Field(description="UTC end of the run.")
+
+    @property
+    def cost_ratio(self) -> Optional[float]:
+        """Wall time over generation time (the issue's goal: under 2)."""
+        return self.wall_s / self.case_s if self.case_s else None

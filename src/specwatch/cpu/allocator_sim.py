@@ -1,0 +1,330 @@
+"""Allocator simulation (CPU tier): SGLang's real pools driven through spec-decode allocation.
+
+The simulation builds SGLang's own ``ReqToTokenPool`` and token-to-KV allocator
+(``PagedTokenToKVPoolAllocator``; ``TokenToKVPoolAllocator`` at page 1 without DCP) on the CPU
+and replays what the scheduler does for each request:
+
+1. prefill: take a req slot, ``alloc_extend`` the prompt, write its locations into the row;
+2. decode steps (``eagle_prepare_for_decode`` + ``alloc_for_spec_decode``): raise the
+   allocation watermark to ``ceil((committed + reserve) / page) * page``, ``alloc_extend`` the
+   difference and write it into the row at ``[cur, nxt)``, then commit the accepted length
+   (profile: always full = num_steps+1, always 1, or seeded random in between);
+3. finish: free ``row[:kv_allocated_len]`` to the allocator and the slot to the pool.
+
+Requests run to ``min(input_len + output_len, max_seq_len)``: the longest length SGLang admits
+(``memory_model.max_seq_len``, which counts the EAGLE admission reserve).
+
+Row writes mirror SGLang's ``assign_req_to_token_pool`` Triton kernel: the row is addressed as
+``base + row * row_width + offset`` with no bound at the row's end, so an allocation past the
+row lands in the next row (or past the tensor: counted as out of bounds). That is exactly how
+the seed bug (row headroom ``4 + num_draft_tokens`` for page > 1, topk > 1) loses slots.
+
+What runs on the CPU and what does not: SGLang's ``alloc_extend`` launches a Triton kernel
+(``alloc_extend_kernel``) that needs a GPU. The simulation calls SGLang's own host
+implementation of the same computation, ``alloc_extend_naive`` (in the same module), and then
+the same bookkeeping ``alloc_extend`` does (``get_num_new_pages``, pop pages from
+``free_pages``). Everything else (``alloc``, ``free``, ``ReqToTokenPool``) is SGLang's code
+unchanged.
+
+After all requests finish, the allocator must hold every page again and the pool every slot:
+the difference is the **leak**. Pages freed twice are reported separately.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Optional
+
+from specwatch.core.case import Algorithm
+from specwatch.inject.faults import SimFault
+from specwatch.rules.memory_model import (
+    SizingInput,
+    max_seq_len,
+    reference_sizing,
+    sglang_sizing,
+)
+
+
+class AcceptPattern(str, Enum):
+    """How many tokens each verify step commits."""
+
+    full = "full"
+    """Always num_steps + 1 (perfect draft)."""
+    one = "one"
+    """Always 1 (draft always wrong)."""
+    random = "random"
+    """Seeded uniform in [1, num_steps + 1]."""
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """One simulation run."""
+
+    page_size: int
+    topk: int
+    num_steps: int
+    num_draft_tokens: int
+    context_len: int = 512
+    num_requests: int = 4
+    input_len: int = 300
+    output_len: int = 10_000
+    accept: AcceptPattern = AcceptPattern.full
+    algorithm: Algorithm = Algorithm.EAGLE
+    dcp: int = 1
+    seed: int = 0
+    fault: Optional[SimFault] = None
+    near_full: bool = False
+    """Size the KV pool to the peak demand exactly, so the allocator's last page is handed out."""
+    kv_write_ignores_dcp: bool = False
+    """The target's attention backend writes each token's KV at the allocator's virtual slot into
+    its per-rank pool (rows: allocator size / dcp + page), instead of sharding it. SGLang 0.5.17's
+    flashinfer MHA backend has no DCP code (``dcp_kv_mask`` is set on HIP only); on 2xH200 at dcp 2
+    its ``store_kvcache`` bounds assertion fired near full occupancy."""
+
+
+@dataclass
+class RowViolation:
+    """A decode watermark past the end of the request's req_to_token row."""
+
+    request: int
+    committed_len: int
+    watermark: int
+    row_width: int
+
+
+@dataclass
+class SimResult:
+    """What the simulation found."""
+
+    config: dict
+    sizing_source: str
+    row_width: int
+    reserve: int
+    allocator_page_size: int
+    pool_pages: int
+    free_pages_after: int
+    leaked_pages: int
+    leaked_tokens: int
+    double_freed_pages: int
+    req_slots_leaked: int
+    out_of_bounds_tokens: int
+    decode_steps: int
+    max_watermark: int
+    draft_pool_page_size: int
+    draft_pool_valid_rows: int
+    missing_draft_rows: int
+    """Allocated KV locations past the draft pool's last row (rows that do not exist)."""
+    peak_token_usage: float
+    target_pool_valid_rows: int = 0
+    """Rows of one rank's target KV pool (allocator size / dcp + one page)."""
+    missing_target_rows: int = 0
+    """With ``kv_write_ignores_dcp``: distinct virtual slots handed out past the per-rank pool."""
+    first_missing_target_usage: Optional[float] = None
+    """Token usage right after the allocation that first handed out such a slot."""
+    row_violations: list[RowViolation] = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        return not (self.leaked_pages or self.double_freed_pages or self.req_slots_leaked
+                    or self.row_violations or self.out_of_bounds_tokens or self.missing_draft_rows
+                    or self.missing_target_rows)
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["clean"] = self.clean
+        d["row_violations"] = len(self.row_violations)
+        return d
+
+
+def _make_allocator(size: int, page_size: int):
+    import torch
+
+    from specwatch.core.sglang_host import get_num_new_pages, paged_allocator_module
+
+    paged = paged_allocator_module()
+    if page_size == 1:
+        from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
+
+        return TokenToKVPoolAllocator(size, dtype=torch.bfloat16, device="cpu", kvcache=None, need_sort=False)
+
+    class HostPagedAllocator(paged.PagedTokenToKVPoolAllocator):
+        """SGLang's paged allocator with ``alloc_extend`` on SGLang's host path (see module doc)."""
+
+        def alloc_extend(self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc,
+                         extend_num_tokens, num_new_pages=None):
+            out = torch.empty((extend_num_tokens,), dtype=torch.int64)
+            paged.alloc_extend_naive(prefix_lens, seq_lens, last_loc, self.free_pages, out,
+                                     self.page_size, "cpu")
+            if num_new_pages is None:
+                num_new_pages = get_num_new_pages()(seq_lens=seq_lens_cpu, page_size=self.page_size,
+                                                    prefix_lens=prefix_lens_cpu)
+            if num_new_pages > len(self.free_pages):
+                return None
+            self.free_pages = self.free_pages[num_new_pages:]
+            return out
+
+    return HostPagedAllocator(size, page_size, torch.bfloat16, "cpu", kvcache=None, need_sort=False)
+
+
+@dataclass
+class _Req:
+    """The fields of SGLang's Req that ReqToTokenPool reads."""
+
+    idx: int
+    req_pool_idx: Optional[int] = None
+    inflight_middle_chunks: int = 0
+    kv_committed_len: int = 0
+    kv_allocated_len: int = 0
+    target_len: int = 0
+
+
+def simulate(cfg: SimConfig, sizing_source: str = "sglang") -> SimResult:
+    """Run the simulation on SGLang's classes; sizing from SGLang ("sglang") or specwatch ("reference").
+
+    ``near_full``: a first pass with a roomy pool measures the peak demand; the second pass gets a
+    pool of exactly that many pages, so the allocator hands out its last page at the peak (where
+    seed 004's draft-pool fault shows)."""
+    if not cfg.near_full:
+        return _run(cfg, sizing_source, None)
+    roomy = _run(cfg, sizing_source, None)
+    peak_tokens = round(roomy.peak_token_usage * roomy.pool_pages) * roomy.allocator_page_size
+    return _run(cfg, sizing_source, peak_tokens)
+
+
+def _run(cfg: SimConfig, sizing_source: str, pool_tokens: Optional[int]) -> SimResult:
+    import torch
+
+    from specwatch.core.sglang_host import req_to_token_pool_class
+
+    x = SizingInput(cfg.algorithm, cfg.page_size, cfg.topk, cfg.num_steps, cfg.num_draft_tokens,
+                    cfg.context_len, cfg.num_requests, cfg.dcp)
+    longest = max_seq_len(x)  # requests run to the longest length SGLang admits
+    sizing = sglang_sizing(x) if sizing_source == "sglang" else reference_sizing(x)
+    reserve = sizing.alloc_reserve_per_decode
+    extra = sizing.req_to_token_extra_context_len
+    if cfg.fault is SimFault.row_widen_revert:
+        extra = 4 + cfg.num_draft_tokens
+    row_width = cfg.context_len + extra
+
+    alloc_page = cfg.page_size * cfg.dcp
+    # The draft pool is replicated over the allocator's virtual slots; 0.5.17 pages it like the
+    # allocator (kv_cache_configurator.pool_page_size = page_size * dcp for a draft worker).
+    draft_page = cfg.page_size if cfg.fault is SimFault.draft_page_mismatch else alloc_page
+    if pool_tokens is None:
+        per_req = math.ceil((row_width + reserve + alloc_page) / alloc_page) * alloc_page
+        pool_tokens = per_req * cfg.num_requests
+    allocator = _make_allocator(pool_tokens, alloc_page)
+    draft_valid_rows = allocator.size + draft_page  # pools hold size + one padding page
+    target_valid_rows = allocator.size // cfg.dcp + cfg.page_size   # one rank's pool
+    missing: set[int] = set()
+    missing_target: set[int] = set()
+    first_missing_target_usage: Optional[float] = None
+    peak_used = 0
+    pool = req_to_token_pool_class()(size=cfg.num_requests, max_context_len=row_width,
+                                      device="cpu", enable_memory_saver=False)
+    flat = pool.req_to_token.view(-1)
+    pages_total = allocator.available_size() // alloc_page
+    rng = random.Random(cfg.seed)
+    oob = 0
+    violations: list[RowViolation] = []
+    max_watermark = 0
+    steps = 0
+
+    def write_row(req: _Req, start: int, values: torch.Tensor) -> None:
+        nonlocal oob
+        base = req.req_pool_idx * row_width
+        lo, hi = base + start, base + start + len(values)
+        fits = max(0, min(hi, flat.numel()) - lo)
+        flat[lo:lo + fits] = values[:fits].to(torch.int32)
+        oob += len(values) - fits
+
+    def extend(req: _Req, cur: int, nxt: int) -> torch.Tensor:
+        nonlocal first_missing_target_usage
+        if alloc_page == 1:
+            out = allocator.alloc(nxt - cur)
+        else:
+            row = pool.req_to_token[req.req_pool_idx]
+            last = row[cur - 1:cur].to(torch.int64) if cur > 0 else torch.tensor([-1])
+            out = allocator.alloc_extend(torch.tensor([cur]), torch.tensor([cur]), torch.tensor([nxt]),
+                                         torch.tensor([nxt]), last, nxt - cur)
+        if out is None:
+            raise RuntimeError(f"simulated KV pool out of memory at {nxt - cur} tokens")
+        missing.update(int(v) for v in out[out >= draft_valid_rows])
+        if cfg.kv_write_ignores_dcp and cfg.dcp > 1:
+            past = out[out >= target_valid_rows]
+            if len(past) and first_missing_target_usage is None:
+                first_missing_target_usage = 1 - allocator.available_size() / (pages_total * alloc_page)
+            missing_target.update(int(v) for v in past)
+        return out
+
+    reqs = [_Req(i) for i in range(cfg.num_requests)]
+    for r in reqs:
+        pool.alloc([r])
+        r.target_len = min(cfg.input_len + cfg.output_len, longest)
+        write_row(r, 0, extend(r, 0, cfg.input_len))
+        r.kv_allocated_len = r.kv_committed_len = cfg.input_len
+
+    active = list(reqs)
+    while active:
+        for r in list(active):
+            cur = r.kv_allocated_len
+            want = r.kv_committed_len + reserve
+            if cfg.fault is not SimFault.unaligned_watermark:
+                want = math.ceil(want / alloc_page) * alloc_page
+            nxt = max(cur, want)
+            if nxt > row_width:
+                violations.append(RowViolation(r.idx, r.kv_committed_len, nxt, row_width))
+            max_watermark = max(max_watermark, nxt)
+            if nxt > cur:
+                write_row(r, cur, extend(r, cur, nxt))
+                r.kv_allocated_len = nxt
+                peak_used = max(peak_used, pages_total * alloc_page - allocator.available_size())
+            steps += 1
+            if cfg.accept is AcceptPattern.full:
+                accepted = cfg.num_steps + 1
+            elif cfg.accept is AcceptPattern.one:
+                accepted = 1
+            else:
+                accepted = rng.randint(1, cfg.num_steps + 1)
+            r.kv_committed_len = min(r.kv_committed_len + accepted, r.target_len)
+            if r.kv_committed_len >= r.target_len:
+                # SGLang frees the row's allocated prefix (committed KV + over-allocation).
+                row = pool.req_to_token[r.req_pool_idx, : min(r.kv_allocated_len, row_width)]
+                allocator.free(row.to(torch.int64))
+                pool.free(r)
+                active.remove(r)
+
+    if alloc_page == 1:
+        free_ids = allocator.free_pages
+    else:
+        free_ids = torch.cat((allocator.free_pages, allocator.release_pages))
+    unique_free = len(torch.unique(free_ids))
+    double = len(free_ids) - unique_free
+    leaked_pages = pages_total - unique_free
+    return SimResult(
+        config={k: (v.value if isinstance(v, Enum) else v) for k, v in asdict(cfg).items()},
+        sizing_source=sizing_source,
+        row_width=row_width,
+        reserve=reserve,
+        allocator_page_size=alloc_page,
+        pool_pages=pages_total,
+        free_pages_after=unique_free,
+        leaked_pages=leaked_pages,
+        leaked_tokens=leaked_pages * alloc_page,
+        double_freed_pages=double,
+        req_slots_leaked=cfg.num_requests - pool.available_size(),
+        out_of_bounds_tokens=oob,
+        decode_steps=steps,
+        max_watermark=max_watermark,
+        draft_pool_page_size=draft_page,
+        draft_pool_valid_rows=draft_valid_rows,
+        missing_draft_rows=len(missing),
+        peak_token_usage=peak_used / (pages_total * alloc_page),
+        target_pool_valid_rows=target_valid_rows,
+        missing_target_rows=len(missing_target),
+        first_missing_target_usage=first_missing_target_usage,
+        row_violations=violations,
+    )

@@ -1,0 +1,335 @@
+"""specwatch probe: loaded by every Python process SGLang starts (this folder is on PYTHONPATH).
+
+It patches nothing on disk. After ``sglang.srt.managers.scheduler`` is imported it wraps
+``Scheduler.get_internal_state`` so that ``Engine.get_server_info()["internal_states"][i]
+["specwatch"]`` carries facts read from the real objects in the scheduler process: the
+req_to_token tensor, the token-to-KV allocator, the target and draft KV pools, the tree cache,
+and CUDA memory. ``SPECWATCH_FAULT=NAME`` applies a specwatch fault (``specwatch.inject.faults``) the
+same way. ``on_import`` is the one hook mechanism; set SPECWATCH_PROBE=0 to disable.
+"""
+
+import importlib.abc
+import os
+import sys
+import time
+
+_HOOKS = {}
+_PROCESS_T0 = time.perf_counter()
+"""When this process loaded site (interpreter start, before any SGLang import)."""
+
+
+def on_import(module_name):
+    def register(fn):
+        _HOOKS.setdefault(module_name, []).append(fn)
+        return fn
+    return register
+
+
+class _PostImportFinder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name not in _HOOKS:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        original = loader.exec_module
+
+        def exec_module(module):
+            original(module)
+            for hook in _HOOKS.get(name, []):
+                try:
+                    hook(module)
+                except Exception as e:  # a probe must never break SGLang
+                    sys.stderr.write(f"[specwatch probe] hook on {name} failed: {e!r}\n")
+
+        loader.exec_module = exec_module
+        return spec
+
+
+def _nbytes(t):
+    try:
+        return int(t.numel() * t.element_size())
+    except Exception:
+        return None
+
+
+def _buffer_rows(pool):
+    """Rows (slots) of the pool's first per-layer KV buffer: the slot indices that exist."""
+    for name in ("kv_buffer", "k_buffer"):
+        bufs = getattr(pool, name, None)
+        try:
+            if bufs is not None and len(bufs):
+                return int(bufs[0].shape[0])
+        except Exception:
+            pass
+    return None
+
+
+def _pool_facts(pool):
+    if pool is None:
+        return None
+    out = {"class": type(pool).__name__, "size": getattr(pool, "size", None),
+           "page_size": getattr(pool, "page_size", None), "dtype": str(getattr(pool, "dtype", "")),
+           "rows": _buffer_rows(pool)}
+    try:
+        k, v = pool.get_kv_size_bytes()
+        out["bytes"] = int(k + v)
+    except Exception:
+        total = 0
+        for name in ("k_buffer", "v_buffer", "kv_buffer"):
+            for t in getattr(pool, name, None) or []:
+                total += _nbytes(t) or 0
+        out["bytes"] = total or None
+    return out
+
+
+def _find(obj, attr, depth=3, seen=None):
+    """First value of ``attr`` found on obj or its attributes (breadth-first, a few levels)."""
+    seen = seen if seen is not None else set()
+    frontier = [obj]
+    for _ in range(depth):
+        nxt = []
+        for o in frontier:
+            if o is None or id(o) in seen:
+                continue
+            seen.add(id(o))
+            val = getattr(o, attr, None)
+            if val is not None:
+                return val
+            for name in ("draft_worker", "draft_runner", "draft_model_runner", "model_runner", "worker"):
+                child = getattr(o, name, None)
+                if child is not None:
+                    nxt.append(child)
+        frontier = nxt
+    return None
+
+
+def _attention_backend_facts(sched):
+    """The target's attention backend class, and whether its module's source mentions DCP at all.
+    A backend whose source never does cannot shard its KV writes by DCP rank: it writes each token
+    at the allocator's virtual slot (SGLang 0.5.17: flashinfer_backend.py and
+    flashattention_backend.py; on 2xH200 flashinfer at dcp 2 ran, then asserted near full)."""
+    import inspect
+
+    try:
+        backend = sched.tp_worker.model_runner.attn_backend
+    except AttributeError:
+        return None
+    module = sys.modules.get(type(backend).__module__)
+    try:
+        mentions = "dcp" in inspect.getsource(module).lower()
+    except Exception:
+        mentions = None
+    return {"class": type(backend).__name__, "module": type(backend).__module__, "mentions_dcp": mentions}
+
+
+def scheduler_facts(sched):
+    import torch
+
+    facts = {}
+    r = sched.req_to_token_pool
+    t = r.req_to_token
+    facts["req_to_token"] = {"shape": list(t.shape), "dtype": str(t.dtype), "bytes": _nbytes(t),
+                             "row_width": int(t.shape[1]), "size": r.size, "free_slots": len(r.free_slots)}
+    a = sched.token_to_kv_pool_allocator
+    release = getattr(a, "release_pages", None)
+    free_pages = len(a.free_pages) + (len(release) if release is not None else 0)
+    unique_free = None
+    try:
+        pages = a.free_pages if release is None or len(release) == 0 else torch.cat((a.free_pages, release))
+        unique_free = int(torch.unique(pages).numel())
+    except Exception:
+        pass
+    facts["allocator"] = {"class": type(a).__name__, "size": a.size, "page_size": a.page_size,
+                          "available": int(a.available_size()), "free_pages": free_pages,
+                          "unique_free_pages": unique_free,
+                          "num_pages": getattr(a, "num_pages", a.size // max(a.page_size, 1))}
+    facts["target_kv_pool"] = _pool_facts(a.get_kvcache())
+    args = getattr(sched, "server_args", None)
+    facts["dcp_size"] = int(getattr(args, "dcp_size", 1) or 1)
+    try:
+        facts["target_attention_backend"] = _attention_backend_facts(sched)
+    except Exception:
+        facts["target_attention_backend"] = None
+    draft = getattr(sched, "draft_worker", None)
+    draft_pool = _find(draft, "token_to_kv_pool") if draft is not None else None
+    # NGRAM's worker has no pool of its own: what it finds is the target's (not a draft pool)
+    facts["draft_kv_pool"] = None if draft_pool is None or draft_pool is a.get_kvcache() else _pool_facts(draft_pool)
+    tc = getattr(sched, "tree_cache", None)
+    if tc is not None:
+        for name in ("evictable_size", "protected_size"):
+            try:
+                facts[f"tree_cache_{name}"] = int(getattr(tc, name)())
+            except Exception:
+                pass
+    # SGLang's own idle-time leak check (0.5.17: on the scheduler's invariant_checker; older: on
+    # the scheduler). With SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE (default on) a leak raises in
+    # the scheduler, so a run that gets here has a clean verdict or counted warnings.
+    holder = getattr(sched, "invariant_checker", None) or sched
+    facts["leak_warnings"] = {k: getattr(holder, k, None) for k in
+                              ("count_memory_leak_warnings", "count_req_pool_leak_warnings")}
+    facts["strict_idle_check"] = os.environ.get("SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE", "default (on)")
+    facts["startup"] = startup_facts(sched)
+    # the scheduler's admission limits as it resolved them (a near-full batch must fit them all)
+    facts["scheduler_limits"] = {k: getattr(sched, k, None) for k in
+                                 ("max_running_requests", "chunked_prefill_size", "max_prefill_tokens")}
+    if torch.cuda.is_available():
+        facts["cuda"] = {"max_allocated": torch.cuda.max_memory_allocated(),
+                         "allocated": torch.cuda.memory_allocated(),
+                         "max_reserved": torch.cuda.max_memory_reserved()}
+    return facts
+
+
+def startup_facts(sched):
+    """Where the scheduler's start went, in seconds: SGLang's own breakdown where it keeps one
+    (0.5.17: ``Scheduler.startup_time``: weight loading, KV allocation, CUDA-graph capture, the
+    scheduler's constructor end to end) plus ``process_to_scheduler_init``, from this process's
+    interpreter start to the constructor (SGLang's imports). None when neither is there."""
+    import json
+
+    out = {}
+    own = getattr(sched, "startup_time", None)
+    if isinstance(own, dict):
+        out.update(json.loads(json.dumps(own, default=str)))
+    begin = getattr(sched, "scheduler_startup_begin", None)
+    if isinstance(begin, float):
+        out["process_to_scheduler_init"] = round(begin - _PROCESS_T0, 3)
+    return out or None
+
+
+NEAR_FULL = 0.95
+"""Token usage above which a batch counts as near-full (seed 004's faults only show there)."""
+
+
+def token_usage(sched) -> float:
+    """Share of the KV pool held by requests (not free, not evictable cache) right now."""
+    a = sched.token_to_kv_pool_allocator
+    evictable = 0
+    tc = getattr(sched, "tree_cache", None)
+    if tc is not None:
+        try:
+            evictable = int(tc.evictable_size())
+        except Exception:
+            pass
+    return 1.0 - (int(a.available_size()) + evictable) / max(int(a.size), 1)
+
+
+_RETRACTED = [0]
+"""Requests SGLang retracted from decode batches (KV pool too full for the next step) since the
+last read: each one goes back to the queue and is prefilled again later, so a near-full batch that
+loses one runs that request alone afterwards, far below full."""
+
+
+def _new_occupancy() -> dict:
+    return {"batches": 0, "near_full": 0, "peak": 0.0, "decode_batches": 0, "decode_near_full": 0,
+            "decode_peak": 0.0, "decode_peak_requests": 0, "max_decode_requests": 0, "decode_waiting_max": 0,
+            "probe_s": 0.0}
+
+
+def _patch_run_batch(cls):
+    """Sample token usage before every batch the scheduler runs; read and reset by
+    get_internal_state, so each case's facts cover the batches since the last read. Decode
+    batches also note how many requests ran: the usage per request at the decode peak is what
+    near-full's calibration sizes prompts by (``engine_worker.near_full_extension``)."""
+    original = cls.run_batch
+
+    def run_batch(self, batch, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            u = token_usage(self)
+            occ = self.__dict__.get("_specwatch_occupancy")
+            if occ is None:
+                occ = self.__dict__["_specwatch_occupancy"] = _new_occupancy()
+            occ["batches"] += 1
+            occ["near_full"] += u > NEAR_FULL
+            occ["peak"] = max(occ["peak"], u)
+            mode = getattr(batch, "forward_mode", None)
+            if mode is not None and mode.is_decode():   # decode steps: where near-full must hold
+                n = len(getattr(batch, "reqs", ()) or ())
+                occ["decode_waiting_max"] = max(occ["decode_waiting_max"],
+                                                len(getattr(self, "waiting_queue", ()) or ()))
+                occ["decode_batches"] += 1
+                occ["decode_near_full"] += u > NEAR_FULL
+                occ["max_decode_requests"] = max(occ["max_decode_requests"], n)
+                if u > occ["decode_peak"]:
+                    occ["decode_peak"], occ["decode_peak_requests"] = u, n
+            occ["probe_s"] += time.perf_counter() - t0      # the probe's own cost on the batch's path
+        except Exception:
+            pass
+        return original(self, batch, *args, **kwargs)
+
+    cls.run_batch = run_batch
+
+
+@on_import("sglang.srt.managers.schedule_batch")
+def _patch_retract(module):
+    cls = module.ScheduleBatch
+    original = cls.retract_decode
+
+    def retract_decode(self, *args, **kwargs):
+        ret = original(self, *args, **kwargs)
+        try:
+            _RETRACTED[0] += len(ret[0])            # (retracted_reqs, new_token_ratio, ...)
+        except Exception:
+            pass
+        return ret
+
+    cls.retract_decode = retract_decode
+
+
+@on_import("sglang.srt.managers.scheduler")
+def _patch_scheduler(module):
+    cls = module.Scheduler
+    if hasattr(cls, "run_batch"):
+        _patch_run_batch(cls)
+    original = cls.get_internal_state
+
+    def get_internal_state(self, recv_req):
+        ret = original(self, recv_req)
+        try:
+            # 0.5.17 wraps the dict in GetInternalStateReqOutput(internal_state=...); older return it bare
+            state = getattr(ret, "internal_state", ret)
+            try:
+                state["specwatch"] = scheduler_facts(self)
+                fault = os.environ.get("SPECWATCH_FAULT")
+                fm = sys.modules.get("specwatch.inject.faults")
+                if fault and fm is not None:
+                    # how often the fault's edited code has run in this engine so far: a total, since
+                    # some edits (sizing) run once at start-up and every later case lives with them
+                    state["specwatch"]["fault_code_runs"] = fm.HITS.get(fault, 0)
+                occ = self.__dict__.pop("_specwatch_occupancy", None)
+                if occ is not None:
+                    occ["retracted_requests"] = _RETRACTED[0]
+                _RETRACTED[0] = 0
+                state["specwatch"]["occupancy"] = occ
+            except Exception as e:
+                state["specwatch"] = {"error": repr(e)}
+        except Exception as e:
+            sys.stderr.write(f"[specwatch probe] cannot attach facts: {e!r}\n")
+        return ret
+
+    cls.get_internal_state = get_internal_state
+
+
+def _register_fault(name):
+    """Apply the named specwatch fault (specwatch.inject.faults) in this process when its module loads."""
+    from specwatch.inject.faults import apply, get
+
+    def hook(module):
+        apply(name)
+        sys.stderr.write(f"[specwatch probe] fault {name} applied in pid {os.getpid()}\n")
+
+    for mod in get(name).modules:
+        on_import(mod)(hook)
+
+
+if os.environ.get("SPECWATCH_PROBE", "1") == "1":
+    sys.meta_path.insert(0, _PostImportFinder())
+    if os.environ.get("SPECWATCH_FAULT"):
+        _register_fault(os.environ["SPECWATCH_FAULT"])

@@ -1,0 +1,1 @@
+"""The oracle models: shapes, closed-form greedy predictions, prompts and digests, and the checkpoints specwatch writes."""

@@ -1,0 +1,1 @@
+"""What people look at: the dashboard, plots and the asv bridge."""

@@ -1,0 +1,201 @@
+"""Dashboard plots (matplotlib, PNG + SVG): memory vs topk, throughput vs topk, acceptance vs topk,
+and each metric across SGLang versions. Measured points come from the results store; the memory
+plot draws the analytic model as lines and the measured req_to_token bytes as points on the same axes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import matplotlib
+
+matplotlib.use("Agg")
+matplotlib.rcParams["svg.hashsalt"] = "specwatch"
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.ticker import NullFormatter  # noqa: E402
+
+from specwatch.core.case import Algorithm  # noqa: E402
+from specwatch.core.sglang_host import version_key  # noqa: E402
+from specwatch.rules.memory_model import SizingInput, reference_sizing  # noqa: E402
+from specwatch.store.frame import latest_rows  # noqa: E402
+
+PAGES = (1, 16, 64, 256)
+TOPKS = (1, 2, 4, 8)
+
+
+def _save(fig, out: Path, name: str) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / f"{name}.png", out / f"{name}.svg"]
+    for p in paths:  # no dates, fixed ids: regenerating the same data gives the same files
+        meta = {"Date": None} if p.suffix == ".svg" else {}
+        fig.savefig(p, dpi=110, bbox_inches="tight", metadata=meta)
+    plt.close(fig)
+    return paths
+
+
+def measured_on_line(df: pd.DataFrame, page: int, steps: int, line_bytes: dict[int, int]) -> pd.DataFrame:
+    """Records measured at a model line's settings: same page and steps, and the record's own
+    model value (``model_req_to_token_bytes``, from its real sizing inputs) equal to the line's at
+    its topk. Other draft counts, contexts, request slots or dcp belong to other lines."""
+    pts = df[(df.page_size == page) & (df.num_steps == steps) & df.req_to_token_bytes.notna()]
+    if "model_req_to_token_bytes" not in pts:
+        return pts.iloc[0:0]
+    return pts[pts.model_req_to_token_bytes == pts.topk.map(line_bytes)]
+
+
+def newest_release(df: pd.DataFrame) -> tuple[Optional[str], pd.DataFrame]:
+    """The newest SGLang release the records hold and its records only (all records and None when
+    none says its release)."""
+    versions = sorted(df.sglang_version.dropna().unique(), key=version_key) if "sglang_version" in df else []
+    return (versions[-1], df[df.sglang_version == versions[-1]]) if versions else (None, df)
+
+
+def memory_vs_topk(df: pd.DataFrame, out: Path, steps: int = 3, context_len: int = 8192,
+                   max_running: int = 8, draft_tokens: int = 8) -> list[Path]:
+    """req_to_token bytes and per-decode KV reserve vs topk, one line per page size.
+
+    Model lines use the suites' settings (num_draft_tokens 8, capped at the tree size steps*topk+1;
+    steps+1 for a chain) and the runner's engine (context 8192, 8 request slots); measured points
+    are the records whose sizing inputs are the line's, so a point off its line is a finding. Lines
+    and points are the newest SGLang release's that the records hold."""
+    # the lines are one release's rules (the row rule moved at 0.5.13 and 0.5.16): the newest
+    # measured release's, with only its records as points (an older release's row is not a finding)
+    newest, df = newest_release(df)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for page in PAGES:
+        model = [reference_sizing(SizingInput(Algorithm.EAGLE, page, k, steps,
+                                              min(draft_tokens, k * steps + 1) if k > 1 else steps + 1,
+                                              context_len, max_running), newest) for k in TOPKS]
+        line = ax1.plot(TOPKS, [m.req_to_token_bytes / 1024 for m in model], marker="", label=f"page {page} (model)")
+        ax2.plot(TOPKS, [m.alloc_reserve_per_decode for m in model], color=line[0].get_color(), label=f"page {page}")
+        if not df.empty and "req_to_token_bytes" in df:
+            pts = measured_on_line(df, page, steps, dict(zip(TOPKS, (m.req_to_token_bytes for m in model))))
+            if not pts.empty:
+                ax1.scatter(pts.topk, pts.req_to_token_bytes / 1024, color=line[0].get_color(), marker="o",
+                            s=40, zorder=3, label=f"page {page} (measured)")
+    ax1.set(xlabel="topk", ylabel="req_to_token size (KiB)", xscale="log", xticks=TOPKS, xticklabels=TOPKS,
+            title=f"req_to_token, ctx {context_len}, {max_running} req slots, steps {steps}"
+                  + (f", SGLang {newest}" if newest else ""))
+    ax2.set(xlabel="topk", ylabel="KV reserved per request per decode (tokens)", xscale="log", yscale="log",
+            xticks=TOPKS, xticklabels=TOPKS, title="per-decode KV reserve (2 x holey tree footprint)")
+    for ax in (ax1, ax2):
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.legend(fontsize=7)
+    return _save(fig, out, "memory_vs_topk")
+
+
+def _by_topk(df: pd.DataFrame, metric: str, group: str, out: Path, name: str, ylabel: str, title: str) -> list[Path]:
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    sub = df[df.status == "ok"].dropna(subset=[metric]) if metric in df else df.iloc[0:0]
+    for key, g in sub.groupby(group):
+        agg = g.groupby("topk")[metric].median()
+        ax.plot(agg.index, agg.values, marker="o", label=f"{group}={key}")
+    ax.set(xlabel="topk", ylabel=ylabel, title=title)
+    if not sub.empty:
+        ax.legend(fontsize=7)
+    else:
+        ax.text(0.5, 0.5, "no measured results yet", ha="center", va="center", transform=ax.transAxes)
+    return _save(fig, out, name)
+
+
+VERSION_METRICS = (("output_throughput", "tokens/s"), ("accept_length", "tokens/verify"),
+                   ("req_to_token_bytes", "bytes"))
+
+
+def version_axis(df: pd.DataFrame) -> tuple[list, list[str], list[str]]:
+    """The across-versions x axis: every SGLang version with a record (in version order), its tick
+    label, and the cases ok on every version that has an ok case. A version with no ok case keeps
+    its place, labelled with its latest statuses (e.g. '0.5.15 / no ok case: 12 crashed'), so a
+    version that could not run never silently drops out of the trend."""
+    if df.empty:
+        return [], [], []
+    ok = df[df.status == "ok"]
+    versions = sorted(df.sglang_version.dropna().unique(), key=version_key)
+    with_ok = [v for v in versions if (ok.sglang_version == v).any()]
+    per_version = [set(ok[ok.sglang_version == v].case_id) for v in with_ok]
+    common = sorted(set.intersection(*per_version)) if per_version else []
+    labels = []
+    for v in versions:
+        if v in with_ok:
+            labels.append(str(v))
+        else:
+            counts = latest_rows(df[df.sglang_version == v], ["case_id"]).status.value_counts()
+            labels.append(f"{v}\nno ok case:\n" + ", ".join(f"{n} {st}" for st, n in counts.items()))
+    return versions, labels, common
+
+
+TIMED_METRICS = {"output_throughput", "decode_throughput", "step_time"}
+"""Metrics measured by the clock: across versions they come from ``timing_records`` only."""
+
+
+def version_lines(df: pd.DataFrame, metric: str) -> tuple[list, list[str], list[str], pd.DataFrame]:
+    """One across-versions panel's data: ``version_axis`` over the clean records (no fault run) that
+    may show ``metric`` (a timed one: not overlapped runs, ``timing_records``; an exact one: every
+    run, since overlapped starts leave acceptance and memory as they are), and the latest record of
+    each common case per version."""
+    clean = df[df.fault.isna()] if "fault" in df else df
+    frame = timing_records(clean) if metric in TIMED_METRICS else clean
+    versions, labels, common = version_axis(frame)
+    latest = latest_rows(frame[(frame.status == "ok") & frame.case_id.isin(common)], ["case_id", "sglang_version"]) \
+        if common else frame.iloc[0:0]
+    return versions, labels, common, latest
+
+
+def across_versions(df: pd.DataFrame, out: Path, metrics=VERSION_METRICS) -> list[Path]:
+    """One line per case present (ok) in every SGLang version that has an ok case, so a change in the
+    case mix can never look like a change in SGLang; the latest record of each case per version
+    (``version_axis``: versions that ran nothing ok stay on the axis, as a gap in every line). Each
+    panel takes the records that may show its metric (``version_lines``)."""
+    fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 4))
+    for ax, (m, unit) in zip(axes, metrics):
+        versions, labels, common, latest = version_lines(df, m) if not df.empty else ([], [], [], df)
+        if common and m in latest:
+            for cid, g in latest.groupby("case_id"):
+                first = g.iloc[0]
+                name = (f"{first.model} {first.attention_backend} p{first.page_size} k{first.topk} "
+                        f"bs{first.batch_size}")
+                g = g.set_index("sglang_version").reindex(versions)
+                ax.plot(labels, g[m].values, marker="o", alpha=0.7, lw=1, label=name)
+            ax.legend(fontsize=7, title="case", title_fontsize=7)
+        ax.set(xlabel="SGLang version", ylabel=f"{m} ({unit})",
+               title=f"{m}\n{len(common)} cases ok on every version"
+                     + (" (wave runs)" if m in TIMED_METRICS else " (all runs)"))
+    return _save(fig, out, "across_versions")
+
+
+def timing_records(df: pd.DataFrame) -> pd.DataFrame:
+    """The records whose timing the plots show: not those of runs whose starts overlapped other
+    engines' timed batches (``--overlap-starts``: noisier timing; their exact metrics equal a wave run's)."""
+    return df[df.overlap_starts != True] if "overlap_starts" in df else df      # noqa: E712
+
+
+def newest_tiny(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """The clean records of the tiny oracle on the newest SGLang version that has any, and a label
+    for them: the by-topk plots take one model and one version, not a median over the 1b/8b
+    checkpoints and every release."""
+    if df.empty or "model" not in df:
+        return df, ""
+    tiny = df[(df.model == "tiny") & df.fault.isna()] if "fault" in df else df[df.model == "tiny"]
+    newest, tiny = newest_release(tiny)
+    return tiny, f"tiny, SGLang {newest}" if newest else ""
+
+
+def make_all(df: pd.DataFrame, out: Path) -> list[Path]:
+    """Every dashboard plot from a records frame (``store.records_frame``)."""
+    paths = memory_vs_topk(df, out)
+    if not df.empty:
+        timed = timing_records(df)
+        newest, label = newest_tiny(timed)
+        chain_or_tree = newest[(newest.batch_size == 1)] if "batch_size" in newest else newest
+        paths += _by_topk(chain_or_tree, "decode_throughput", "attention_backend", out, "throughput_vs_topk",
+                          "decode throughput (tokens/s), batch 1", f"throughput vs topk per backend ({label})")
+        newest, label = newest_tiny(df)
+        paths += _by_topk(newest, "accept_length", "profile", out, "acceptance_vs_topk",
+                          "acceptance length (tokens/verify)", f"acceptance vs topk per oracle profile ({label})")
+        paths += across_versions(df, out)
+    return paths
+
+
+__all__ = ["make_all", "memory_vs_topk"]

@@ -1,0 +1,1 @@
+"""The results store: JSONL files of records and runs (I/O), the records frame, and selections."""

@@ -1,0 +1,89 @@
+"""Selections of records for comparisons: ``KEY=VALUE,...`` specs over the store, the newest run, each case's latest record."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+from typing import Iterable
+
+from specwatch.core.errors import SpecwatchInputError
+from specwatch.core.record import CaseRecord
+from specwatch.store.jsonl import load_records, result_files
+
+
+def run_key(r: CaseRecord) -> str:
+    """The run a record belongs to: its ``run_id``; records from before run ids existed are keyed by
+    their specwatch commit (then a run was one commit's sweep, as for the first smoke A/A pair)."""
+    return r.provenance.run_id or f"commit:{r.provenance.specwatch_commit}"
+
+
+def newest_run(recs: list[CaseRecord], n: int, spec: str) -> str:
+    """The ``run_key`` of the n-th newest run among ``recs`` (runs ordered by their first record's
+    start): ``run=-N`` in a selection, e.g. ``run=-2`` vs ``run=-1`` for an A/A pair."""
+    first: dict[str, datetime] = {}
+    for r in recs:
+        k = run_key(r)
+        first[k] = min(first.get(k, r.provenance.started_at), r.provenance.started_at)
+    runs = sorted(first, key=first.get)
+    if not 1 <= n <= len(runs):
+        raise SpecwatchInputError(None, f"run -{n}: the selection holds {len(runs)} run(s)", field=spec)
+    return runs[-n]
+
+
+SELECT_FIELDS = {
+    "sglang_version": lambda r: r.provenance.sglang_version,
+    "sglang_commit": lambda r: r.provenance.sglang_commit,
+    "specwatch_commit": lambda r: r.provenance.specwatch_commit,
+    "machine": lambda r: r.provenance.machine,
+    "suite": lambda r: r.suite,
+    "fault": lambda r: r.provenance.fault or "none",
+    "probe": lambda r: "on" if r.provenance.probe else "off",
+    "overlap": lambda r: "on" if r.overlap_starts else "off",
+    "run": run_key,
+}
+"""FIELD -> the value of a record a FIELD=VALUE selection term compares with."""
+
+
+def select(spec: str, root: Path) -> list[CaseRecord]:
+    """A selection: a JSONL file or folder, or FIELD=VALUE[,FIELD!=VALUE...] over the store's records
+    (fields: ``SELECT_FIELDS``; ``!=`` excludes, e.g. an A/A comparison of one run against the
+    earlier runs of the same version).
+    ``FIELD=A|B`` matches either value (``run=ID1|ID2``: a side made of two runs).
+    ``run`` takes a run id or ``-N``, the N-th newest run of the records the other terms select
+    (``run=-2`` and ``run=-1``: the last two runs, an A/A pair of one session).
+    Fault-injection and bare (probe-off) runs share case ids with clean runs, so a FIELD=VALUE
+    selection holds clean, probed runs only unless it names ``fault`` or ``probe`` (``probe=off``),
+    and runs whose starts overlapped timed batches (``--overlap-starts``: noisier timing) only when
+    it names ``overlap`` (``overlap=on``)."""
+    p = Path(spec)
+    if p.exists():
+        return load_records([p] if p.is_file() else result_files(p))
+    terms = []
+    for term in spec.split(","):
+        key, sep, value = term.partition("=")
+        if not sep or key.rstrip("!") not in SELECT_FIELDS:
+            raise SpecwatchInputError(None, f"not a results file or FIELD=VALUE with FIELD in {sorted(SELECT_FIELDS)}",
+                                      field=spec)
+        terms.append((key.rstrip("!"), key.endswith("!"), value))
+    recs = load_records(result_files(root))
+    named = {key for key, _, _ in terms}
+    if "fault" not in named:
+        recs = [r for r in recs if r.provenance.fault is None]
+    if "probe" not in named:
+        recs = [r for r in recs if r.provenance.probe]
+    if "overlap" not in named:
+        recs = [r for r in recs if not r.overlap_starts]
+    for key, negate, value in sorted(terms, key=lambda t: t[0] == "run"):   # run=-N counts within the rest
+        if key == "run" and value.startswith("-") and value[1:].isdigit():
+            value = newest_run(recs, int(value[1:]), spec)
+        values = set(value.split("|"))                      # FIELD=A|B: either
+        recs = [r for r in recs if (str(SELECT_FIELDS[key](r)) in values) != negate]
+    return recs
+
+
+def latest_by_case(records: Iterable[CaseRecord]) -> dict[str, CaseRecord]:
+    """The newest record of each case (a resumed sweep may hold several)."""
+    out: dict[str, CaseRecord] = {}
+    for r in sorted(records, key=lambda r: r.provenance.started_at):
+        out[r.case_id] = r
+    return out

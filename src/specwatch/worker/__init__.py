@@ -1,0 +1,1 @@
+"""The child process that drives one ``sglang.Engine`` (``python -m specwatch.worker``); no other module imports it."""
