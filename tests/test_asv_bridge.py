@@ -8,8 +8,6 @@ from specwatch.core.record import Metric
 from specwatch.present.asv_bridge import asv_import, offline_config, version_ledger
 from specwatch.store.jsonl import (
     append_record,
-    load_records,
-    result_files,
     results_path,
 )
 
@@ -43,15 +41,19 @@ def test_version_ledger_is_ordered_and_stable(tmp_path):
 
 def test_records_become_asv_results_that_publish_and_compare(tmp_path):
     res_root = tmp_path / "results"
-    for version, tps, al in (("0.5.16", 1000.0, 4.0), ("0.5.17", 800.0, 3.5)):
-        append_record(results_path(res_root, "h200test", version, "tree-page"), _tree_record(version, tps, al))
     work, html = tmp_path / "asv", tmp_path / "html"
-    recs = load_records(result_files(res_root))
     # 0.5.17 imported first, 0.5.16 later (an older version run afterwards): the ledger is rebuilt
-    asv_import([r for r in recs if r.provenance.sglang_version == "0.5.17"], res_root, work, html, publish=False)
-    done = asv_import(recs, res_root, work, html)
+    for version, tps, al in (("0.5.17", 800.0, 3.5), ("0.5.16", 1000.0, 4.0)):
+        append_record(results_path(res_root, "h200test", version, "tree-page"), _tree_record(version, tps, al))
+        lines = []
+        done = asv_import(res_root, work, html, publish=version == "0.5.16", log=lines.append)
+        assert len(lines) == len(done) + (version == "0.5.16") and "sglang 0.5.17" in lines[-1 - (version == "0.5.16")]
     assert set(done) == {("h200test", "0.5.16"), ("h200test", "0.5.17")}
     assert (html / "index.html").exists() and (html / "graphs").exists()
+    # where the checkout lives leaves no trace in what asv wrote
+    assert [p.name for p in (html / "graphs" / "branch-main" / "machine-h200test").iterdir()] == ["python-specwatch"]
+    written = "".join(p.read_text() for p in (work / "results").rglob("*.json")) + (html / "index.json").read_text()
+    assert str(tmp_path) not in written.replace(str(work.resolve()), "") and sys.executable not in written
     cfg = offline_config(work, work / "sglang-versions", html)
     out = subprocess.run([sys.executable, "-m", "asv", "compare", "--config", str(cfg), "--machine", "h200test",
                           done[("h200test", "0.5.16")], done[("h200test", "0.5.17")]],

@@ -36,21 +36,25 @@ def test_allocator_benchmark_reports_planted_leak_and_skips():
 
 def test_eagle_tree_reads_committed_records(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECWATCH_SGLANG_VERSION", "0.5.17")
-    if hasattr(eagle_tree.EagleTree, "_cache"):
-        del eagle_tree.EagleTree._cache
+    monkeypatch.setattr(eagle_tree, "RECORDS", eagle_tree._records())
     b = eagle_tree.EagleTree()
     b.setup("triton", 64, 8, 1, "second-choice")
     assert b.track_accept_length() == 2.0 and b.track_leaked_tokens() == 0
     # the committed store also holds a --overlap-starts run of every case (timing contended by other
     # engines' starts, and one leak check read before the flush fix): trend points come from waves
-    chosen = eagle_tree.EagleTree._cache.values()
+    chosen = eagle_tree.RECORDS.values()
     assert chosen and not any(r.overlap_starts for r in chosen)
+    # one machine's own file only, when asv-import names the machine
+    monkeypatch.setenv("SPECWATCH_MACHINE", "nvidia-h200-x1")
+    assert eagle_tree._records().keys() == eagle_tree.RECORDS.keys()
+    monkeypatch.setenv("SPECWATCH_MACHINE", "no-such-machine")
+    assert eagle_tree._records() == {}
     # a case with no ok record (here: a store without records; the committed one keeps growing)
+    monkeypatch.delenv("SPECWATCH_MACHINE")
     monkeypatch.setenv("SPECWATCH_RESULTS", str(tmp_path))
-    del eagle_tree.EagleTree._cache
+    monkeypatch.setattr(eagle_tree, "RECORDS", eagle_tree._records())
     with pytest.raises(NotImplementedError, match="no ok record"):
         eagle_tree.EagleTree().setup("triton", 64, 8, 1, "second-choice")
-    del eagle_tree.EagleTree._cache
 
 
 def test_asv_discovers_every_benchmark(tmp_path):

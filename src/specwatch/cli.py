@@ -512,14 +512,11 @@ def asv_import_cmd(results: Path = typer.Option(Path("results"), help="Results r
                    publish: bool = typer.Option(True, help="Run asv publish afterwards.")) -> None:
     """Turn stored tree-page records into asv results (one asv commit per SGLang version) and publish."""
     from specwatch.present.asv_bridge import asv_import
-    from specwatch.store.jsonl import load_records, result_files
 
     try:
-        done = asv_import(load_records(result_files(results)), results, work, html, publish)
+        done = asv_import(results, work, html, publish, log=console.print)
     except (SpecwatchInputError, ValueError, RuntimeError) as e:
         _fail(e)
-    for (machine, version), h in done.items():
-        console.print(f"{machine} sglang {version}: asv commit {h[:8]}")
     if publish and done:
         console.print(f"asv publish wrote {html}/index.html")
 

@@ -16,9 +16,9 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-from specwatch.core.record import CaseRecord
 from specwatch.core.sglang_host import VERSION_ENV, version_key
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -80,13 +80,45 @@ def _asv(cfg: Path, *args: str, env: dict | None = None) -> str:
     return res.stdout
 
 
-def asv_import(records: list[CaseRecord], results_root: Path, work: Path = Path(".asv/offline"),
-               html_dir: Path = Path("dashboards/asv"), publish: bool = True) -> dict[tuple[str, str], str]:
+ENV_LABEL = "specwatch"
+"""The environment name asv's results carry. asv names an existing environment after its
+interpreter's absolute path, so results would change with the checkout's location; the records
+come from the store, not from this interpreter, so one fixed label serves every checkout."""
+
+
+def stabilise_env_names(results_dir: Path) -> None:
+    """Rewrite asv's results files under ``results_dir`` so their environment is ``ENV_LABEL``
+    (file name, ``env_name``, ``python`` and the ``python`` parameter): published graphs then lie
+    under ``python-specwatch`` wherever the checkout lives."""
+    for f in Path(results_dir).glob("*/*-existing-*.json"):
+        d = json.loads(f.read_text())
+        d["env_name"] = f"existing-{ENV_LABEL}"
+        d["python"] = ENV_LABEL
+        d.setdefault("params", {})["python"] = ENV_LABEL
+        target = f.with_name(f"{d['commit_hash'][:8]}-existing-{ENV_LABEL}.json")
+        target.write_text(json.dumps(d, indent=None, separators=(",", ":")))
+        if target != f:
+            f.unlink()
+
+
+def tree_page_pairs(results_root: Path) -> list[tuple[str, str]]:
+    """(machine, SGLang version) of every clean tree-page results file in the store, from its path
+    (``MACHINE/sglang-VERSION/tree-page.jsonl``): no record is parsed to find them."""
+    pairs = set()
+    for f in Path(results_root).glob("*/sglang-*/tree-page.jsonl"):
+        if f.is_file() and f.stat().st_size:
+            pairs.add((f.parent.parent.name, f.parent.name.removeprefix("sglang-")))
+    return sorted(pairs, key=lambda mv: (mv[0], version_key(mv[1])))
+
+
+def asv_import(results_root: Path, work: Path = Path(".asv/offline"), html_dir: Path = Path("dashboards/asv"),
+               publish: bool = True, log=None) -> dict[tuple[str, str], str]:
     """Write asv results for every (machine, SGLang version) that has tree-page records; returns
-    {(machine, version): ledger commit}. ``asv publish`` writes the HTML into ``html_dir``."""
+    {(machine, version): ledger commit}. ``asv publish`` writes the HTML into ``html_dir``. ``log``
+    hears one line per step (each version's asv run reads that version's own results file once)."""
+    say = log or (lambda line: None)
     work.mkdir(parents=True, exist_ok=True)
-    pairs = sorted({(r.provenance.machine, r.provenance.sglang_version) for r in records
-                    if r.suite == "tree-page" and r.provenance.sglang_version and r.provenance.fault is None})
+    pairs = tree_page_pairs(results_root)
     try:
         hashes = version_ledger(work / "sglang-versions", [v for _, v in pairs])
     except OutOfOrderVersion:
@@ -97,13 +129,18 @@ def asv_import(records: list[CaseRecord], results_root: Path, work: Path = Path(
         hashes = version_ledger(work / "sglang-versions", [v for _, v in pairs])
     cfg = offline_config(work, work / "sglang-versions", html_dir)
     done: dict[tuple[str, str], str] = {}
-    for machine, version in pairs:
+    for i, (machine, version) in enumerate(pairs, start=1):
+        started = time.monotonic()
         env = {VERSION_ENV: version, "SPECWATCH_MACHINE": machine,
                "SPECWATCH_RESULTS": str(Path(results_root).resolve())}
         _asv(cfg, "machine", "--yes", "--machine", machine, env=env)
         _asv(cfg, "run", "-E", f"existing:{sys.executable}", "--set-commit-hash", hashes[version],
              "--machine", machine, "--bench", "EagleTree", "--quick", env=env)
+        stabilise_env_names(work / "results")
         done[(machine, version)] = hashes[version]
+        say(f"[{i}/{len(pairs)}] {machine} sglang {version}: asv commit {hashes[version][:8]} "
+            f"({time.monotonic() - started:.0f} s)")
     if publish and done:
+        say("asv publish ...")
         _asv(cfg, "publish")
     return done
