@@ -132,6 +132,9 @@ class Resolver:
         result.pins["sglang"] = Pin(sglang, "the kit", f"sglang=={release}")
         omit = {canonicalize_name(r.name): r.why
                 for r in rules_for(release, cubin=self.cubin) if r.action == "omit"}
+        for req in sglang.requirements_for(self.environment, set()):
+            if canonicalize_name(req.name) in omit:
+                result.omitted[canonicalize_name(req.name)] = omit[canonicalize_name(req.name)]
         pending = [(req, f"sglang=={release}")
                    for req in top_level_requirements(sglang, self.host, cubin=self.cubin)]
         while pending:
