@@ -116,20 +116,21 @@ if f"{sys.version_info[0]}.{sys.version_info[1]}" != pyver:
     pip += [a for p in ("manylinux_2_34_x86_64", "manylinux2014_x86_64", "any")
             for a in ("--platform", p)]
     pip += [a for m in range(33, 16, -1) for a in ("--platform", f"manylinux_2_{m}_x86_64")]
-run = subprocess.run(pip + [str(wheels / w["filename"]) for w in manifest["wheels"]])
+run = subprocess.run(pip + [str(wheels / w["filename"]) for w in manifest["wheels"]],
+                     env={**os.environ, "PIP_ROOT_USER_ACTION": "ignore"})
 if run.returncode != 0:
     say("pip install failed (see above)")
     sys.exit(run.returncode)
 shutil.rmtree(wheels)
 
-# 6. env.sh: the site on PYTHONPATH, with the folders its .pth files name (Python reads .pth files
-# only in site directories); carried NVIDIA libraries first on LD_LIBRARY_PATH
+# 6. env.sh: the site on PYTHONPATH, with the folders its .pth files add (Python reads .pth files
+# only in site directories, not on PYTHONPATH): site.addsitedir runs them once here to see which
 paths = [str(site)]
-for pth in sorted(site.glob("*.pth")):
-    for line in pth.read_text().splitlines():
-        line = line.strip()
-        if line and not line.startswith(("#", "import")) and (site / line).is_dir():
-            paths.append(str(site / line))
+probe = ("import site, sys; before = set(sys.path); site.addsitedir(sys.argv[1]); "
+         "print('\\n'.join(p for p in sys.path if p not in before))")
+added = subprocess.run([py, "-c", probe, str(site)], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(site)}).stdout.split()
+paths += [p for p in added if p not in paths and Path(p).is_dir()]
 
 def lib_dirs(root):
     found = []
