@@ -61,14 +61,10 @@ RELEASE_RULES: tuple[ReleaseRule, ...] = (
     ReleaseRule("nvidia-cutlass-dsl", SpecifierSet("==0.5.15"), "carry",
                 "0.5.15's EAGLE graph capture imports the DSA backend, whose jit_kernel/dsa "
                 "imports cutlass (CuTe DSL) at module level (0.5.12-0.5.14 do not import it "
-                "there; 0.5.16 and later import it lazily); carried without its [cu13] extra's "
-                "libraries, which the import does not need"),
+                "there; 0.5.16 and later import it lazily)"),
     ReleaseRule("nvidia-cutlass-dsl-libs-cu12", SpecifierSet(">=0"), "omit",
                 "the CuTe DSL's CUDA 12 libraries (about 90 MB), which flashinfer's "
                 "nvidia-cutlass-dsl requires by default: the host runs CUDA 13"),
-    ReleaseRule("nvidia-cutlass-dsl-libs-cu13", SpecifierSet(">=0"), "omit",
-                "the CuTe DSL's CUDA 13 libraries (about 90 MB): importing cutlass, which is all a "
-                "model on sm90 needs from it, works without them"),
     ReleaseRule("flashinfer-cubin", SpecifierSet(">=0"), "omit",
                 "hundreds of MB of prebuilt kernels: flashinfer JIT-compiles what it needs on "
                 "first use instead (build with cubin=True to carry it)"),
