@@ -1,0 +1,80 @@
+"""Which of an SGLang release's requirements a kit carries, and the per-release special cases.
+
+SGLang's METADATA lists far more than the LLM serving path imports (video and audio decoders,
+diffusion, other GPU generations' kernels, model hubs). A kit follows only the requirements named
+in :data:`SERVING_PATH` plus the special cases of :data:`RELEASE_RULES`; everything those need is
+then followed recursively through each wheel's own ``Requires-Dist``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+SERVING_PATH = frozenset(canonicalize_name(n) for n in (
+    # GPU side
+    "torch", "sglang-kernel", "flashinfer-python", "apache-tvm-ffi", "xgrammar",
+    # models and tokenizers, at the versions SGLang pins
+    "transformers", "tokenizers", "compressed-tensors", "gguf",
+    # the HTTP server, the scheduler's IPC and the OpenAI-compatible API
+    "fastapi", "uvicorn", "pydantic", "pyzmq", "orjson", "msgspec", "pybase64", "setproctitle",
+    "zstandard", "partial-json-parser", "openai", "distro",
+))
+"""Names from SGLang's own ``Requires-Dist`` that every kit follows (at SGLang's pin)."""
+
+
+@dataclass(frozen=True)
+class ReleaseRule:
+    """One special case: a requirement added to, or left out of, some releases' kits."""
+
+    name: str
+    """Distribution name."""
+
+    releases: SpecifierSet
+    """SGLang versions the rule applies to."""
+
+    action: Literal["carry", "omit"]
+    """``carry``: follow it (at SGLang's pin where SGLang lists it, else at ``requirement``);
+    ``omit``: leave it out even where something else requires it."""
+
+    why: str
+    """What goes wrong without the rule."""
+
+    requirement: str = ""
+    """Version specifier used where SGLang's METADATA does not name it (``==0.1.5``)."""
+
+    def applies_to(self, sglang_version: Version) -> bool:
+        return self.releases.contains(sglang_version, prereleases=True)
+
+
+RELEASE_RULES: tuple[ReleaseRule, ...] = (
+    ReleaseRule("sgl-deep-gemm", SpecifierSet(">=0.5.12"), "carry",
+                "EAGLE's draft CUDA-graph capture imports deep_gemm, even for models that never "
+                "run a DeepGEMM kernel"),
+    ReleaseRule("ipython", SpecifierSet(">=0.5.12"), "carry",
+                "a few sglang utilities import IPython at module level, so the server does not "
+                "start without it"),
+    ReleaseRule("nvidia-cutlass-dsl", SpecifierSet("==0.5.15"), "carry",
+                "0.5.15's EAGLE graph capture imports the DSA backend, whose jit_kernel/dsa "
+                "imports cutlass (CuTe DSL) at module level (0.5.12-0.5.14 do not import it "
+                "there; 0.5.16 and later import it lazily)"),
+    ReleaseRule("nvidia-cutlass-dsl-libs-cu12", SpecifierSet(">=0"), "omit",
+                "the CuTe DSL's CUDA 12 libraries (about 90 MB), which flashinfer's "
+                "nvidia-cutlass-dsl requires by default: the host runs CUDA 13"),
+    ReleaseRule("flashinfer-cubin", SpecifierSet(">=0"), "omit",
+                "hundreds of MB of prebuilt kernels: flashinfer JIT-compiles what it needs on "
+                "first use instead (build with cubin=True to carry it)"),
+)
+"""The per-release special cases, each saying why."""
+
+
+def rules_for(sglang_version: Version, *, cubin: bool) -> list[ReleaseRule]:
+    """The rules that apply to one release (the cubin omission dropped when ``cubin``)."""
+    rules = [r for r in RELEASE_RULES if r.applies_to(sglang_version)]
+    if cubin:
+        rules = [r for r in rules if canonicalize_name(r.name) != "flashinfer-cubin"]
+    return rules
