@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from specwatch.errors import SpecwatchInputError
+from specwatch.core.errors import SpecwatchInputError
 from specwatch.kit import build_kit
 from specwatch.kit.download import PipDownloader, download_error
 from specwatch.kit.host import HostProfile
@@ -319,3 +319,9 @@ def test_out_folder_with_other_files_is_refused(index, tmp_path):
     (out / "notes.txt").write_text("mine")
     with pytest.raises(SpecwatchInputError, match="not empty"):
         build_kit("0.5.20", out, host=TEST_HOST, downloader=downloader(index, tmp_path), log=lambda l: None)
+
+
+def test_a_distribution_omitted_at_build_time_is_left_out_and_says_why(index, tmp_path):
+    r = resolve(index, tmp_path, "0.5.20", omit={"NVIDIA_NCCL_cu13": "the host's serves"})
+    assert "nvidia-nccl-cu13" not in r.pins and r.omitted["nvidia-nccl-cu13"] == "the host's serves"
+    assert "torch" in r.pins

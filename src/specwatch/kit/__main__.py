@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from specwatch.errors import SpecwatchInputError
+from specwatch.core.errors import SpecwatchInputError
 from specwatch.kit.build import build_kit
 from specwatch.kit.download import DEFAULT_CACHE
 from specwatch.kit.host import DEFAULT_HOST, HostProfile
@@ -26,8 +26,15 @@ def parser() -> argparse.ArgumentParser:
     build.add_argument("--cubin", action="store_true", help="carry flashinfer-cubin")
     build.add_argument("--part-mib", type=float, default=DEFAULT_PART_LIMIT / MiB,
                        help="most MiB per part folder (default %(default)g)")
+    build.add_argument("--omit", action="append", default=[], metavar="NAME[=WHY]",
+                       help="leave a distribution out (repeatable), e.g. one the host's own copy serves")
     build.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="wheel cache folder")
     return top
+
+
+def _omission(text: str) -> tuple[str, str]:
+    name, _, why = text.partition("=")
+    return name.strip(), why.strip() or "left out when the kit was built (--omit)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
         host = HostProfile.from_json(args.host) if args.host else DEFAULT_HOST
         out = args.out or Path(f".kit-{args.version}")
         manifest = build_kit(args.version, out, host=host, fa3=not args.no_fa3, cubin=args.cubin,
-                             part_limit=int(args.part_mib * MiB), cache=args.cache)
+                             part_limit=int(args.part_mib * MiB), cache=args.cache,
+                             omit=dict(_omission(o) for o in args.omit))
     except SpecwatchInputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

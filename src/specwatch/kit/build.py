@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
-from specwatch.errors import SpecwatchInputError
+from specwatch.core.errors import SpecwatchInputError
 from specwatch.kit import pack
 from specwatch.kit.download import DEFAULT_CACHE, Downloader, PipDownloader
 from specwatch.kit.host import DEFAULT_HOST, HostProfile
@@ -20,18 +20,19 @@ from specwatch.kit.trim import without_fa3
 def build_kit(version: str, out: Path, *, host: HostProfile = DEFAULT_HOST, fa3: bool = True,
               cubin: bool = False, part_limit: int = pack.DEFAULT_PART_LIMIT,
               cache: Path = DEFAULT_CACHE, downloader: Downloader | None = None,
-              log: Callable[[str], None] = print) -> KitManifest:
+              omit: dict[str, str] | None = None, log: Callable[[str], None] = print) -> KitManifest:
     """Build the offline kit for SGLang ``version`` in ``out`` (``out/part-NN/``).
 
     ``fa3=False`` leaves sglang-kernel's FA3 library out; ``cubin=True`` carries flashinfer-cubin.
+    ``omit``: distributions to leave out (name -> why), e.g. a library the host's own copy serves.
     ``downloader`` replaces pip against the package index (tests use a local folder).
-    Raises :class:`~specwatch.errors.SpecwatchInputError` (one line) on bad input or no network.
+    Raises :class:`~specwatch.core.errors.SpecwatchInputError` (one line) on bad input or no network.
     """
     out = Path(out)
     check_out_dir(out)
     downloader = downloader or PipDownloader(host, cache, log=log)
     log(f"== resolving sglang {version} for Python {host.python_version}")
-    resolution = Resolver(downloader, host, cubin=cubin, log=log).resolve(version)
+    resolution = Resolver(downloader, host, cubin=cubin, omit=omit, log=log).resolve(version)
     pins = resolution.sorted_pins()
     if not fa3:
         pins = [drop_fa3(p, cache) for p in pins]

@@ -20,7 +20,7 @@ from typing import Callable, Protocol, Sequence
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from specwatch.errors import SpecwatchInputError
+from specwatch.core.errors import SpecwatchInputError
 from specwatch.kit.host import HostProfile
 from specwatch.kit.wheels import Wheel
 

@@ -17,7 +17,7 @@ from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from specwatch.errors import SpecwatchInputError
+from specwatch.core.errors import SpecwatchInputError
 
 MANYLINUX_X86_64 = (
     *(f"manylinux_2_{minor}_x86_64" for minor in range(34, 16, -1)),

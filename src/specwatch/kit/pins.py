@@ -16,7 +16,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from specwatch.errors import SpecwatchInputError
+from specwatch.core.errors import SpecwatchInputError
 from specwatch.kit.download import Downloader
 from specwatch.kit.host import HostProfile
 from specwatch.kit.releases import SERVING_PATH, rules_for
@@ -99,8 +99,10 @@ class Resolver:
     """Walks requirements breadth first, one download batch per level."""
 
     def __init__(self, downloader: Downloader, host: HostProfile, *, cubin: bool = False,
-                 log: Callable[[str], None] = print):
+                 omit: dict[str, str] | None = None, log: Callable[[str], None] = print):
         self.downloader = downloader
+        self.extra_omit = {canonicalize_name(k): v for k, v in (omit or {}).items()}
+        """Distributions left out at build time (name -> why), beside ``RELEASE_RULES``' omissions."""
         self.host = host
         self.cubin = cubin
         self.log = log
@@ -132,6 +134,7 @@ class Resolver:
         result.pins["sglang"] = Pin(sglang, "the kit", f"sglang=={release}")
         omit = {canonicalize_name(r.name): r.why
                 for r in rules_for(release, cubin=self.cubin) if r.action == "omit"}
+        omit.update(self.extra_omit)
         for req in sglang.requirements_for(self.environment, set()):
             if canonicalize_name(req.name) in omit:
                 result.omitted[canonicalize_name(req.name)] = omit[canonicalize_name(req.name)]

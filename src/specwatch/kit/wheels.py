@@ -14,7 +14,7 @@ from packaging.tags import Tag
 from packaging.utils import InvalidWheelFilename, NormalizedName, parse_wheel_filename
 from packaging.version import Version
 
-from specwatch.errors import SpecwatchInputError
+from specwatch.core.errors import SpecwatchInputError
 
 
 @dataclass(frozen=True)
