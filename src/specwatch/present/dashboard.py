@@ -18,7 +18,7 @@ from urllib.parse import quote
 import pandas as pd
 from jinja2 import Environment, PackageLoader
 from markdown_it import MarkdownIt
-from markupsafe import Markup, escape
+from markupsafe import Markup
 
 from specwatch.analysis.dcp import DCP_SUITES, dcp_markdown, dcp_matrix, dcp_summary
 from specwatch.analysis.health import fault_table, health_matrix
