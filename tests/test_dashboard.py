@@ -33,26 +33,110 @@ def test_dashboard_writes_plots_and_index(tmp_path):
         assert f"plots/{name}.png" in text
         assert (tmp_path / "dash" / "plots" / f"{name}.png").stat().st_size > 10_000
         assert (tmp_path / "dash" / "plots" / f"{name}.svg").exists()
-    assert "<table" in text and "decode_throughput" in text
+    assert "<table" in text and 'href="cases.html"' in text
+    assert text.index('id="verdict"') < text.index('id="contents"') < text.index('id="plots"') < text.index('id="health"')
+    assert "decode_throughput" in (tmp_path / "dash" / "cases.html").read_text()
+
+
+def test_build_refuses_no_records_and_leaves_the_dashboard_as_it_is(tmp_path):
+    import pandas as pd
+    from typer.testing import CliRunner
+
+    from specwatch.cli import app
+    from specwatch.core.errors import SpecwatchInputError
+
+    (tmp_path / "index.html").write_text("committed")
+    with pytest.raises(SpecwatchInputError, match="no records"):
+        build(pd.DataFrame(), tmp_path, source=tmp_path / "typo")
+    result = CliRunner().invoke(app, ["dashboard", "--results", str(tmp_path / "typo"), "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "no records" in result.output and "Traceback" not in result.output
+    assert (tmp_path / "index.html").read_text() == "committed"
+
+
+def test_case_table_writes_numbers_readably_and_unmeasured_cells_as_a_dash(tmp_path):
+    from specwatch.present.dashboard import fmt_value
+
+    assert [fmt_value(v) for v in (295200.0, 2952.34, 869.64, 3.94375, 0.00012, float("nan"), None, 4.0)] == [
+        "295,200", "2,952", "869.6", "3.944", "0.00012", "–", "–", "4"]
+    df = _frame(tmp_path)
+    df.loc[df.topk == 8, "decode_throughput"] = float("nan")
+    build(df, tmp_path / "dash")
+    page = (tmp_path / "dash" / "cases.html").read_text()
+    cells = page[page.index("<tbody>"):page.index("</tbody>")]
+    assert ">298,512<" in cells and ">323,712<" in cells                 # req_to_token_bytes 9 * (8192 + 100k) * 4
+    assert "e+0" not in cells and "nan" not in cells.lower() and "–" in cells
+    assert 'data-v="1000.0"' in cells and "<script>" in page and "http" not in page.split("<script>")[1]
+
+
+def test_reports_are_rendered_to_html_with_names_and_contents_escaped(tmp_path):
+    out = tmp_path / "dash"
+    (out / "reports").mkdir(parents=True)
+    md = out / "reports" / "a&b <x>.md"
+    md.write_text("## specwatch: `head` vs `base`\n\n1 regressed\n\n| verdict | note |\n|---|---|\n"
+                  "| regressed | <script>alert(1)</script> |\n\n<details><summary>2 case(s) only in head</summary>\n\n"
+                  "| verdict |\n|---|\n| new |\n\n</details>\n")
+    before = md.read_bytes()
+    index = build(_frame(tmp_path), out).read_text()
+    assert 'href="reports/a%26b%20%3Cx%3E.html"' in index and "a&amp;b &lt;x&gt;" in index
+    page = (out / "reports" / "a&b <x>.html").read_text()
+    assert "<script>alert" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "<details><summary>2 case(s) only in head</summary>" in page and page.count("<table") == 2
+    assert md.read_bytes() == before
+
+
+def test_legends_list_at_most_twelve_entries_and_fold_the_rest_into_other():
+    import matplotlib.pyplot as plt
+
+    from specwatch.present.plots import FOLDED_COLOR, capped_legend
+
+    fig, ax = plt.subplots()
+    lines = [ax.plot([0, 1], [i, i], label=f"case {i}")[0] for i in range(20)]
+    texts = [t.get_text() for t in capped_legend(ax).get_texts()]
+    plt.close(fig)
+    assert len(texts) == 12 and texts[:11] == [f"case {i}" for i in range(11)] and texts[-1] == "other (9 more)"
+    assert all(line.get_color() == FOLDED_COLOR for line in lines[11:]) and lines[10].get_color() != FOLDED_COLOR
+    assert [list(line.get_ydata()) for line in lines] == [[i, i] for i in range(20)]     # data as drawn
 
 
 def _chromium():
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",
+                  "--window-size=1366,768"]
+
+MEASURE = """<script>(function () {
+  var box = function (id) { var r = document.getElementById(id).getBoundingClientRect();
+                            return [Math.round(r.top), Math.round(r.bottom)].join(","); };
+  document.body.setAttribute("data-measured", ["verdict-banner", "n-regressions", "suite-health"].map(box).join(";"));
+})();</script>"""
+"""Writes where the verdict's parts lie in the viewport (top,bottom per element) into the DOM."""
+
+
 @pytest.mark.skipif(not _chromium(), reason="chromium not installed (apt-get install chromium) — browser check skipped")
-def test_dashboard_renders_in_headless_chromium(tmp_path):
-    index = build(_frame(tmp_path), tmp_path / "dash")
+def test_dashboard_shows_the_verdict_on_the_first_screen_in_headless_chromium(tmp_path):
+    import re
+
+    from test_verdict import _two_releases
+
+    from specwatch.analysis.verdict import release_verdict
+
+    root = tmp_path / "results"
+    _two_releases(root)
+    index = build(records_frame(load_records(result_files(root))), tmp_path / "dash", verdict=release_verdict(root))
     shot = tmp_path / "shot.png"
-    subprocess.run([_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                    "--disable-component-update", "--disable-sync", "--no-first-run",
-                    f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1200,2400",
-                    f"--screenshot={shot}", index.as_uri()], check=True, timeout=120, capture_output=True)
-    dom = subprocess.run([_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                          f"--user-data-dir={tmp_path / 'profile2'}", "--dump-dom", index.as_uri()],
-                         check=True, timeout=120, capture_output=True, text=True).stdout
+    subprocess.run([_chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}",
+                    index.as_uri()], check=True, timeout=120, capture_output=True)
+    probe = index.with_name("measured.html")
+    probe.write_text(index.read_text().replace("</body>", MEASURE + "</body>"))
+    dom = subprocess.run([_chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile2'}", "--dump-dom",
+                          probe.as_uri()], check=True, timeout=120, capture_output=True, text=True).stdout
     assert shot.stat().st_size > 20_000
     assert dom.count("<img") == 4 and "<table" in dom
+    assert "1 regression, 1 new failure" in dom
+    boxes = [tuple(map(int, b.split(","))) for b in re.search(r'data-measured="([^"]+)"', dom).group(1).split(";")]
+    assert all(0 <= top < bottom <= 768 for top, bottom in boxes), boxes
 
 
 def test_fault_table_puts_each_fault_run_beside_the_clean_run():

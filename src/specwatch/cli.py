@@ -436,8 +436,10 @@ def noise_holdout(budget_file: Path = typer.Argument(Path("results/noise-budgets
 @app.command()
 def dashboard(results: Path = typer.Option(Path("results"), help="Results root."),
               out: Path = typer.Option(Path("dashboards"), help="Dashboard folder.")) -> None:
-    """Write the plots (PNG + SVG) and dashboards/index.html from the stored results."""
+    """Write the plots (PNG + SVG), dashboards/index.html (opening with the newest release's verdict
+    against the previous one) and dashboards/cases.html from the stored results."""
     from specwatch.analysis.roofline import roofline_frame
+    from specwatch.analysis.verdict import release_verdict
     from specwatch.present.dashboard import build
     from specwatch.store.frame import records_frame
     from specwatch.store.jsonl import load_records, result_files
@@ -445,6 +447,7 @@ def dashboard(results: Path = typer.Option(Path("results"), help="Results root."
     try:
         records = load_records(result_files(results))
         df = records_frame(records)
+        verdict = release_verdict(results)
     except SpecwatchInputError as e:
         _fail(e)
     roof = roofline_frame([r for r in records if r.provenance.fault is None and r.provenance.probe])
@@ -454,7 +457,10 @@ def dashboard(results: Path = typer.Option(Path("results"), help="Results root."
               roof.drop(columns=["case_id"]) if not roof.empty else roof,
               "Sweep cost per GPU run (wall time / the cases' own time; issue 3 aims under 2; K: engines in "
               "flight, 'overlap': --overlap-starts)": runs_frame(results)}
-    console.print(f"wrote {build(df, out, tables)}")
+    try:
+        console.print(f"wrote {build(df, out, tables, verdict=verdict, source=results)}")
+    except SpecwatchInputError as e:
+        _fail(e)
 
 
 @app.command()

@@ -1,17 +1,30 @@
-"""Static dashboard: ``dashboards/index.html`` linking the plots, the support matrix of recorded
-statuses, and the latest comparison reports (``dashboards/reports/*.md``)."""
+"""Static dashboard: ``dashboards/index.html`` opens with the release verdict (newest SGLang release
+against the previous one, ``analysis.verdict``) and each suite's health, then a contents list, the
+plots and the coverage/health, DCP and fault tables; ``dashboards/cases.html`` holds every case
+(sortable, filterable); each comparison report (``dashboards/reports/*.md``) and the DCP tables'
+markdown are rendered to HTML beside their markdown. Pages come from the Jinja2 templates in
+``present/templates`` with autoescaping on."""
 
 from __future__ import annotations
 
-import html
+import math
+import re
+from dataclasses import dataclass, field
+from numbers import Number
 from pathlib import Path
 from typing import Optional
+from urllib.parse import quote
 
 import pandas as pd
+from jinja2 import Environment, PackageLoader
+from markdown_it import MarkdownIt
+from markupsafe import Markup
 
 from specwatch.analysis.dcp import DCP_SUITES, dcp_markdown, dcp_matrix, dcp_summary
 from specwatch.analysis.health import fault_table, health_matrix
 from specwatch.analysis.overhead import overhead_table
+from specwatch.analysis.verdict import ReleaseVerdict
+from specwatch.core.errors import SpecwatchInputError
 from specwatch.present.plots import make_all
 
 PLOT_TITLES = {
@@ -21,57 +34,179 @@ PLOT_TITLES = {
     "across_versions": "Metrics across SGLang versions",
 }
 
+CASE_COLUMNS = ("sglang_version", "suite", "model", "attention_backend", "page_size", "topk", "batch_size", "profile",
+                "status", "decode_throughput", "accept_length", "leaked_tokens", "lossless_mismatches",
+                "req_to_token_bytes")
+"""Columns of the case table (``cases.html``), those the records frame has."""
 
-def build(df: pd.DataFrame, out: Path, tables: Optional[dict[str, pd.DataFrame]] = None) -> Path:
-    """``tables``: further titled tables (roofline, sweep cost) shown after the fault table."""
+NOT_MEASURED = "–"
+"""What a table cell shows where the record holds no value."""
+
+FOLD_ROWS = 60
+"""Tables longer than this start folded (``<details>``), their row count in the summary."""
+
+ENV = Environment(loader=PackageLoader("specwatch.present", "templates"), autoescape=True,
+                  trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+ENV.filters["href"] = lambda s: quote(str(s))
+
+
+def fmt_value(v) -> str:
+    """A cell's text: thousands separators, at most 3 decimals, never scientific notation;
+    ``NOT_MEASURED`` for a missing value (None, NaN)."""
+    if v is None or (isinstance(v, float) and math.isnan(v)) or v is pd.NA or v is pd.NaT:
+        return NOT_MEASURED
+    if isinstance(v, bool) or not isinstance(v, Number):
+        return str(v)
+    if float(v).is_integer():
+        return f"{int(v):,}"
+    if abs(v) >= 1000:
+        return f"{v:,.0f}"
+    decimals = 1 if abs(v) >= 100 else 3 if abs(v) >= 0.001 else 9
+    return f"{v:.{decimals}f}".rstrip("0").rstrip(".")
+
+
+def sort_key(v) -> str:
+    """A cell's sort value for the page's sorter: the number itself, '' when not measured."""
+    if isinstance(v, Number) and not isinstance(v, bool) and not (isinstance(v, float) and math.isnan(v)):
+        return repr(float(v))
+    return ""
+
+
+@dataclass
+class TableView:
+    """A frame as the templates draw it: titled, its cells formatted (``fmt_value``)."""
+
+    title: str
+    anchor: str
+    columns: list[str]
+    rows: list[list[tuple[str, str]]] = field(default_factory=list)
+    """Per row, per column: (text, numeric sort value or '')."""
+    numeric: list[bool] = field(default_factory=list)
+    """Per column: True when it holds a number (its cells align right)."""
+
+    @property
+    def folded(self) -> bool:
+        return len(self.rows) > FOLD_ROWS
+
+
+def anchor_of(title: str) -> str:
+    """An id for a section: the title's words, lower case, joined by '-'."""
+    return "-".join(re.findall(r"[a-z0-9]+", title.lower()))[:60]
+
+
+def table_view(title: str, df: pd.DataFrame, anchor: Optional[str] = None) -> TableView:
+    """``df`` (index dropped) as a ``TableView``."""
+    cells = df.astype(object).where(df.notna(), None).values.tolist()
+    rows = [[(fmt_value(v), sort_key(v)) for v in row] for row in cells]
+    numeric = [any(row[i][1] for row in rows) for i in range(len(df.columns))]
+    return TableView(title, anchor or anchor_of(title), [str(c) for c in df.columns], rows, numeric)
+
+
+SUMMARY_LINE = re.compile(r"^<details><summary>(.*)</summary>$")
+"""The one raw-HTML construct ``analysis.compare.markdown`` writes (``</details>`` closes it)."""
+
+
+def markdown_html(text: str) -> Markup:
+    """Markdown (GFM tables) to HTML with raw HTML escaped, except the ``<details><summary>``
+    folds the comparison reports write, which stay folds (their summary text escaped)."""
+    md = MarkdownIt("commonmark", {"html": False}).enable("table")
+    out, chunk = [], []
+
+    def flush():
+        out.append(md.render("\n".join(chunk)))
+        chunk.clear()
+
+    for line in text.splitlines():
+        if m := SUMMARY_LINE.match(line):
+            flush()
+            out.append(f"<details><summary>{md.renderInline(m.group(1))}</summary>")
+        elif line == "</details>":
+            flush()
+            out.append("</details>")
+        else:
+            chunk.append(line)
+    flush()
+    return Markup("\n".join(out))
+
+
+def render_markdown_page(md_path: Path, back: str) -> Path:
+    """``md_path`` rendered to ``<same name>.html`` beside it; ``back``: the link to the dashboard."""
+    html_path = md_path.with_suffix(".html")
+    html_path.write_text(ENV.get_template("report.html.j2").render(
+        title=md_path.stem, body=markdown_html(md_path.read_text()), back=back, source=md_path.name))
+    return html_path
+
+
+def render_reports(out: Path) -> list[Path]:
+    """Every ``out/reports/*.md`` rendered to HTML; returns the markdown files, by name."""
+    reports = sorted((out / "reports").glob("*.md")) if (out / "reports").exists() else []
+    for r in reports:
+        render_markdown_page(r, "../index.html")
+    return reports
+
+
+def cases_table(df: pd.DataFrame) -> TableView:
+    """Every clean case record, one row each, sorted by suite, backend, page and topk."""
+    cols = [c for c in CASE_COLUMNS if c in df]
+    return table_view("Cases", df.sort_values(["suite", "attention_backend", "page_size", "topk"])[cols], "cases")
+
+
+def recorded_counts(df: pd.DataFrame) -> pd.DataFrame:
+    """Records per machine, SGLang version and suite, one column per status."""
+    return df.groupby(["machine", "sglang_version", "suite", "status"]).size().unstack(fill_value=0).reset_index()
+
+
+def section_tables(df: pd.DataFrame, faults: pd.DataFrame, overhead: pd.DataFrame, dcp: dict,
+                   tables: Optional[dict[str, pd.DataFrame]]) -> list[TableView]:
+    """The index's tables after the plots, in order: health matrix, DCP tables per DCP suite, fault
+    injection, harness overhead, recorded counts, then ``tables``; empty ones left out."""
+    titled = [("Coverage and health per suite (latest record of each case; rows with no record left out; "
+               "DCP and faults have tables of their own)", health_matrix(df), "health")]
+    for suite, (summary, matrix) in dcp.items():
+        titled += [(f"DCP support summary (suites/{suite}.toml, folded over page size and topk)", summary,
+                    f"dcp-summary-{suite}"),
+                   (f"DCP support matrix (suites/{suite}.toml)", matrix, f"dcp-matrix-{suite}")]
+    titled += [("Fault injection (specwatch inject)", faults, "faults"),
+               ("Harness overhead (specwatch run --bare)", overhead, "overhead"),
+               ("Recorded cases per machine, SGLang version and suite", recorded_counts(df), "recorded")]
+    titled += [(title, t, None) for title, t in (tables or {}).items()]
+    return [table_view(title, t, anchor) for title, t, anchor in titled if t is not None and not t.empty]
+
+
+def health_anchor(suite: str, dcp: dict) -> str:
+    """Where a suite's own table is on the index page."""
+    if suite in dcp:
+        return f"dcp-summary-{suite}"
+    return "faults" if suite == "faults" else "health"
+
+
+def build(df: pd.DataFrame, out: Path, tables: Optional[dict[str, pd.DataFrame]] = None,
+          verdict: Optional[ReleaseVerdict] = None, source: Optional[Path] = None) -> Path:
+    """Write ``out/index.html``, ``out/cases.html``, the plots and the reports' HTML; returns the index.
+    ``tables``: further titled tables (roofline, sweep cost) shown last; ``verdict``: the release
+    verdict the page opens with (``analysis.verdict.release_verdict``); ``source``: the results root
+    the frame was read from (named when it holds no record: then nothing is written)."""
+    if df.empty:
+        raise SpecwatchInputError(source, f"no records: the dashboard in {out} is left as it is")
     faults, overhead = fault_table(df), overhead_table(df)
     if "fault" in df:
         df = df[df.fault.isna()]          # the rest shows clean runs only
     if "probe" in df:
         df = df[df.probe != False]        # noqa: E712 (bare runs: only in the overhead table)
     dcp = {suite: (dcp_summary(m), m) for suite in DCP_SUITES if not (m := dcp_matrix(df, suite)).empty}
-    tables = {"Coverage and health per suite (latest record of each case; rows with no record left out; "
-              "DCP and faults have tables of their own)":
-              health_matrix(df),
-              **{title: t for suite, (summary, matrix) in dcp.items() for title, t in (
-                  (f"DCP support summary (suites/{suite}.toml, folded over page size and topk)", summary),
-                  (f"DCP support matrix (suites/{suite}.toml)", matrix))},
-              "Harness overhead (specwatch run --bare)": overhead, **(tables or {})}
+    out.mkdir(parents=True, exist_ok=True)
     if dcp:
-        out.mkdir(parents=True, exist_ok=True)
         (out / "dcp-support.md").write_text(dcp_markdown(dcp))
-    plots = make_all(df, out / "plots")
-    names = [p.stem for p in plots if p.suffix == ".png"]
-    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>specwatch dashboard</title>",
-             "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}img{max-width:100%}"
-             "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px}</style>",
-             "</head><body><h1>specwatch: SGLang speculative decoding</h1>"]
-    if not df.empty:
-        counts = df.groupby(["machine", "sglang_version", "suite", "status"]).size().unstack(fill_value=0)
-        parts += ["<h2>Recorded cases</h2>", counts.to_html(classes="summary")]
-        cols = [c for c in ("sglang_version", "suite", "model", "attention_backend", "page_size", "topk", "batch_size", "profile", "status",
-                            "decode_throughput", "accept_length", "leaked_tokens", "lossless_mismatches",
-                            "req_to_token_bytes") if c in df]
-        parts += ["<h2>Cases</h2>", df.sort_values(["suite", "attention_backend", "page_size", "topk"])[cols]
-                  .to_html(index=False, float_format=lambda v: f"{v:.4g}", classes="cases")]
-    if not faults.empty:
-        parts += ["<h2>Fault injection (specwatch inject)</h2>", faults.to_html(index=False, classes="faults")]
-    for title, t in (tables or {}).items():
-        if t is not None and not t.empty:
-            parts += [f"<h2>{html.escape(title)}</h2>", t.to_html(index=False, classes="extra")]
-    parts.append("<h2>Plots</h2>")
-    for n in names:
-        parts.append(f"<h3>{html.escape(PLOT_TITLES.get(n, n))}</h3><img src='plots/{n}.png' alt='{n}'>")
-    if (out / "asv" / "index.html").exists():
-        parts.append("<h2>asv</h2><p><a href='asv/index.html'>asv dashboard</a> (trend across SGLang versions; "
-                     "written by <code>specwatch asv-import</code>)</p>")
-    reports = sorted((out / "reports").glob("*.md")) if (out / "reports").exists() else []
-    if (out / "dcp-support.md").exists() and dcp:
-        parts.append("<p>The DCP tables as markdown: <a href='dcp-support.md'>dcp-support.md</a></p>")
-    parts.append("<h2>Comparison reports</h2>")
-    parts.append("<ul>" + "".join(f"<li><a href='reports/{r.name}'>{html.escape(r.stem)}</a></li>" for r in reports)
-                 + "</ul>" if reports else "<p>none yet</p>")
-    parts.append("</body></html>")
+        render_markdown_page(out / "dcp-support.md", "index.html")
+    plots = [p.stem for p in make_all(df, out / "plots") if p.suffix == ".png"]
+    reports = render_reports(out)
+    report_names = {r.stem for r in reports}
+    sections = section_tables(df, faults, overhead, dcp, tables)
+    (out / "cases.html").write_text(ENV.get_template("cases.html.j2").render(table=cases_table(df)))
     index = out / "index.html"
-    index.write_text("\n".join(parts))
+    index.write_text(ENV.get_template("index.html.j2").render(
+        verdict=verdict, plots=[(n, PLOT_TITLES.get(n, n)) for n in plots], sections=sections,
+        reports=[r.stem for r in reports], report_names=report_names, dcp=bool(dcp),
+        health_anchor=lambda s: health_anchor(s, dcp), asv=(out / "asv" / "index.html").exists(),
+        cases=len(df)))
     return index

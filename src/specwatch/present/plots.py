@@ -24,6 +24,32 @@ from specwatch.store.frame import latest_rows  # noqa: E402
 PAGES = (1, 16, 64, 256)
 TOPKS = (1, 2, 4, 8)
 
+LEGEND_LIMIT = 12
+"""Most entries a legend lists; the artists past it are drawn grey under one "other" entry."""
+
+FOLDED_COLOR = "#9a9a9a"
+"""The colour of the artists a legend folds into "other"."""
+
+PANEL_WIDTH_PER_VERSION = 0.6
+"""Inches of an across-versions panel per SGLang version (at least 5 in a panel)."""
+
+FIGURE_MAX_WIDTH = 16
+"""Inches past which the across-versions panels wrap into rows (one per metric) instead of growing wider."""
+
+
+def capped_legend(ax, limit: int = LEGEND_LIMIT, **kw):
+    """``ax.legend`` listing at most ``limit`` entries: past ``limit - 1`` the artists are recoloured
+    grey (their data as drawn) and share one entry, "other (N more)"."""
+    handles, labels = ax.get_legend_handles_labels()
+    if len(handles) > limit:
+        folded = handles[limit - 1:]
+        for h in folded:
+            for setter in ("set_color", "set_facecolor", "set_edgecolor"):
+                if hasattr(h, setter):
+                    getattr(h, setter)(FOLDED_COLOR)
+        handles, labels = handles[:limit - 1] + [folded[0]], labels[:limit - 1] + [f"other ({len(folded)} more)"]
+    return ax.legend(handles, labels, **kw)
+
 
 def _save(fig, out: Path, name: str) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
@@ -82,7 +108,7 @@ def memory_vs_topk(df: pd.DataFrame, out: Path, steps: int = 3, context_len: int
             xticks=TOPKS, xticklabels=TOPKS, title="per-decode KV reserve (2 x holey tree footprint)")
     for ax in (ax1, ax2):
         ax.xaxis.set_minor_formatter(NullFormatter())
-        ax.legend(fontsize=7)
+        capped_legend(ax, fontsize=7)
     return _save(fig, out, "memory_vs_topk")
 
 
@@ -94,7 +120,7 @@ def _by_topk(df: pd.DataFrame, metric: str, group: str, out: Path, name: str, yl
         ax.plot(agg.index, agg.values, marker="o", label=f"{group}={key}")
     ax.set(xlabel="topk", ylabel=ylabel, title=title)
     if not sub.empty:
-        ax.legend(fontsize=7)
+        capped_legend(ax, fontsize=7)
     else:
         ax.text(0.5, 0.5, "no measured results yet", ha="center", va="center", transform=ax.transAxes)
     return _save(fig, out, name)
@@ -147,9 +173,15 @@ def across_versions(df: pd.DataFrame, out: Path, metrics=VERSION_METRICS) -> lis
     """One line per case present (ok) in every SGLang version that has an ok case, so a change in the
     case mix can never look like a change in SGLang; the latest record of each case per version
     (``version_axis``: versions that ran nothing ok stay on the axis, as a gap in every line). Each
-    panel takes the records that may show its metric (``version_lines``)."""
-    fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 4))
-    for ax, (m, unit) in zip(axes, metrics):
+    panel takes the records that may show its metric (``version_lines``). Panels widen with the
+    number of versions and wrap into one row per metric past ``FIGURE_MAX_WIDTH``; legends list at
+    most ``LEGEND_LIMIT`` cases."""
+    n_versions = df.sglang_version.nunique() if "sglang_version" in df else 0
+    width = max(5.0, PANEL_WIDTH_PER_VERSION * n_versions)
+    cols = len(metrics) if width * len(metrics) <= FIGURE_MAX_WIDTH else 1
+    rows = -(-len(metrics) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, 4 * rows), squeeze=False)
+    for ax, (m, unit) in zip(axes.ravel(), metrics):
         versions, labels, common, latest = version_lines(df, m) if not df.empty else ([], [], [], df)
         if common and m in latest:
             for cid, g in latest.groupby("case_id"):
@@ -158,7 +190,7 @@ def across_versions(df: pd.DataFrame, out: Path, metrics=VERSION_METRICS) -> lis
                         f"bs{first.batch_size}")
                 g = g.set_index("sglang_version").reindex(versions)
                 ax.plot(labels, g[m].values, marker="o", alpha=0.7, lw=1, label=name)
-            ax.legend(fontsize=7, title="case", title_fontsize=7)
+            capped_legend(ax, fontsize=7, title="case", title_fontsize=7)
         ax.set(xlabel="SGLang version", ylabel=f"{m} ({unit})",
                title=f"{m}\n{len(common)} cases ok on every version"
                      + (" (wave runs)" if m in TIMED_METRICS else " (all runs)"))

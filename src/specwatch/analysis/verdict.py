@@ -1,0 +1,161 @@
+"""The release verdict: the newest SGLang release in the store against the previous one, per suite
+both ran (``compare_records`` under the noise budgets, as ``specwatch compare`` reports it), and the
+newest release's health per suite (latest record of each case)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Optional
+
+from pydantic import BaseModel, Field
+
+from specwatch.analysis.compare import Verdict, compare_records
+from specwatch.core.errors import SpecwatchInputError
+from specwatch.core.record import CaseRecord, Status
+from specwatch.core.sglang_host import version_key
+from specwatch.store.jsonl import load_records, result_files
+from specwatch.store.select import latest_by_case, select
+
+BUDGETS_FILE = Path("noise-budgets.json")
+"""The noise-budget file ``specwatch noise`` writes, relative to the results root."""
+
+
+class SuiteComparison(BaseModel):
+    """One suite that both releases ran: the comparison ``specwatch compare`` makes of it."""
+
+    suite: str
+    """Suite name (``suites/<suite>.toml``)."""
+    base: str
+    """The base selection, as ``specwatch compare`` takes it (``sglang_version=...,suite=...``)."""
+    head: str
+    """The head selection, same form."""
+    counts: dict[str, int] = Field(default_factory=dict)
+    """Rows of the comparison per verdict (``Verdict`` value -> count); verdicts with no row are absent."""
+    regressed: list[str] = Field(default_factory=list)
+    """``case label: metric`` of each regressed row (timed metrics past their budget, exact metrics, checks)."""
+    now_failing: list[str] = Field(default_factory=list)
+    """``case label: status`` of each case ok on the base and not ok on the head."""
+
+    def count(self, verdict: Verdict) -> int:
+        """Rows with that verdict."""
+        return self.counts.get(verdict.value, 0)
+
+
+class SuiteHealth(BaseModel):
+    """One suite of the newest release: the latest record of each case it ran."""
+
+    suite: str
+    """Suite name."""
+    statuses: dict[str, int] = Field(default_factory=dict)
+    """``Status`` value -> number of cases whose latest record ended so (every status present, 0 when none)."""
+    failing_checks: dict[str, int] = Field(default_factory=dict)
+    """Check name -> ok cases whose latest record fails it."""
+
+    @property
+    def cases(self) -> int:
+        """Cases with a record."""
+        return sum(self.statuses.values())
+
+    @property
+    def healthy(self) -> bool:
+        """True when no case crashed, failed or timed out and no ok case fails a check (skips are the
+        validity rules' and the host's, not the suite's)."""
+        bad = sum(n for st, n in self.statuses.items() if st not in (Status.ok.value, Status.skipped.value))
+        return bad == 0 and not self.failing_checks
+
+
+class ReleaseVerdict(BaseModel):
+    """The answer the dashboard opens with: did the newest release regress against the previous one?"""
+
+    head_version: str
+    """The newest SGLang release with a record."""
+    base_version: Optional[str]
+    """The release before it with a record; None when the store holds one release only."""
+    budgets: Optional[str]
+    """The noise-budget file the timed comparisons used; None: the plain 5% threshold."""
+    compared: list[SuiteComparison] = Field(default_factory=list)
+    """Suites both releases ran, by name."""
+    health: list[SuiteHealth] = Field(default_factory=list)
+    """Every suite the newest release ran, by name."""
+
+    def total(self, verdict: Verdict) -> int:
+        """Rows with that verdict over the compared suites."""
+        return sum(c.count(verdict) for c in self.compared)
+
+    @property
+    def regressions(self) -> int:
+        """Regressed rows over the compared suites."""
+        return self.total(Verdict.regressed)
+
+    @property
+    def improvements(self) -> int:
+        """Improved rows over the compared suites."""
+        return self.total(Verdict.improved)
+
+    @property
+    def new_failures(self) -> int:
+        """Cases ok on the base release and not ok on the newest."""
+        return self.total(Verdict.now_failing)
+
+    @property
+    def failing_checks(self) -> int:
+        """(case, check) pairs failing in the newest release's latest ok records, over every suite."""
+        return sum(sum(h.failing_checks.values()) for h in self.health)
+
+    @property
+    def passed(self) -> bool:
+        """No regression and no new failure between the two releases."""
+        return self.regressions == 0 and self.new_failures == 0
+
+
+def load_budgets(path: Path) -> Optional[dict[str, float]]:
+    """The budgets of a noise-budget file (CLASS[/METRIC] -> relative change); None when it does not exist."""
+    if not path.exists():
+        return None
+    try:
+        return {str(k): float(v) for k, v in json.loads(path.read_text())["budgets"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise SpecwatchInputError(path, f"not a noise-budget file ({type(e).__name__}: {e})", field="budgets") from e
+
+
+def suite_health(suite: str, records: list[CaseRecord]) -> SuiteHealth:
+    """A suite's health from its records (the latest of each case counts)."""
+    latest = latest_by_case(records).values()
+    statuses = Counter(r.status.value for r in latest)
+    checks = Counter(name for r in latest if r.status is Status.ok for name, ok in r.checks.items() if ok is False)
+    return SuiteHealth(suite=suite, statuses={s.value: statuses.get(s.value, 0) for s in Status},
+                       failing_checks=dict(sorted(checks.items())))
+
+
+def compare_suite(suite: str, base_version: str, head_version: str, root: Path,
+                  budgets: Optional[dict[str, float]]) -> SuiteComparison:
+    """One suite's comparison between two releases, on the selections ``scripts/reports.sh`` names."""
+    base, head = (f"sglang_version={v},suite={suite}" for v in (base_version, head_version))
+    rows = compare_records(select(base, root), select(head, root), budgets=budgets)
+    return SuiteComparison(
+        suite=suite, base=base, head=head, counts=dict(Counter(r.verdict.value for r in rows)),
+        regressed=[f"{r.label}: {r.metric}" for r in rows if r.verdict is Verdict.regressed],
+        now_failing=[f"{r.label}: {r.note}" for r in rows if r.verdict is Verdict.now_failing])
+
+
+def release_verdict(root: Path, budgets_path: Optional[Path] = None) -> Optional[ReleaseVerdict]:
+    """The newest release against the previous one in the results store at ``root`` (clean, probed
+    records, as ``specwatch compare`` selects them); None when the store holds no such record.
+    ``budgets_path``: the noise budgets (default ``<root>/noise-budgets.json``, used when present)."""
+    budgets_path = root / BUDGETS_FILE if budgets_path is None else budgets_path
+    budgets = load_budgets(budgets_path)
+    records = [r for r in load_records(result_files(root)) if r.provenance.fault is None and r.provenance.probe
+               and not r.overlap_starts and r.provenance.sglang_version]
+    versions = sorted({r.provenance.sglang_version for r in records}, key=version_key)
+    if not versions:
+        return None
+    head, base = versions[-1], (versions[-2] if len(versions) > 1 else None)
+    suites = {v: {r.suite for r in records if r.provenance.sglang_version == v} for v in (head, base)}
+    compared = [compare_suite(s, base, head, root, budgets) for s in sorted(suites[head] & suites[base])] \
+        if base else []
+    newest = [r for r in records if r.provenance.sglang_version == head]
+    health = [suite_health(s, [r for r in newest if r.suite == s]) for s in sorted(suites[head])]
+    return ReleaseVerdict(head_version=head, base_version=base, budgets=str(budgets_path) if budgets else None,
+                          compared=compared, health=health)
