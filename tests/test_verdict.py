@@ -51,3 +51,13 @@ def test_a_store_with_one_release_has_health_and_nothing_to_compare(tmp_path):
     assert v.base_version is None and v.compared == [] and v.passed
     assert v.health[0].healthy
     assert release_verdict(tmp_path / "empty") is None
+
+
+def test_health_counts_the_cases_of_overlapped_runs(tmp_path):
+    """A run with --overlap-starts contends only timing: its statuses are the case's latest."""
+    ok = record(case(page_size=1), sglang_version="0.5.17")
+    ok.details["overlap_starts"] = True
+    _store(tmp_path, "0.5.17", [ok, record(case(page_size=16), status=Status.crashed, reason="boom",
+                                           sglang_version="0.5.17")])
+    (health,) = release_verdict(tmp_path).health
+    assert health.statuses["ok"] == 1 and health.statuses["crashed"] == 1
