@@ -84,7 +84,7 @@ def test_case_id_is_stable():
 @pytest.mark.parametrize("text,field,msg", [
     (BASE.replace('"triton"', '"cutlass"'), "matrix[0].attention_backend[0]", "'triton', 'flashinfer', 'fa3' or 'flashmla'"),
     (BASE + "bogus = [1]\n", "matrix[0].bogus", "Extra inputs are not permitted"),
-    (BASE.replace("page_size = [1, 64]", "page_size = [0]"), "matrix[0].page_size", ">= 1"),
+    (BASE.replace("page_size = [1, 64]", "page_size = [0]"), "matrix[0].page_size[0]", ">= 1"),
     ("[suite]\nname = \"t\"\n", "matrix", "Field required"),
 ])
 def test_bad_suite_names_file_and_field(tmp_path, text, field, msg):
@@ -137,3 +137,89 @@ def test_where_case_id_selects_exactly_the_named_cases():
     assert {c.case_id for c in cases if matches(c, where)} == picked
     with pytest.raises(SpecwatchInputError, match="case_id"):
         parse_where(["case=abc"])
+
+
+@pytest.mark.parametrize("line,field,got", [
+    ("page_size = [true]", "matrix[0].page_size[0]", "True"),
+    ('page_size = ["64"]', "matrix[0].page_size[0]", "'64'"),
+    ("page_size = [8.0]", "matrix[0].page_size[0]", "8.0"),
+    ('cuda_graph = ["yes"]', "matrix[0].cuda_graph[0]", "'yes'"),
+    ("cuda_graph = [1]", "matrix[0].cuda_graph[0]", "1"),
+    ("topk = [1.0]", "matrix[0].topk[0]", "1.0"),
+])
+def test_suite_values_are_strictly_typed(tmp_path, line, field, got):
+    key = line.split(" ")[0]
+    text = "\n".join(ln for ln in BASE.splitlines() if not ln.startswith(key + " ")) + "\n" + line + "\n"
+    p = write(tmp_path, text)
+    with pytest.raises(SpecwatchInputError) as e:
+        load_suite(p)
+    assert str(e.value).startswith(f"{p}: {field}: ") and f"(got {got})" in str(e.value)
+
+
+@pytest.mark.parametrize("header", ['repeats = "3"', "warmup = 1", "timeout_s = 900.5", "name = 1"])
+def test_suite_header_is_strictly_typed(tmp_path, header):
+    text = BASE.replace('name = "t"', header) if header.startswith("name") else BASE.replace(
+        '[suite]\nname = "t"', f'[suite]\nname = "t"\n{header}')
+    with pytest.raises(SpecwatchInputError, match=f"suite.{header.split()[0]}: "):
+        load_suite(write(tmp_path, text))
+
+
+@pytest.mark.parametrize("key,value,reason", [
+    ("page_size", 10**23, "chunked_prefill_size"), ("page_size", 8192, "<= 4096"), ("topk", 0, ">= 1"),
+    ("num_steps", 0, ">= 1"), ("num_draft_tokens", 0, ">= 1"), ("batch_size", 0, ">= 1"),
+    ("input_len", 8193, "context length"), ("output_len", 0, ">= 1"), ("tp", 0, ">= 1"), ("dcp", 65, "<= 64"),
+])
+def test_every_numeric_axis_is_bounded(tmp_path, key, value, reason):
+    text = "\n".join(ln for ln in BASE.splitlines() if not ln.startswith(key + " ")) + f"\n{key} = [{value}]\n"
+    with pytest.raises(SpecwatchInputError) as e:
+        load_suite(write(tmp_path, text))
+    assert f"matrix[0].{key}[0]: " in str(e.value) and "out of bounds" in str(e.value) and reason in str(e.value)
+
+
+@pytest.mark.parametrize("header,reason", [("repeats = 1000000000", "<= 1000"), ("repeats = 0", ">= 1"),
+                                           ("timeout_s = 0", ">= 10"), ("max_cases = 10000000", "<= 1000000")])
+def test_header_numbers_are_bounded(tmp_path, header, reason):
+    with pytest.raises(SpecwatchInputError, match=f"suite.{header.split()[0]}: .*{reason}"):
+        load_suite(write(tmp_path, BASE.replace('name = "t"', f'name = "t"\n{header}')))
+
+
+def test_a_huge_product_is_refused_from_the_axes_sizes_before_expanding(tmp_path):
+    import time
+
+    ten = "[" + ", ".join(str(i) for i in range(1, 11)) + "]"
+    axes = "\n".join(f"{k} = {ten}" for k in ("batch_size", "input_len", "output_len", "num_steps", "tp", "dcp"))
+    p = write(tmp_path, BASE + axes + "\n")
+    t0 = time.monotonic()
+    with pytest.raises(SpecwatchInputError) as e:
+        load_suite(p)
+    assert time.monotonic() - t0 < 5
+    line = str(e.value)
+    assert line.startswith(f"{p}: matrix: 4,000,000 cases > max_cases 100,000")
+    assert "page_size 2 x topk 2 x num_steps 10 x tp 10 x dcp 10 x batch_size 10" in line and "\n" not in line
+
+
+def test_max_cases_sets_the_limit_and_the_count_needs_no_expansion(tmp_path):
+    from specwatch.suite import SuiteSpec
+
+    p = write(tmp_path, BASE.replace('name = "t"', 'name = "t"\nmax_cases = 3'))
+    with pytest.raises(SpecwatchInputError, match="4 cases > max_cases 3"):
+        load_suite(p)
+    s = load_suite(write(tmp_path, BASE.replace('name = "t"', 'name = "t"\nmax_cases = 4'), "ok.toml"))
+    assert s.case_count == 4 == len(s.plan())
+    assert [p.case.case_id for p in s.iter_plan()] == [p.case.case_id for p in s.plan()]
+    assert SuiteSpec.model_fields["matrix"] and s.spec.matrix[0].axis_sizes()["page_size"] == 2
+
+
+@pytest.mark.parametrize("name", ["../../x", "/tmp/abs", "a/b", "", ".hidden", "a b", "-rf", "a+fault-x", "a" * 101])
+def test_suite_name_must_be_one_plain_path_component(tmp_path, name):
+    p = write(tmp_path, BASE.replace('name = "t"', f"name = {name!r}".replace("'", '"')))
+    with pytest.raises(SpecwatchInputError) as e:
+        load_suite(p)
+    assert str(e.value).startswith(f"{p}: suite.name: ") and "plain name" in str(e.value)
+
+
+def test_page_size_not_dividing_sglangs_prefill_chunk_is_planned_skipped(tmp_path):
+    plan = load_suite(write(tmp_path, BASE.replace("page_size = [1, 64]", "page_size = [48, 64]"))).plan()
+    by_page = {p.case.page_size: p.skip for p in plan if p.case.topk == 1}
+    assert by_page[64] is None
+    assert "chunked_prefill_size must be divisible by page_size" in by_page[48]

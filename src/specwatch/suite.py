@@ -4,21 +4,38 @@ A suite has a ``[suite]`` header and one or more ``[[matrix]]`` tables. Each mat
 cartesian product of its lists; the suite is the union of its matrices. Every expanded case is
 kept: an invalid one is planned as skipped with the reason SGLang would give, and a case that
 normalization makes identical to an earlier one is planned as skipped naming that case.
-"""
 
-from __future__ import annotations
+Values are typed strictly (TOML ``true``, ``"64"`` or ``8.0`` is no integer, ``"yes"`` no boolean)
+and every numeric axis is bounded (``AXIS_BOUNDS``), so a typo is one clear error naming the file
+and the TOML path instead of a plan. The number of cases is computed from the axes' lengths before
+anything is expanded and refused above ``[suite].max_cases``; expansion itself is lazy
+(``iter_expand``).
+"""
 
 import hashlib
 import itertools
+import math
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Iterator, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+)
+from pydantic_core import PydanticCustomError
 
 from specwatch.core.case import Algorithm, Backend, Case, ModelSize, Profile, Workload
 from specwatch.core.errors import SpecwatchInputError
+from specwatch.oracle.shapes import SHAPES
 from specwatch.rules.validity import normalize_draft_tokens, skip_reason
 
 if sys.version_info >= (3, 11):
@@ -27,16 +44,102 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
+CONTEXT_LIMIT = max(s.max_position for s in SHAPES.values())
+"""Longest context of any oracle model (``max_position_embeddings``): no prompt or output is longer.
+The ``fits-context`` rule checks each case against its own model's context, reserved tokens included."""
+
+MAX_CASES_DEFAULT = 100_000
+"""Largest suite planned unless ``[suite].max_cases`` says otherwise."""
+
+MAX_CASES_CEILING = 1_000_000
+"""Largest ``max_cases`` accepted: every planned case is held in memory (plan, run, CPU tier)."""
+
+SUITE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+"""Suite names become results file names and CPU-tier folder names: one plain path component."""
+
+
+@dataclass(frozen=True)
+class Bound:
+    """Inclusive bounds of one numeric suite field and why they are what they are."""
+
+    lo: int
+    hi: int
+    why: str
+    """The reason quoted in the error: SGLang's check where one exists, else specwatch's."""
+
+    def check(self, name: str):
+        """An ``AfterValidator`` function refusing values outside ``lo..hi`` with ``why``."""
+        def _check(v: int) -> int:
+            if not self.lo <= v <= self.hi:
+                shown = f"{v:.3g}" if abs(v) >= 10**9 else str(v)
+                raise PydanticCustomError(
+                    "out_of_bounds", "{shown} out of bounds: {name} must be >= {lo} and <= {hi} ({why})",
+                    {"shown": shown, "name": name, "lo": self.lo, "hi": self.hi, "why": self.why})
+            return v
+        return _check
+
+
+AXIS_BOUNDS: dict[str, Bound] = {
+    "page_size": Bound(1, 4096, "SGLang: chunked_prefill_size (8192 on H200) must be divisible by page_size"),
+    "topk": Bound(1, 64, "speculative_eagle_topk: draft tree branches"),
+    "num_steps": Bound(1, 32, "speculative_num_steps: draft depth"),
+    "num_draft_tokens": Bound(1, 1024, "speculative_num_draft_tokens: verified tokens per request"),
+    "tp": Bound(1, 64, "tp_size: GPUs one engine spans"),
+    "dcp": Bound(1, 64, "SGLang: dcp_size must divide tp_size"),
+    "batch_size": Bound(1, 4096, "concurrent requests per batch"),
+    "input_len": Bound(1, CONTEXT_LIMIT, "the oracle models' context length"),
+    "output_len": Bound(1, CONTEXT_LIMIT, "the oracle models' context length"),
+}
+"""Bounds of every numeric ``[[matrix]]`` axis. Upper bounds that no SGLang check sets are
+specwatch's: far beyond any swept value, low enough that a typo (``10**23``) is refused. Combinations
+SGLang refuses within the bounds (dcp not dividing tp, a page not dividing the prefill chunk, a
+prompt past the context with reserved tokens) are planned as skipped by ``rules.validity``."""
+
+HEADER_BOUNDS: dict[str, Bound] = {
+    "repeats": Bound(1, 1000, "timed repeats per case"),
+    "timeout_s": Bound(10, 86_400, "seconds per engine group; an engine start alone takes 10 s"),
+    "max_cases": Bound(1, MAX_CASES_CEILING, "every planned case is held in memory"),
+}
+"""Bounds of the numeric ``[suite]`` fields."""
+
+
+def _suite_name(v: str) -> str:
+    if not re.fullmatch(SUITE_NAME_PATTERN, v) or len(v) > 100:
+        shown = repr(v)
+        raise PydanticCustomError(
+            "suite_name", "{value} is no plain name (it names result files): must match {pattern}, "
+            "at most 100 characters", {"value": shown if len(shown) <= 40 else shown[:37] + "...",
+                                       "pattern": SUITE_NAME_PATTERN})
+    return v
+
+
+def _axis(name: str) -> object:
+    """List type of one numeric axis: strict integers within ``AXIS_BOUNDS[name]``, at least one."""
+    return Annotated[list[Annotated[StrictInt, AfterValidator(AXIS_BOUNDS[name].check(name))]],
+                     Field(min_length=1)]
+
+
+def _header_int(name: str) -> object:
+    return Annotated[StrictInt, AfterValidator(HEADER_BOUNDS[name].check(name))]
+
+
 class SuiteHeader(BaseModel):
     """The ``[suite]`` table."""
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(description="Suite name; names the results file.")
-    description: str = Field(default="", description="What the sweep is for.")
-    repeats: int = Field(default=3, ge=1, description="Timed repeats per case (median and spread).")
-    warmup: bool = Field(default=True, description="Run one untimed batch before timing.")
-    timeout_s: int = Field(default=900, ge=10, description="Wall-clock limit per engine group.")
+    name: Annotated[StrictStr, AfterValidator(_suite_name)]
+    """Suite name; names the results file (``SUITE.jsonl``) and the CPU tier's output folder."""
+    description: StrictStr = ""
+    """What the sweep is for."""
+    repeats: _header_int("repeats") = 3
+    """Timed repeats per case (median and spread)."""
+    warmup: StrictBool = True
+    """Run one untimed batch before timing."""
+    timeout_s: _header_int("timeout_s") = 900
+    """Wall-clock limit per engine group, seconds."""
+    max_cases: _header_int("max_cases") = MAX_CASES_DEFAULT
+    """Largest number of cases the matrices may expand to (counted before expanding)."""
 
 
 class Matrix(BaseModel):
@@ -44,30 +147,44 @@ class Matrix(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: list[ModelSize] = Field(default=[ModelSize.tiny], min_length=1)
-    algorithm: list[Algorithm] = Field(default=[Algorithm.EAGLE], min_length=1)
-    attention_backend: list[Backend] = Field(min_length=1)
-    page_size: list[int] = Field(min_length=1)
-    topk: list[int] = Field(min_length=1)
-    num_steps: list[int] = Field(default=[3], min_length=1)
-    num_draft_tokens: list[int] = Field(default=[8], min_length=1)
-    tp: list[int] = Field(default=[1], min_length=1)
-    dcp: list[int] = Field(default=[1], min_length=1)
-    batch_size: list[int] = Field(default=[1], min_length=1)
-    input_len: list[int] = Field(default=[128], min_length=1)
-    output_len: list[int] = Field(default=[128], min_length=1)
-    profile: list[Profile] = Field(default=[Profile.perfect], min_length=1)
-    workload: list[Workload] = Field(default=[Workload.standard], min_length=1)
-    cuda_graph: list[bool] = Field(default=[True], min_length=1)
+    model: Annotated[list[ModelSize], Field(min_length=1)] = [ModelSize.tiny]
+    """Oracle model sizes."""
+    algorithm: Annotated[list[Algorithm], Field(min_length=1)] = [Algorithm.EAGLE]
+    """Speculative algorithms."""
+    attention_backend: Annotated[list[Backend], Field(min_length=1)]
+    """Attention backends (target and draft)."""
+    page_size: _axis("page_size")
+    """KV page sizes in tokens."""
+    topk: _axis("topk")
+    """EAGLE tree branching (NGRAM: BFS breadth)."""
+    num_steps: _axis("num_steps") = [3]
+    """Draft depths."""
+    num_draft_tokens: _axis("num_draft_tokens") = [8]
+    """Verified tree sizes (normalized to num_steps + 1 when topk == 1)."""
+    tp: _axis("tp") = [1]
+    """Tensor parallel sizes."""
+    dcp: _axis("dcp") = [1]
+    """Decode context parallel sizes."""
+    batch_size: _axis("batch_size") = [1]
+    """Concurrent requests in the timed batch."""
+    input_len: _axis("input_len") = [128]
+    """Prompt lengths in tokens."""
+    output_len: _axis("output_len") = [128]
+    """New tokens per request."""
+    profile: Annotated[list[Profile], Field(min_length=1)] = [Profile.perfect]
+    """Oracle acceptance profiles."""
+    workload: Annotated[list[Workload], Field(min_length=1)] = [Workload.standard]
+    """Request-stream shapes."""
+    cuda_graph: Annotated[list[StrictBool], Field(min_length=1)] = [True]
+    """Whether CUDA graphs are enabled."""
 
-    @field_validator("page_size", "topk", "num_steps", "num_draft_tokens", "tp", "dcp",
-                     "batch_size", "input_len", "output_len")
-    @classmethod
-    def _positive(cls, v: list[int]) -> list[int]:
-        bad = [x for x in v if x < 1]
-        if bad:
-            raise ValueError(f"values must be >= 1, got {bad}")
-        return v
+    def axis_sizes(self) -> dict[str, int]:
+        """Length of every axis, in field order."""
+        return {f: len(getattr(self, f)) for f in type(self).model_fields}
+
+    def case_count(self) -> int:
+        """Cases this matrix expands to: the product of its axes' lengths."""
+        return math.prod(self.axis_sizes().values())
 
 
 class SuiteSpec(BaseModel):
@@ -76,7 +193,13 @@ class SuiteSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     suite: SuiteHeader
-    matrix: list[Matrix] = Field(min_length=1)
+    """The ``[suite]`` header."""
+    matrix: Annotated[list[Matrix], Field(min_length=1)]
+    """The ``[[matrix]]`` tables, in file order."""
+
+    def case_count(self) -> int:
+        """Cases the suite expands to (duplicates included), computed without expanding."""
+        return sum(m.case_count() for m in self.matrix)
 
 
 @dataclass(frozen=True)
@@ -104,25 +227,58 @@ class Suite:
     def name(self) -> str:
         return self.spec.suite.name
 
+    @property
+    def case_count(self) -> int:
+        """Cases the plan holds (duplicates included), known without expanding."""
+        return self.spec.case_count()
+
     def plan(self) -> list[PlannedCase]:
         return expand(self.spec)
+
+    def iter_plan(self) -> Iterator[PlannedCase]:
+        """The plan one case at a time (``iter_expand``)."""
+        return iter_expand(self.spec)
 
 
 WHERE_FIELDS: tuple[str, ...] = ("case_id",)
 """Fields ``--where`` takes besides the case's parameters: ``case_id`` re-runs exactly the named cases."""
 
 
+def _where_value_error(key: str, value: str) -> Optional[str]:
+    """Why ``value`` can never match ``key`` (not an integer, not one of the enum's values), or None."""
+    from specwatch.core.case import Case
+
+    if not value:
+        return "an empty value matches no case"
+    if key == "case_id":
+        return None if re.fullmatch(r"[0-9a-f]{12}", value) else "a case id is 12 hex digits"
+    kind = Case.model_fields[key].annotation
+    if kind is int:
+        return None if re.fullmatch(r"\d+", value) else f"{key} takes integers"
+    if kind is bool:
+        return None if value in ("true", "false") else f"{key} takes true or false"
+    allowed = [e.value.lower() for e in kind]
+    return None if value in allowed else f"{key} is one of {', '.join(allowed)}"
+
+
 def parse_where(terms: list[str]) -> dict[str, set[str]]:
-    """``["page_size=64,256", "attention_backend=triton"]`` -> {field: allowed string values}."""
+    """``["page_size=64,256", "attention_backend=triton"]`` -> {field: allowed string values}.
+
+    A value that can match no case (``page_size=x``, ``attention_backend=cutlass``) is an error,
+    not an empty selection."""
     from specwatch.core.case import CASE_FIELDS
 
     out: dict[str, set[str]] = {}
     for term in terms:
         key, sep, values = term.partition("=")
         if not sep or key not in CASE_FIELDS + WHERE_FIELDS:
-            raise SpecwatchInputError(None, "--where takes FIELD=V1[,V2] with FIELD one of "
-                                      f"{', '.join(CASE_FIELDS + WHERE_FIELDS)}", field=term)
-        out.setdefault(key, set()).update(v.strip().lower() for v in values.split(","))
+            raise SpecwatchInputError(None, "--where takes FIELD=V1[,V2], FIELD a case parameter as "
+                                      "`plan --json` prints them (page_size, topk, ...) or case_id", field=term)
+        for v in (v.strip().lower() for v in values.split(",")):
+            why = _where_value_error(key, v)
+            if why:
+                raise SpecwatchInputError(None, f"--where {key}={v!r} matches no case: {why}", field=term)
+            out.setdefault(key, set()).add(v)
     return out
 
 
@@ -139,8 +295,19 @@ def _format_loc(loc: tuple) -> str:
     return out
 
 
+def _error_line(err: dict) -> str:
+    """Pydantic's message for one error, with the offending scalar value when it is not in the message."""
+    msg = err["msg"]
+    value = err.get("input")
+    if err["type"] != "out_of_bounds" and isinstance(value, (bool, int, float, str)) \
+            and not isinstance(err.get("ctx", {}).get("value"), str):
+        shown = repr(value)
+        msg += f" (got {shown if len(shown) <= 40 else shown[:37] + '...'})"
+    return msg
+
+
 def load_suite(path: str | Path) -> Suite:
-    """Read and validate a suite file; errors name the file and the field."""
+    """Read and validate a suite file; errors name the file and the field (TOML path)."""
     path = Path(path)
     try:
         raw = path.read_bytes()
@@ -155,16 +322,30 @@ def load_suite(path: str | Path) -> Suite:
     except ValidationError as e:
         err = e.errors()[0]
         more = f" (+{e.error_count() - 1} more)" if e.error_count() > 1 else ""
-        raise SpecwatchInputError(path, err["msg"] + more, field=_format_loc(err["loc"])) from None
+        raise SpecwatchInputError(path, _error_line(err) + more, field=_format_loc(err["loc"])) from None
+    check_case_count(spec, path)
     return Suite(spec=spec, path=path, sha256=hashlib.sha256(raw).hexdigest())
 
 
-def expand(spec: SuiteSpec) -> list[PlannedCase]:
-    """Cartesian product of every matrix, in file order, duplicates planned as skipped."""
-    planned: list[PlannedCase] = []
-    seen: dict[str, Case] = {}
+def check_case_count(spec: SuiteSpec, path: str | Path | None = None) -> int:
+    """The suite's case count, computed from the axes' lengths; refuses more than ``max_cases``
+    with one line naming the largest matrix and its axes' sizes."""
+    total, limit = spec.case_count(), spec.suite.max_cases
+    if total <= limit:
+        return total
+    i, m = max(enumerate(spec.matrix), key=lambda im: im[1].case_count())
+    axes = " x ".join(f"{f} {n}" for f, n in m.axis_sizes().items() if n > 1)
+    raise SpecwatchInputError(
+        path, f"{total:,} cases > max_cases {limit:,} (suite.max_cases, up to {MAX_CASES_CEILING:,}); "
+        f"matrix[{i}]: {axes}", field="matrix")
+
+
+def iter_expand(spec: SuiteSpec) -> Iterator[PlannedCase]:
+    """Cartesian product of every matrix, in file order, one case at a time; a case that
+    normalizes to an earlier one is yielded as a skipped duplicate naming it."""
+    fields = list(Matrix.model_fields)
+    seen: set[str] = set()
     for m in spec.matrix:
-        fields = list(Matrix.model_fields)
         for values in itertools.product(*(getattr(m, f) for f in fields)):
             p = dict(zip(fields, values))
             requested = p["num_draft_tokens"]
@@ -177,8 +358,13 @@ def expand(spec: SuiteSpec) -> list[PlannedCase]:
                 if requested != case.num_draft_tokens:
                     why += (f" (SGLang adjusts speculative_num_draft_tokens={requested} to "
                             f"speculative_num_steps + 1 = {case.num_draft_tokens} when topk == 1)")
-                planned.append(PlannedCase(case, why, duplicate=True))
+                yield PlannedCase(case, why, duplicate=True)
                 continue
-            seen[cid] = case
-            planned.append(PlannedCase(case, skip_reason(case)))
-    return planned
+            seen.add(cid)
+            yield PlannedCase(case, skip_reason(case))
+
+
+def expand(spec: SuiteSpec) -> list[PlannedCase]:
+    """Every planned case of the suite (``iter_expand`` as a list), refused above ``max_cases``."""
+    check_case_count(spec)
+    return list(iter_expand(spec))

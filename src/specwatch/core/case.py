@@ -6,7 +6,7 @@ import hashlib
 import json
 from enum import Enum
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 
 class Algorithm(str, Enum):
@@ -82,25 +82,28 @@ class ModelSize(str, Enum):
 
 
 class Case(BaseModel):
-    """A fully specified case. Every field is normalized, so equal cases hash equal."""
+    """A fully specified case. Every field is normalized, so equal cases hash equal.
+
+    Numbers and flags are strict (``true``, ``"64"`` or ``64.0`` is no page size): a record whose
+    case says otherwise is refused, not coerced to a case id it was never run under."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=False)
 
     model: ModelSize = Field(description="Oracle model size (target shapes; draft derived from it).")
     algorithm: Algorithm = Field(description="Speculative algorithm.")
     attention_backend: Backend = Field(description="Attention backend for target and draft.")
-    page_size: int = Field(ge=1, description="KV page size in tokens (SGLang --page-size).")
-    topk: int = Field(ge=1, description="EAGLE tree branching (--speculative-eagle-topk); NGRAM: BFS breadth.")
-    num_steps: int = Field(ge=1, description="Draft depth (--speculative-num-steps).")
-    num_draft_tokens: int = Field(ge=1, description="Verified tree size (--speculative-num-draft-tokens), normalized.")
-    tp: int = Field(default=1, ge=1, description="Tensor parallel size.")
-    dcp: int = Field(default=1, ge=1, description="Decode context parallel size (must divide tp).")
-    batch_size: int = Field(ge=1, description="Concurrent requests in the timed batch.")
-    input_len: int = Field(ge=1, description="Prompt length in tokens.")
-    output_len: int = Field(ge=1, description="New tokens generated per request.")
+    page_size: StrictInt = Field(ge=1, description="KV page size in tokens (SGLang --page-size).")
+    topk: StrictInt = Field(ge=1, description="EAGLE tree branching (--speculative-eagle-topk); NGRAM: BFS breadth.")
+    num_steps: StrictInt = Field(ge=1, description="Draft depth (--speculative-num-steps).")
+    num_draft_tokens: StrictInt = Field(ge=1, description="Verified tree size (--speculative-num-draft-tokens), normalized.")
+    tp: StrictInt = Field(default=1, ge=1, description="Tensor parallel size.")
+    dcp: StrictInt = Field(default=1, ge=1, description="Decode context parallel size (must divide tp).")
+    batch_size: StrictInt = Field(ge=1, description="Concurrent requests in the timed batch.")
+    input_len: StrictInt = Field(ge=1, description="Prompt length in tokens.")
+    output_len: StrictInt = Field(ge=1, description="New tokens generated per request.")
     profile: Profile = Field(default=Profile.perfect, description="Oracle acceptance profile.")
     workload: Workload = Field(default=Workload.standard, description="Request-stream shape.")
-    cuda_graph: bool = Field(default=True, description="Whether CUDA graphs are enabled.")
+    cuda_graph: StrictBool = Field(default=True, description="Whether CUDA graphs are enabled.")
 
     @property
     def case_id(self) -> str:

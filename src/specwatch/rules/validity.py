@@ -17,6 +17,12 @@ PAGE_TREE_SPEC_BACKENDS = ("flashinfer", "fa3", "triton")
 (``sglang/srt/arg_groups/speculative_hook.py``, ``_PAGE_TREE_SPEC_BACKENDS``)."""
 
 
+H200_CHUNKED_PREFILL_SIZE = 8192
+"""SGLang's chunked_prefill_size on a GPU of 90-160 GiB (H200) when none is given
+(``server_args.py:_handle_gpu_memory_settings``); specwatch's engines leave it at that default
+except near-full cases, which turn chunked prefill off (``worker.engine_args``)."""
+
+
 @dataclass(frozen=True)
 class Rule:
     """One validity rule: ``check(case)`` returns the skip reason, or None when the case is valid."""
@@ -29,6 +35,15 @@ class Rule:
 def _dcp_divides_tp(c: Case) -> Optional[str]:
     if c.tp % c.dcp:
         return f"dcp_size={c.dcp} must divide tp_size={c.tp}"
+    return None
+
+
+def _page_divides_prefill_chunk(c: Case) -> Optional[str]:
+    from specwatch.core.case import Workload
+
+    if c.workload is not Workload.near_full and H200_CHUNKED_PREFILL_SIZE % c.page_size:
+        return (f"chunked_prefill_size must be divisible by page_size (chunked_prefill_size="
+                f"{H200_CHUNKED_PREFILL_SIZE} on H200, page_size={c.page_size})")
     return None
 
 
@@ -134,6 +149,7 @@ RULES: tuple[Rule, ...] = (
     Rule("mla-oracle", "specwatch/oracle.py: write_deepseek_target", _mla_oracle),
     Rule("eagle3-oracle", "specwatch/oracle.py: write_eagle3_draft", _eagle3_oracle),
     Rule("near-full-shape", "specwatch/engine_worker.py: kv_pool_tokens", _near_full_shape),
+    Rule("page-divides-prefill-chunk", "sglang/srt/server_args.py:check_server_args", _page_divides_prefill_chunk),
     Rule("dcp-divides-tp", "sglang/srt/server_args.py (DCP groups split TP ranks)", _dcp_divides_tp),
     Rule("tree-on-paged-kv", "sglang/srt/arg_groups/speculative_hook.py:_handle_eagle", _tree_on_paged_kv),
     Rule("ngram-tree-on-paged-kv", "sglang/srt/arg_groups/speculative_hook.py:_handle_ngram",
