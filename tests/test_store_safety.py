@@ -237,3 +237,19 @@ def test_a_read_only_filesystem_is_one_line_naming_the_file(tmp_path, monkeypatc
         append_record(path, record(case(page_size=16)))
     monkeypatch.undo()
     assert path.read_bytes() == before
+
+
+def test_a_second_runner_on_the_same_results_file_is_refused_before_writing(tmp_path, monkeypatch):
+    from specwatch.run.runner import run_suite
+    from specwatch.suite import load_suite
+
+    monkeypatch.setenv("SPECWATCH_MACHINE", "m")
+    monkeypatch.setenv("SPECWATCH_SGLANG_VERSION", "0.5.17")
+    suite_file = tmp_path / "s.toml"
+    suite_file.write_text('[suite]\nname = "harness"\nrepeats = 1\n[[matrix]]\nattention_backend = ["triton"]\n'
+                          'page_size = [1]\ntopk = [1]\nnum_draft_tokens = [2]\nbatch_size = [1]\n')
+    out = results_path(tmp_path / "results", "m", "0.5.17", "harness")
+    with WriterLock(out):                     # the other runner
+        with pytest.raises(SpecwatchInputError, match=rf"another writer \(pid {os.getpid()}\)"):
+            run_suite(load_suite(suite_file), tmp_path / "results", gpus=1, worker_module="fake_worker")
+    assert not out.exists()

@@ -49,25 +49,92 @@ def records_frame(records: Iterable[CaseRecord]) -> "pd.DataFrame":
     return pd.DataFrame([record_row(r) for r in records])
 
 
+PARALLEL_BYTES = 32 << 20
+"""JSONL bytes to build (cache misses) above which rows are built by a process pool."""
+
+CHUNK_BYTES = 8 << 20
+"""Line-aligned piece of a JSONL one pool task turns into rows."""
+
+
 def files_frame(paths: Iterable[Path], cache: bool = True, strict: bool = False,
                 quarantine: Optional[Quarantine] = None) -> "pd.DataFrame":
-    """``records_frame`` of the records of ``paths``, built file by file: each file's records are
-    streamed into rows and dropped, and with ``cache`` its rows are read from (or written to) its
-    Parquet cache (``frame_cache``), rebuilt whenever the JSONL changes. Invalid lines are
-    quarantined as ``jsonl.read_records`` does (``strict``: raised)."""
+    """``records_frame`` of the records of ``paths``, built file by file: records are streamed
+    into rows and dropped (none kept), and with ``cache`` each file's rows are read from (or
+    written to) its Parquet cache (``frame_cache``), rebuilt whenever the JSONL changes. Over
+    ``PARALLEL_BYTES`` of JSONL to build, line-aligned pieces are built in a process pool. Invalid
+    lines are quarantined as ``jsonl.read_records`` does (``strict``: raised, no cache)."""
     import pandas as pd
 
-    from specwatch.store.frame_cache import cached_rows
+    from specwatch.store.frame_cache import fresh_rows, store_rows
 
     q = quarantine if quarantine is not None else Quarantine()
-    parts = []
+    paths = [Path(p) for p in paths]
+    parts: dict[Path, "pd.DataFrame"] = {}
+    keys: dict[Path, Optional[dict]] = {}
     for p in paths:
-        p = Path(p)
-        build = lambda p=p: records_frame(read_records(p, strict=strict, quarantine=q))  # noqa: E731
-        part = cached_rows(p, build, q) if cache and not strict else build()
-        if not part.empty:
-            parts.append(part)
-    return pd.concat(parts, ignore_index=True, sort=False) if parts else pd.DataFrame()
+        hit, keys[p] = fresh_rows(p, q) if cache and not strict else (None, None)
+        if hit is not None:
+            parts[p] = hit
+    misses = [p for p in paths if p not in parts]
+    for p, (df, entries) in _build(misses, strict).items():
+        for line in entries:
+            q.add(line)
+        parts[p] = df
+        if cache and not strict:
+            store_rows(p, df, keys[p], entries)
+    frames = [parts[p] for p in paths if not parts[p].empty]
+    return pd.concat(frames, ignore_index=True, sort=False) if frames else pd.DataFrame()
+
+
+def _rows_of_span(path: Path, span: tuple, strict: bool) -> tuple["pd.DataFrame", list[str]]:
+    """Rows of a byte span of one JSONL and the lines it quarantined (warnings left to the caller)."""
+    import warnings
+
+    q = Quarantine()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        df = records_frame(read_records(path, strict=strict, quarantine=q, span=span))
+    return df, q.entries
+
+
+def _spans(path: Path) -> list[tuple]:
+    """Line-aligned (start, stop, first line number) pieces of ``path`` of about ``CHUNK_BYTES``."""
+    data = path.read_bytes()
+    spans, start, line = [], 0, 1
+    while start < len(data):
+        cut = data.find(b"\n", start + CHUNK_BYTES)
+        stop = len(data) if cut < 0 else cut + 1
+        spans.append((start, stop, line))
+        line += data.count(b"\n", start, stop)
+        start = stop
+    return spans
+
+
+def _build(paths: list[Path], strict: bool) -> dict[Path, tuple["pd.DataFrame", list[str]]]:
+    """Rows and quarantined lines of each of ``paths``, in a process pool when there is much to build."""
+    import pandas as pd
+
+    def size(p: Path) -> int:
+        try:
+            return p.stat().st_size if p.is_file() else 0
+        except OSError:
+            return 0
+
+    if strict or sum(size(p) for p in paths) < PARALLEL_BYTES:
+        return {p: _rows_of_span(p, (0, None, 1), strict) for p in paths}
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    tasks = [(p, span) for p in paths for span in (_spans(p) if size(p) else [(0, None, 1)])]
+    with ProcessPoolExecutor(max_workers=min(len(tasks), os.cpu_count() or 1)) as pool:
+        done = list(pool.map(_rows_of_span, [p for p, _ in tasks], [s for _, s in tasks], [False] * len(tasks)))
+    out: dict[Path, tuple] = {}
+    for (p, _), (df, entries) in zip(tasks, done):
+        prev = out.get(p)
+        out[p] = (df, entries) if prev is None else (
+            pd.concat([x for x in (prev[0], df) if not x.empty], ignore_index=True, sort=False)
+            if not (prev[0].empty and df.empty) else prev[0], prev[1] + entries)
+    return out
 
 
 def record_row(r: CaseRecord) -> dict:

@@ -13,7 +13,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -57,19 +57,20 @@ def source_key(path: Path) -> dict:
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": h.hexdigest(), "code": code_key()}
 
 
-def cached_rows(path: Path, build: Callable[[], "pd.DataFrame"], quarantine: Quarantine) -> "pd.DataFrame":
-    """The rows of ``path``: from its cache when fresh, else ``build()`` (then cached)."""
+def fresh_rows(path: Path, quarantine: Quarantine) -> tuple[Optional["pd.DataFrame"], Optional[dict]]:
+    """(the cached rows of ``path`` or None where no fresh cache exists, the key a new cache is
+    built under, None where the JSONL cannot be read)."""
     try:
         key = source_key(path)
     except OSError:
-        return build()                      # unreadable: build() reports it
-    cached = _read(cache_path(path), key, quarantine)
-    if cached is not None:
-        return cached
-    before = len(quarantine)
-    df = build()
-    _write(cache_path(path), df, key, quarantine.entries[before:])
-    return df
+        return None, None                   # unreadable: the build reports it
+    return _read(cache_path(path), key, quarantine), key
+
+
+def store_rows(path: Path, df: "pd.DataFrame", key: Optional[dict], quarantined: list[str]) -> None:
+    """Cache ``df`` as the rows of ``path`` built under ``key`` (None: not cached)."""
+    if key is not None:
+        _write(cache_path(path), df, key, quarantined)
 
 
 def _read(cache: Path, key: dict, quarantine: Quarantine):

@@ -167,9 +167,10 @@ class WriterLock:
 
 
 def _lines(path: Path, strict: bool, quarantine: Optional[Quarantine],
-           parse: Callable[[Any, str], Any]) -> Iterator[Any]:
+           parse: Callable[[Any, str], Any], span: tuple[int, Optional[int], int] = (0, None, 1)) -> Iterator[Any]:
     """``parse(data, 'file:line')`` of each non-empty line of ``path``; what cannot be read or
-    parsed is quarantined (or, with ``strict``, raised as ``SpecwatchInputError``)."""
+    parsed is quarantined (or, with ``strict``, raised as ``SpecwatchInputError``). ``span``:
+    (start byte, stop byte or None for the end, number of the line at start), line-aligned."""
     q = quarantine if quarantine is not None else Quarantine()
 
     def bad(where: str, what: str, category: type[Warning] = InvalidRecordWarning) -> None:
@@ -182,8 +183,14 @@ def _lines(path: Path, strict: bool, quarantine: Optional[Quarantine],
     except OSError as e:
         bad(str(path), f"cannot read ({e.strerror or type(e).__name__})")
         return
+    start, stop, first = span
     with f:
-        for n, raw in enumerate(f, start=1):
+        f.seek(start)
+        pos = start
+        for n, raw in enumerate(f, start=first):
+            if stop is not None and pos >= stop:
+                break
+            pos += len(raw)
             if not raw.strip():
                 continue
             where = f"{path}:{n}"
@@ -206,10 +213,12 @@ def _lines(path: Path, strict: bool, quarantine: Optional[Quarantine],
                 q.add(f"{e}; skipped")
 
 
-def read_records(path: Path, strict: bool = False, quarantine: Optional[Quarantine] = None) -> Iterator[CaseRecord]:
-    """Valid records of one file, in order; invalid lines quarantined (see the module doc), or with
-    ``strict`` the first one raised as ``SpecwatchInputError`` naming file and line."""
-    return _lines(Path(path), strict, quarantine, lambda data, where: parse_record(data, source=where))
+def read_records(path: Path, strict: bool = False, quarantine: Optional[Quarantine] = None,
+                 span: tuple[int, Optional[int], int] = (0, None, 1)) -> Iterator[CaseRecord]:
+    """Valid records of one file (or of a line-aligned byte ``span`` of it), in order; invalid lines
+    quarantined (see the module doc), or with ``strict`` the first one raised as
+    ``SpecwatchInputError`` naming file and line."""
+    return _lines(Path(path), strict, quarantine, lambda data, where: parse_record(data, source=where), span)
 
 
 def result_files(root: Path) -> list[Path]:
