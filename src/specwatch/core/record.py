@@ -130,7 +130,8 @@ class Details(BaseModel):
     """Facts read from SGLang and the worker, beside the metrics. The fields below are the keys that
     readers use; any other key a worker writes is kept as it is (``extra="allow"``). Only the keys a
     record holds are written back (``model_fields_set``), so a record re-serializes as it was read.
-    Item access (``details["probe"]``, ``get``, ``in``, ``del``) reads and sets the same keys."""
+    Item access (``details["probe"]``, ``get``, ``in``, ``del``) reads and sets the same keys, and
+    a ``Details`` equals the dict of the keys it holds."""
 
     model_config = ConfigDict(extra="allow", validate_assignment=True)
 
@@ -211,6 +212,14 @@ class Details(BaseModel):
 
     def keys(self) -> list[str]:
         return [k for k in self.model_dump()]
+
+    def __eq__(self, other: object) -> bool:
+        """Equal to another ``Details`` with the same keys and values, or to a dict of the keys held."""
+        if isinstance(other, dict):
+            return self.model_dump() == other
+        return super().__eq__(other)
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 class CaseRecord(BaseModel):
