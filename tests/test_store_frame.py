@@ -100,14 +100,18 @@ def _frame_store(tmp_path):
     return path
 
 
-def test_the_cached_frame_equals_the_frame_built_from_records():
+def test_the_cached_frame_equals_the_frame_built_from_records(tmp_path):
+    import shutil
     from pathlib import Path
 
     from pandas.testing import assert_frame_equal
 
     from specwatch.store.frame import files_frame, records_frame
 
-    files = result_files(Path(__file__).resolve().parents[1] / "results")
+    root = tmp_path / "results"              # the caches are written beside a copy, not the checkout
+    shutil.copytree(Path(__file__).resolve().parents[1] / "results", root,
+                    ignore=shutil.ignore_patterns("*.parquet", "*.lock"))
+    files = result_files(root)
     norm = lambda df: df.astype(object).where(df.notna(), None)   # noqa: E731
     direct = records_frame(load_records(files))
     for _ in range(2):                                     # building the caches, then reading them
