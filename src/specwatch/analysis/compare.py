@@ -113,7 +113,7 @@ SIZING_EXPLAINED = frozenset({"req_to_token_bytes", "req_to_token_row_width", "s
 def sizing_change(base: CaseRecord, head: CaseRecord) -> str:
     """Why a memory metric moved: the fields of the running SGLang's own sizing (recorded per case
     by the GPU worker) that differ between the two records, or '' when neither recorded it."""
-    b, h = (r.details.get("sglang_sizing") or {} for r in (base, head))
+    b, h = (r.details.sglang_sizing or {} for r in (base, head))
     if "error" in b or "error" in h or not b or not h:
         return ""
     moved = [f"{k} {b[k]}→{h[k]}" for k in sorted(set(b) & set(h)) if b[k] != h[k] and b[k] is not None]

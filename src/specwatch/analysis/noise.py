@@ -88,9 +88,9 @@ HOST_LOAD_GAP = 1.0
 
 def host_load(recs: list[CaseRecord]) -> Optional[float]:
     """Median over records of the host's load average around each case (``details.host_load``)."""
-    vals = [statistics.mean(v for v in (d.get("before"), d.get("after")) if v is not None)
-            for d in ((r.details or {}).get("host_load") or {} for r in recs)
-            if d.get("before") is not None or d.get("after") is not None]
+    vals = [statistics.mean(v for v in (d.before, d.after) if v is not None)
+            for d in (r.details.host_load for r in recs)
+            if d is not None and (d.before is not None or d.after is not None)]
     return statistics.median(vals) if vals else None
 
 
@@ -100,13 +100,13 @@ def aa_differences(base: Iterable[CaseRecord], head: Iterable[CaseRecord]) -> li
     def conditions(recs) -> dict[str, set]:
         out: dict[str, set] = {}
         for r in recs:
-            p, d = r.provenance, r.details or {}
+            p, d = r.provenance, r.details
             for key, value in (("sglang_version", p.sglang_version), ("machine", p.machine),
                                ("gpu_name", p.gpu_name), ("driver_version", p.driver_version),
-                               ("probe", p.probe), ("parallel_starts", d.get("parallel_starts") or 1),
+                               ("probe", p.probe), ("parallel_starts", d.parallel_starts or 1),
                                ("overlap_starts", r.overlap_starts),
-                               ("engine_kwargs", json.dumps(d.get("engine_kwargs"), sort_keys=True)
-                                if d.get("engine_kwargs") is not None else None)):
+                               ("engine_kwargs", json.dumps(d.engine_kwargs, sort_keys=True)
+                                if d.engine_kwargs is not None else None)):
                 out.setdefault(key, set()).add(value)
         return out
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Optional
@@ -25,6 +26,7 @@ from specwatch.run.group import STARTED_EVENT, GroupJob, failure_record
 from specwatch.run.provenance import host_facts, machine_label, specwatch_commit
 from specwatch.run.schedule import _kill_workers_on_sigterm, _run_rolling, _run_waves
 from specwatch.store.jsonl import (
+    WriterLock,
     append_record,
     append_run,
     finished_case_ids,
@@ -63,13 +65,17 @@ def engine_groups(cases: Iterable[Case]) -> list[list[Case]]:
 def plan_run(suite: Suite, results_root: Path, facts: dict, emit_progress: Optional[Callable[[CaseRecord], None]],
              resume: bool = False, shard: Optional[Shard] = None, fault: Optional[str] = None,
              where: Optional[dict] = None, record_lock: Optional[threading.Lock] = None, probe: bool = True,
-             known_root: Optional[Path] = None, run_id: Optional[str] = None) -> tuple[Path, list[GroupJob]]:
+             known_root: Optional[Path] = None, run_id: Optional[str] = None,
+             writer_locks: Optional[ExitStack] = None) -> tuple[Path, list[GroupJob]]:
     """Record the suite's skips, return its results file and its engine groups still to run.
     ``known_root``: another results root (e.g. the committed ``results/``) whose records of the
     same machine, SGLang version, suite and fault, of any status, leave their cases out.
-    ``run_id``: stamped on every record this run appends (``Provenance.run_id``)."""
+    ``run_id``: stamped on every record this run appends (``Provenance.run_id``).
+    ``writer_locks``: takes the results file's ``WriterLock`` into it (held until it closes)."""
     where_in_store = (machine_label(facts), sglang_version(), suite.name, fault, probe)
     out = results_path(results_root, *where_in_store)
+    if writer_locks is not None:
+        writer_locks.enter_context(WriterLock(out))
     done = finished_case_ids(out) if resume else set()
     if known_root is not None:
         done |= recorded_case_ids(results_path(known_root, *where_in_store))
@@ -147,6 +153,7 @@ def run_suites(suites: list[Suite], results_root: Path, faults: tuple[Optional[s
     outs, jobs = [], []
     tally = _Tally()
     run_id = new_run_id()
+    held = ExitStack()          # one WriterLock per results file, for the whole run
 
     def on_record(rec: CaseRecord) -> None:
         tally.add(rec)
@@ -156,7 +163,7 @@ def run_suites(suites: list[Suite], results_root: Path, faults: tuple[Optional[s
     for suite in suites:
         for fault in faults:
             out, js = plan_run(suite, results_root, facts, on_record, resume, shard, fault, where, record_lock,
-                               probe=not bare, known_root=known_root, run_id=run_id)
+                               probe=not bare, known_root=known_root, run_id=run_id, writer_locks=held)
             outs.append(out)
             jobs += js
     if max_groups is not None:
@@ -180,7 +187,7 @@ def run_suites(suites: list[Suite], results_root: Path, faults: tuple[Optional[s
                 specwatch_commit=specwatch_commit(), sglang_version=sglang_version(), machine=machine_label(facts),
                 run_id=run_id, started_at=started_at, finished_at=utcnow()))
 
-    with _kill_workers_on_sigterm(on_stop=summarize):
+    with held, _kill_workers_on_sigterm(on_stop=summarize):
         if parallel_starts <= 1:
             for job in jobs:
                 if expired():

@@ -1,7 +1,9 @@
 """Records as one pandas frame, with each record's facts re-read under today's rules.
 
 The frame is what every reader (compare, dashboard, plots, results) works from; ``latest_rows``
-picks each case's latest record by one rule.
+picks each case's latest record by the one rule of ``store.latest``. ``files_frame`` builds the
+frame of results files one file at a time (no record objects kept), each file's rows cached in
+``store.frame_cache`` beside it.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ if TYPE_CHECKING:
     import pandas as pd
 from specwatch.core.record import CaseRecord
 from specwatch.rules.crashlog import host_interference
-from specwatch.store.jsonl import RUNS_FILE, read_runs
+from specwatch.store.jsonl import RUNS_FILE, Quarantine, read_records, read_runs
+from specwatch.store.latest import latest_rows  # noqa: F401  (the one latest rule, re-exported)
 
 
 def relative_spread(values: list[float]) -> Optional[float]:
@@ -28,7 +31,7 @@ def relative_spread(values: list[float]) -> Optional[float]:
 def start_breakdown(r: CaseRecord) -> dict[str, float]:
     """``start.PHASE`` seconds of the record's engine start, from the probe's ``startup`` facts
     (SGLang's own breakdown plus the imports before the scheduler); CUDA-graph phases summed."""
-    facts = ((r.details or {}).get("probe") or {}).get("startup") or {}
+    facts = (r.details.probe or {}).get("startup") or {}
     out = {}
     for k, v in facts.items():
         if isinstance(v, dict):
@@ -39,66 +42,158 @@ def start_breakdown(r: CaseRecord) -> dict[str, float]:
 
 
 def records_frame(records: Iterable[CaseRecord]) -> "pd.DataFrame":
-    """One row per case run: case parameters, status, provenance and one column per metric value."""
+    """One row per case run: case parameters, status, provenance and one column per metric value
+    (``record_row``). A generator of records is consumed one at a time; none is kept."""
     import pandas as pd
 
+    return pd.DataFrame([record_row(r) for r in records])
+
+
+PARALLEL_BYTES = 32 << 20
+"""JSONL bytes to build (cache misses) above which rows are built by a process pool."""
+
+CHUNK_BYTES = 8 << 20
+"""Line-aligned piece of a JSONL one pool task turns into rows."""
+
+
+def files_frame(paths: Iterable[Path], cache: bool = True, strict: bool = False,
+                quarantine: Optional[Quarantine] = None) -> "pd.DataFrame":
+    """``records_frame`` of the records of ``paths``, built file by file: records are streamed
+    into rows and dropped (none kept), and with ``cache`` each file's rows are read from (or
+    written to) its Parquet cache (``frame_cache``), rebuilt whenever the JSONL changes. Over
+    ``PARALLEL_BYTES`` of JSONL to build, line-aligned pieces are built in a process pool. Invalid
+    lines are quarantined as ``jsonl.read_records`` does (``strict``: raised, no cache)."""
+    import pandas as pd
+
+    from specwatch.store.frame_cache import fresh_rows, store_rows
+
+    q = quarantine if quarantine is not None else Quarantine()
+    paths = [Path(p) for p in paths]
+    parts: dict[Path, "pd.DataFrame"] = {}
+    keys: dict[Path, Optional[dict]] = {}
+    for p in paths:
+        hit, keys[p] = fresh_rows(p, q) if cache and not strict else (None, None)
+        if hit is not None:
+            parts[p] = hit
+    misses = [p for p in paths if p not in parts]
+    for p, (df, entries) in _build(misses, strict).items():
+        for line in entries:
+            q.add(line)
+        parts[p] = df
+        if cache and not strict:
+            store_rows(p, df, keys[p], entries)
+    frames = [parts[p] for p in paths if not parts[p].empty]
+    return pd.concat(frames, ignore_index=True, sort=False) if frames else pd.DataFrame()
+
+
+def _rows_of_span(path: Path, span: tuple, strict: bool) -> tuple["pd.DataFrame", list[str]]:
+    """Rows of a byte span of one JSONL and the lines it quarantined (warnings left to the caller)."""
+    import warnings
+
+    q = Quarantine()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        df = records_frame(read_records(path, strict=strict, quarantine=q, span=span))
+    return df, q.entries
+
+
+def _spans(path: Path) -> list[tuple]:
+    """Line-aligned (start, stop, first line number) pieces of ``path`` of about ``CHUNK_BYTES``."""
+    data = path.read_bytes()
+    spans, start, line = [], 0, 1
+    while start < len(data):
+        cut = data.find(b"\n", start + CHUNK_BYTES)
+        stop = len(data) if cut < 0 else cut + 1
+        spans.append((start, stop, line))
+        line += data.count(b"\n", start, stop)
+        start = stop
+    return spans
+
+
+def _build(paths: list[Path], strict: bool) -> dict[Path, tuple["pd.DataFrame", list[str]]]:
+    """Rows and quarantined lines of each of ``paths``, in a process pool when there is much to build."""
+    import pandas as pd
+
+    def size(p: Path) -> int:
+        try:
+            return p.stat().st_size if p.is_file() else 0
+        except OSError:
+            return 0
+
+    if strict or sum(size(p) for p in paths) < PARALLEL_BYTES:
+        return {p: _rows_of_span(p, (0, None, 1), strict) for p in paths}
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    tasks = [(p, span) for p in paths for span in (_spans(p) if size(p) else [(0, None, 1)])]
+    with ProcessPoolExecutor(max_workers=min(len(tasks), os.cpu_count() or 1)) as pool:
+        done = list(pool.map(_rows_of_span, [p for p, _ in tasks], [s for _, s in tasks], [False] * len(tasks)))
+    out: dict[Path, tuple] = {}
+    for (p, _), (df, entries) in zip(tasks, done):
+        prev = out.get(p)
+        out[p] = (df, entries) if prev is None else (
+            pd.concat([x for x in (prev[0], df) if not x.empty], ignore_index=True, sort=False)
+            if not (prev[0].empty and df.empty) else prev[0], prev[1] + entries)
+    return out
+
+
+def record_row(r: CaseRecord) -> dict:
+    """A record's row of the records frame (the facts re-read under today's rules)."""
     from specwatch.rules.pools import draft_page_matches
 
-    rows = []
-    for r in records:
-        row = {"suite": r.suite, "case_id": r.case_id, "status": r.status.value, "reason": reason_now(r)}
-        row.update(r.case.params())
-        prov = r.provenance
-        row.update({
-            "machine": prov.machine, "sglang_version": prov.sglang_version,
-            "sglang_commit": prov.sglang_commit, "gpu_name": prov.gpu_name, "fault": prov.fault, "probe": prov.probe,
-            "started_at": prov.started_at, "specwatch_commit": prov.specwatch_commit, "run_id": prov.run_id,
-        })
-        for name, m in r.metrics.items():
-            row[name] = m.value
-        dt = r.metrics.get("decode_throughput")
-        if dt is not None and (spread := relative_spread(dt.samples)) is not None:
-            # the repeats' own spread (one engine, back to back): what a single run can resolve
-            row["decode_throughput_spread"] = spread
-        row.update(start_breakdown(r))
-        for name, ok in r.checks.items():
-            row[f"check.{name}"] = ok
-        details = r.details or {}
-        row["output_digest"] = details.get("output_digest")
-        # the timed batches' chain starts (None on records made before specwatch kept them) and how many
-        row["prompt_starts"] = details.get("prompt_starts")
-        row["timed_repeats"] = len(r.metrics["wall_time"].samples) if "wall_time" in r.metrics else None
-        # near-full prompts lengthened after the warm-up (engine_worker.near_full_extension)
-        row["calibrated_input_len"] = (details.get("near_full_calibration") or {}).get("input_len")
-        row["overlap_starts"] = r.overlap_starts          # timed while other engines started
-        # whether the probe read the target's attention backend (engine_worker.writes_at_virtual_slots):
-        # without it a DCP target pool is judged as sharded, which a backend with no DCP code is not
-        probe = details.get("probe")
-        row["probe_read_attention_backend"] = None if not probe else "target_attention_backend" in probe
-        # seed 004's facts: the shared allocator's page and, per KV pool, its page, where its valid
-        # slots end and where the allocator's last page ends in that pool's slot space
-        # (engine_worker.pool_coverage; a crashed record keeps those read right after its engine started)
-        coverage = dict(details.get("pool_coverage") or details.get("pool_coverage_at_start") or {})
-        if r.case.algorithm.value == "NGRAM":
-            coverage.pop("draft", None)   # probes before 65d73a6 took NGRAM's shared target pool for a draft pool
-        any_cov = next(iter(coverage.values()), {})
-        row["allocator_page_size"] = ((probe or {}).get("allocator") or {}).get("page_size") or (
-            any_cov.get("allocator_page_in_pool_slots", 0) * (any_cov.get("scale") or 0) or None)
-        for role in ("target", "draft"):
-            cov = coverage.get(role) or {}
-            row[f"{role}_pool_page_size"] = cov.get("pool_page_size")
-            row[f"{role}_pool_valid_end"] = cov.get("pool_valid_end")
-            row[f"{role}_pool_needed_end"] = cov.get("allocator_slot_end")
-        # seed 004's flag, judged from those facts under today's definition (the draft pool's page
-        # against the allocator's in the pool's slot space); records before 65d73a6 stored a check
-        # that compared the raw pages, wrong under DCP
-        draft = coverage.get("draft")
-        row["draft_pool_page_mismatch"] = None if not draft else not draft_page_matches(draft)
-        row["leak_is_unflushed_cache"] = leak_is_unflushed_cache(r)
-        row["row_matches_model_now"] = row_matches_model_now(r)
-        row["host_interference"] = host_interference(r)
-        rows.append(row)
-    return pd.DataFrame(rows)
+    row = {"suite": r.suite, "case_id": r.case_id, "status": r.status.value, "reason": reason_now(r)}
+    row.update(r.case.params())
+    prov = r.provenance
+    row.update({
+        "machine": prov.machine, "sglang_version": prov.sglang_version,
+        "sglang_commit": prov.sglang_commit, "gpu_name": prov.gpu_name, "fault": prov.fault, "probe": prov.probe,
+        "started_at": prov.started_at, "finished_at": prov.finished_at, "specwatch_commit": prov.specwatch_commit,
+        "run_id": prov.run_id,
+    })
+    for name, m in r.metrics.items():
+        row[name] = m.value
+    dt = r.metrics.get("decode_throughput")
+    if dt is not None and (spread := relative_spread(dt.samples)) is not None:
+        # the repeats' own spread (one engine, back to back): what a single run can resolve
+        row["decode_throughput_spread"] = spread
+    row.update(start_breakdown(r))
+    for name, ok in r.checks.items():
+        row[f"check.{name}"] = ok
+    details = r.details
+    row["output_digest"] = details.output_digest
+    # the timed batches' chain starts (None on records made before specwatch kept them) and how many
+    row["prompt_starts"] = details.prompt_starts
+    row["timed_repeats"] = len(r.metrics["wall_time"].samples) if "wall_time" in r.metrics else None
+    # near-full prompts lengthened after the warm-up (engine_worker.near_full_extension)
+    row["calibrated_input_len"] = (details.near_full_calibration or {}).get("input_len")
+    row["overlap_starts"] = r.overlap_starts          # timed while other engines started
+    # whether the probe read the target's attention backend (engine_worker.writes_at_virtual_slots):
+    # without it a DCP target pool is judged as sharded, which a backend with no DCP code is not
+    probe = details.probe
+    row["probe_read_attention_backend"] = None if not probe else "target_attention_backend" in probe
+    # seed 004's facts: the shared allocator's page and, per KV pool, its page, where its valid
+    # slots end and where the allocator's last page ends in that pool's slot space
+    # (engine_worker.pool_coverage; a crashed record keeps those read right after its engine started)
+    coverage = dict(details.pool_coverage or details.pool_coverage_at_start or {})
+    if r.case.algorithm.value == "NGRAM":
+        coverage.pop("draft", None)   # probes before 65d73a6 took NGRAM's shared target pool for a draft pool
+    any_cov = next(iter(coverage.values()), {})
+    row["allocator_page_size"] = ((probe or {}).get("allocator") or {}).get("page_size") or (
+        any_cov.get("allocator_page_in_pool_slots", 0) * (any_cov.get("scale") or 0) or None)
+    for role in ("target", "draft"):
+        cov = coverage.get(role) or {}
+        row[f"{role}_pool_page_size"] = cov.get("pool_page_size")
+        row[f"{role}_pool_valid_end"] = cov.get("pool_valid_end")
+        row[f"{role}_pool_needed_end"] = cov.get("allocator_slot_end")
+    # seed 004's flag, judged from those facts under today's definition (the draft pool's page
+    # against the allocator's in the pool's slot space); records before 65d73a6 stored a check
+    # that compared the raw pages, wrong under DCP
+    draft = coverage.get("draft")
+    row["draft_pool_page_mismatch"] = None if not draft else not draft_page_matches(draft)
+    row["leak_is_unflushed_cache"] = leak_is_unflushed_cache(r)
+    row["row_matches_model_now"] = row_matches_model_now(r)
+    row["host_interference"] = host_interference(r)
+    return row
 
 
 def reason_now(r: CaseRecord) -> Optional[str]:
@@ -125,7 +220,7 @@ def leak_is_unflushed_cache(r: CaseRecord) -> bool:
     from specwatch.rules.pools import radix_cache_tokens
 
     leaked = r.metrics.get("leaked_tokens")
-    held = radix_cache_tokens((r.details or {}).get("probe") or {})
+    held = radix_cache_tokens(r.details.probe or {})
     return bool(leaked is not None and leaked.value and leaked.value == held)
 
 
@@ -142,19 +237,6 @@ def row_matches_model_now(r: CaseRecord) -> Optional[bool]:
         return None
     rows = int(nbytes.value) // (int(width.value) * 4)          # int32 slots, one padding row
     return req_to_token_vs_model(r.case, rows - 1, width.value, nbytes.value, r.provenance.sglang_version)[2]
-
-
-def latest_rows(df: "pd.DataFrame", by: list[str]) -> "pd.DataFrame":
-    """The newest row (by ``started_at``) of each ``by`` group of a records frame, whole: unlike
-    ``groupby(by).last()``, which takes each column's last non-null value and so can pair a
-    crashed record's status with an older record's metrics or output digest. A record of host
-    interference (``host_interference``) is taken only where its group has no other: it says what
-    the host did, not what the case does."""
-    if "host_interference" not in df:
-        return df.sort_values("started_at").drop_duplicates(by, keep="last")
-    measured = df.host_interference.isna().rename("_measured")
-    return (df.assign(_measured=measured).sort_values(["_measured", "started_at"])
-            .drop_duplicates(by, keep="last").drop(columns="_measured"))
 
 
 def runs_frame(root: Path) -> "pd.DataFrame":

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from datetime import datetime
 from pathlib import Path
-from typing import Iterable
 
 from specwatch.core.errors import SpecwatchInputError
 from specwatch.core.record import CaseRecord
 from specwatch.store.jsonl import load_records, result_files
+from specwatch.store.latest import latest_by_case  # noqa: F401  (the one latest rule, re-exported)
 
 
 def run_key(r: CaseRecord) -> str:
@@ -79,11 +79,3 @@ def select(spec: str, root: Path) -> list[CaseRecord]:
         values = set(value.split("|"))                      # FIELD=A|B: either
         recs = [r for r in recs if (str(SELECT_FIELDS[key](r)) in values) != negate]
     return recs
-
-
-def latest_by_case(records: Iterable[CaseRecord]) -> dict[str, CaseRecord]:
-    """The newest record of each case (a resumed sweep may hold several)."""
-    out: dict[str, CaseRecord] = {}
-    for r in sorted(records, key=lambda r: r.provenance.started_at):
-        out[r.case_id] = r
-    return out

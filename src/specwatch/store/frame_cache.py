@@ -1,0 +1,124 @@
+"""A Parquet cache of one results file's frame rows, beside it (``FILE.jsonl.parquet``).
+
+The JSONL stays the source of truth: a cache is used only while the JSONL's size, modification
+time and sha256, and the code that turns records into rows (``CODE_FILES``), are those it was
+built from; otherwise it is rebuilt. A store that cannot be written (read-only) is read without
+a cache. Columns holding lists or dicts are stored as JSON text and read back as lists and dicts;
+the lines the build quarantined are kept with the cache and reported again on each hit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    import pandas as pd
+from specwatch.store.jsonl import Quarantine
+
+SUFFIX = ".parquet"
+"""Appended to the JSONL's name: ``smoke.jsonl`` -> ``smoke.jsonl.parquet``."""
+
+META_KEY = b"specwatch.frame_cache"
+"""Parquet schema metadata key holding what the cache was built from."""
+
+_PKG = Path(__file__).resolve().parents[1]
+CODE_FILES = [_PKG / "store" / "frame.py", _PKG / "store" / "frame_cache.py", _PKG / "core" / "record.py",
+              _PKG / "core" / "case.py", *sorted((_PKG / "rules").glob("*.py"))]
+"""Sources whose change changes the rows: a cache built by other code is rebuilt."""
+
+_code_key: list[str] = []
+
+
+def code_key() -> str:
+    """sha256 over ``CODE_FILES`` (computed once per process)."""
+    if not _code_key:
+        h = hashlib.sha256()
+        for f in CODE_FILES:
+            h.update(f.read_bytes())
+        _code_key.append(h.hexdigest())
+    return _code_key[0]
+
+
+def cache_path(path: Path) -> Path:
+    return Path(path).with_name(Path(path).name + SUFFIX)
+
+
+def source_key(path: Path) -> dict:
+    """What a cache of ``path`` must have been built from: size, mtime, sha256, row code."""
+    st = os.stat(path)
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": h.hexdigest(), "code": code_key()}
+
+
+def fresh_rows(path: Path, quarantine: Quarantine) -> tuple[Optional["pd.DataFrame"], Optional[dict]]:
+    """(the cached rows of ``path`` or None where no fresh cache exists, the key a new cache is
+    built under, None where the JSONL cannot be read)."""
+    try:
+        key = source_key(path)
+    except OSError:
+        return None, None                   # unreadable: the build reports it
+    return _read(cache_path(path), key, quarantine), key
+
+
+def store_rows(path: Path, df: "pd.DataFrame", key: Optional[dict], quarantined: list[str]) -> None:
+    """Cache ``df`` as the rows of ``path`` built under ``key`` (None: not cached)."""
+    if key is not None:
+        _write(cache_path(path), df, key, quarantined)
+
+
+def _read(cache: Path, key: dict, quarantine: Quarantine):
+    import pyarrow.parquet as pq
+
+    try:
+        meta = json.loads((pq.read_schema(cache).metadata or {})[META_KEY])
+        if meta["key"] != key:
+            return None
+        df = pq.read_table(cache).to_pandas()
+    except (OSError, KeyError, ValueError):
+        return None
+    for col in meta["json_columns"]:
+        df[col] = pd_object([json.loads(v) if isinstance(v, str) else None for v in df[col]])
+    for line in meta["quarantined"]:
+        quarantine.add(line)
+    return df
+
+
+def pd_object(values: list):
+    """``values`` as one object column (lists and dicts kept whole, missing as None)."""
+    import numpy as np
+
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
+
+
+def _write(cache: Path, df: "pd.DataFrame", key: dict, quarantined: list[str]) -> None:
+    """Write the cache atomically; any failure (read-only store, a column Arrow cannot type)
+    leaves no cache: the next read builds the rows again."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = df.copy()
+    json_cols = [c for c in out.columns if out[c].dtype == object
+                 and any(isinstance(v, (list, dict)) for v in out[c])]
+    for c in json_cols:
+        out[c] = [None if v is None or (isinstance(v, float) and v != v) else json.dumps(v) for v in out[c]]
+    tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
+    try:
+        table = pa.Table.from_pandas(out, preserve_index=False)
+        meta = {**(table.schema.metadata or {}),
+                META_KEY: json.dumps({"key": key, "json_columns": json_cols, "quarantined": quarantined})}
+        pq.write_table(table.replace_schema_metadata(meta), tmp)
+        os.replace(tmp, cache)
+    except (OSError, pa.ArrowException, ValueError, TypeError):
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
