@@ -4,7 +4,9 @@ Reports each case ok with a throughput of 100 * page_size, except that a case wh
 kills the process the way a dying SGLang scheduler does (SIGKILL of the worker), a case with topk 6
 does so after a CUDA device-side assertion (printed as the H200 printed it, then the cuBLAS error it
 surfaced as), a case with
-topk 8 and batch 8 hangs (for timeout tests), and a group with num_steps 5 dies before its engine is up. FAKE_WORKER_STARTS counts process starts in a file.
+topk 8 and batch 8 hangs (for timeout tests), and a group with num_steps 5 dies before its engine is up. FAKE_WORKER_STARTS counts process starts in a file;
+FAKE_WORKER_PIDS collects the worker pids; FAKE_BAD_LINE is written instead of each group's first case line.
+It arms ``specwatch.core.lifeline`` as the real worker does (dies with its runner, and past the spec's timeout).
 It takes the timing lock like the real worker; FAKE_WORKER_INTERVALS logs when it "started its engine"
 (FAKE_START_S of sleep) and when it "timed" its cases, so tests can check that they never overlap.
 """
@@ -14,12 +16,18 @@ import signal
 import sys
 import time
 
+from specwatch.core import lifeline
+from specwatch.core.case import Case
+from specwatch.core.timing_lock import WorkerTimingLock
+
 spec = json.load(open(sys.argv[1]))
+guard = lifeline.hold(spec.get("timeout_s"))
 if os.environ.get("FAKE_WORKER_STARTS"):
     with open(os.environ["FAKE_WORKER_STARTS"], "a") as f:
         f.write("start\n")
-from specwatch.core.case import Case
-from specwatch.core.timing_lock import WorkerTimingLock
+if os.environ.get("FAKE_WORKER_PIDS"):
+    with open(os.environ["FAKE_WORKER_PIDS"], "a") as f:
+        f.write(f"{os.getpid()}\n")
 
 
 def interval(kind, t0):
@@ -47,9 +55,10 @@ with open(spec["results"], "a") as out:
     emit({"event": "engine_facts", "checks": {"target_pool_covers_allocator": False},
           "metrics": {"target_pool_missing_rows": {"value": 64.0, "unit": "slots", "exact": True}},
           "details": {"pool_coverage_at_start": {"target": {"scale": 1, "missing_rows": 64}}}})
-    lock.timing(emit)
+    with guard.paused():
+        lock.timing(emit)
     t0 = time.time()
-    for c in spec["cases"]:
+    for i, c in enumerate(spec["cases"]):
         case = Case(**c)
         if case.topk == 4:
             print("RuntimeError: scheduler died (fake)", flush=True)
@@ -65,6 +74,10 @@ with open(spec["results"], "a") as out:
             os.kill(os.getpid(), signal.SIGKILL)
         if case.topk == 8 and case.batch_size == 8:
             time.sleep(60)
+        if i == 0 and os.environ.get("FAKE_BAD_LINE"):
+            out.write(os.environ["FAKE_BAD_LINE"].replace("CASE_ID", case.case_id) + "\n")
+            out.flush()
+            continue
         out.write(json.dumps({"case_id": case.case_id, "status": "ok",
                               "metrics": {"output_throughput": {"value": 100.0 * case.page_size,
                                                                 "unit": "tokens/s"}},

@@ -144,6 +144,7 @@ def test_results_breaks_engine_starts_down(tmp_path):
 
 def test_run_on_gpu_path_shows_progress_and_records(tmp_path, monkeypatch):
     """The GPU branch of `specwatch run` (CUDA faked, fake worker): progress lines and a results file."""
+    import dataclasses
     import os
 
     import specwatch.cli as cli
@@ -152,9 +153,9 @@ def test_run_on_gpu_path_shows_progress_and_records(tmp_path, monkeypatch):
     here = os.path.dirname(__file__)
     monkeypatch.setattr(cli, "_cuda_available", lambda: True)
     real = runner_mod.run_suites
-    monkeypatch.setattr(runner_mod, "run_suites", lambda *a, **k: real(
-        *a, **k, gpus=1, worker_module="fake_worker",
-        extra_env={"PYTHONPATH": here + os.pathsep + os.environ.get("PYTHONPATH", "")}))
+    monkeypatch.setattr(runner_mod, "run_suites", lambda suites, root, options: real(
+        suites, root, dataclasses.replace(options, gpus=1, worker_module="fake_worker",
+                                          extra_env={"PYTHONPATH": here + os.pathsep + os.environ.get("PYTHONPATH", "")})))
     p = tmp_path / "s.toml"
     p.write_text('[suite]\nname="g"\nrepeats=1\n[[matrix]]\nattention_backend=["triton"]\npage_size=[1,64]\ntopk=[1]\n')
     res = runner.invoke(app, ["run", str(p), "--results", str(tmp_path / "res")])

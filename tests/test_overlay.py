@@ -56,7 +56,7 @@ def test_overlay_refuses_another_release_line_and_bad_input(repo, tmp_path):
 
 
 def test_run_under_an_overlay_records_its_version_and_commit(repo, tmp_path, monkeypatch):
-    from specwatch.run.runner import run_suite
+    from specwatch.run.runner import RunOptions, run_suite
     from specwatch.store.jsonl import read_records
     from specwatch.suite import load_suite
 
@@ -66,7 +66,7 @@ def test_run_under_an_overlay_records_its_version_and_commit(repo, tmp_path, mon
         monkeypatch.setenv(k, v)
     s = tmp_path / "s.toml"
     s.write_text('[suite]\nname="ov"\nrepeats=1\n[[matrix]]\nattention_backend=["triton"]\npage_size=[64]\ntopk=[1]\n')
-    out = run_suite(load_suite(s), tmp_path / "results", gpus=1, worker_module="fake_worker")
+    out = run_suite(load_suite(s), tmp_path / "results", RunOptions(gpus=1, worker_module="fake_worker"))
     assert out.parent.name == f"sglang-{ov.recorded_version}"
     rec = next(iter(read_records(out)))
     assert rec.provenance.sglang_commit == ov.commit and rec.provenance.sglang_version == ov.recorded_version

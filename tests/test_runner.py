@@ -3,7 +3,7 @@ import os
 from conftest import SUITES
 
 from specwatch.core.record import Status
-from specwatch.run.runner import Shard, engine_groups, run_suite
+from specwatch.run.runner import RunOptions, Shard, engine_groups, run_suite
 from specwatch.store.jsonl import read_records
 from specwatch.suite import load_suite
 
@@ -31,7 +31,7 @@ batch_size = [1, 8]
 def _run(tmp_path, suite, **kw):
     starts = tmp_path / "starts"
     env = {"PYTHONPATH": HERE + os.pathsep + os.environ.get("PYTHONPATH", ""), "FAKE_WORKER_STARTS": str(starts)}
-    out = run_suite(suite, tmp_path / "results", gpus=1, worker_module="fake_worker", extra_env=env, **kw)
+    out = run_suite(suite, tmp_path / "results", RunOptions(gpus=1, worker_module="fake_worker", extra_env=env, **kw))
     return out, (starts.read_text().count("start") if starts.exists() else 0)
 
 
@@ -83,12 +83,12 @@ def test_known_results_leave_their_cases_out_whatever_their_status(tmp_path):
     (tmp_path / "starts").unlink()
     starts = tmp_path / "starts"
     env = {"PYTHONPATH": HERE + os.pathsep + os.environ.get("PYTHONPATH", ""), "FAKE_WORKER_STARTS": str(starts)}
-    again = run_suite(suite, tmp_path / "device", gpus=1, worker_module="fake_worker", extra_env=env,
-                      known_root=tmp_path / "results")
+    again = run_suite(suite, tmp_path / "device", RunOptions(gpus=1, worker_module="fake_worker", extra_env=env,
+                                                             known_root=tmp_path / "results"))
     assert not starts.exists() and not again.exists()      # nothing started, nothing recorded
     more = _suite(tmp_path, topks="[1, 2, 4]")             # a new topk: only its cases run
-    again = run_suite(more, tmp_path / "device", gpus=1, worker_module="fake_worker", extra_env=env,
-                      known_root=tmp_path / "results")
+    again = run_suite(more, tmp_path / "device", RunOptions(gpus=1, worker_module="fake_worker", extra_env=env,
+                                                            known_root=tmp_path / "results"))
     assert {r.case.topk for r in read_records(again)} == {2}
 
 
@@ -141,11 +141,11 @@ def test_a_run_stopped_by_sigterm_still_leaves_its_summary(tmp_path):
     script = f"""
 import os, sys
 sys.path.insert(0, {HERE!r})
-from specwatch.run.runner import run_suite
+from specwatch.run.runner import RunOptions, run_suite
 from specwatch.suite import load_suite
-run_suite(load_suite({str(tmp_path / 's.toml')!r}), {str(tmp_path / 'results')!r}, gpus=1,
+run_suite(load_suite({str(tmp_path / 's.toml')!r}), {str(tmp_path / 'results')!r}, RunOptions(gpus=1,
           worker_module="fake_worker", max_groups=1,
-          extra_env={{"PYTHONPATH": {HERE!r} + os.pathsep + os.environ.get("PYTHONPATH", "")}})
+          extra_env={{"PYTHONPATH": {HERE!r} + os.pathsep + os.environ.get("PYTHONPATH", "")}}))
 """
     proc = subprocess.Popen([sys.executable, "-c", script])
     deadline = time.monotonic() + 60
@@ -326,7 +326,7 @@ def test_bare_run_turns_the_probe_off_and_files_its_records_apart(tmp_path):
     assert all(r.details == {"probe_env": "0", "spec_probe": False} for r in recs)
     assert all(r.provenance.probe and r.details["probe_env"] == "1" for r in read_records(probed))
     with pytest.raises(ValueError, match="cannot inject faults"):
-        _run(tmp_path, suite, bare=True, fault="row-widen-revert")
+        _run(tmp_path, suite, bare=True, faults=("row-widen-revert",))
 
 
 def test_waves_keep_slow_starters_together():

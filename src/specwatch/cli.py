@@ -171,7 +171,7 @@ def run(suites: list[Path] = typer.Argument(..., help="Suite file(s); on a GPU t
             bad |= _cpu_tier(s, flt, context_len, out, strict, announce=not cpu_tier)
         raise typer.Exit(1 if bad else 0)
     from specwatch.inject.faults import get as get_fault
-    from specwatch.run.runner import Shard, check_bare, check_overlap, run_suites
+    from specwatch.run.runner import RunOptions, Shard, check_bare, check_overlap, run_suites
 
     faults = tuple(None if f == "none" else f for f in fault) or (None,)
     try:
@@ -205,10 +205,10 @@ def run(suites: list[Path] = typer.Argument(..., help="Suite file(s); on a GPU t
                               + (f" — {rec.reason[:160]}" if rec.reason else ""), highlight=False)
             bar.advance(task)
 
-        paths = run_suites(loaded, results, faults=faults, resume=resume, shard=sh, models_dir=models_dir,
-                           progress=progress, where=flt, parallel_starts=parallel_starts, stop_after_s=stop_after,
-                           group_timeout_s=group_timeout, bare=bare, known_root=known, overlap_starts=overlap_starts,
-                           timing_lock=timing_lock)
+        paths = run_suites(loaded, results, RunOptions(
+            faults=faults, resume=resume, shard=sh, models_dir=models_dir, progress=progress, where=flt,
+            parallel_starts=parallel_starts, stop_after_s=stop_after, group_timeout_s=group_timeout, bare=bare,
+            known_root=known, overlap_starts=overlap_starts, timing_lock=timing_lock))
     for path in dict.fromkeys(paths):
         console.print(f"results in {path}")
 

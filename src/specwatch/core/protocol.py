@@ -1,9 +1,217 @@
-"""What the runner and the worker say to each other: the metric line format."""
+"""What the runner and the worker say to each other: the spec file and the results-file lines.
+
+The runner writes a ``WorkerSpec`` (``spec.json``) and starts ``python -m specwatch.worker SPEC``;
+the worker appends one JSON line per event or finished case to the spec's ``results`` file. Both
+sides use these models: the worker builds its lines with them, the runner reads every line with
+``parse_line``, which never raises: a line that does not validate comes back as a
+``MalformedLine`` carrying the raw text and the validation error, so one bad line costs one case.
+"""
 
 from __future__ import annotations
 
+import json
+import math
+from datetime import datetime
+from enum import Enum
+from typing import Annotated, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+
+from specwatch.core.case import Case
+from specwatch.core.record import Metric, Status
+
+
+class Event(str, Enum):
+    """Names of the event lines (worker side) and of the runner's own worker events."""
+
+    start_lock_held = "start_lock_held"
+    """Worker: holds the timing lock shared, so it may start its engine (``core.timing_lock``)."""
+    engine_started = "engine_started"
+    """Worker: ``sglang.Engine`` is up (carries ``engine_start_s``); a death after it is one case's."""
+    engine_facts = "engine_facts"
+    """Worker: the probe's pool checks read right after the engine started (``metrics``, ``checks``,
+    ``details``); the runner puts them on a crash or timeout record of the group."""
+    timing_lock_held = "timing_lock_held"
+    """Worker: the engine is up and the worker holds the timing lock exclusively (it times its
+    cases); carries ``waited_s``. Until then the runner's group clock does not run."""
+    worker_started = "worker_started"
+    """Runner only: a worker process was launched (never a results-file line)."""
+    worker_exited = "worker_exited"
+    """Runner only: a worker process ended; it no longer starts or times anything."""
+
+
+WIRE_EVENTS = (Event.start_lock_held, Event.engine_started, Event.engine_facts, Event.timing_lock_held)
+"""The events a worker writes to its results file."""
+
+
+class NonFiniteMetric(ValueError):
+    """A metric value (or sample, or expectation) that is NaN or infinite: JSON has no such number."""
+
+
+class MetricLine(Metric):
+    """A ``Metric`` as a worker line carries it: every number finite (a NaN would be stored as
+    ``null``, which the record reader refuses)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
 
 def metric(value, unit, samples=None, expected=None, exact=False, higher_is_better=None) -> dict:
+    """One metric as a worker line's dict; raises ``NonFiniteMetric`` for a NaN or infinite number."""
+    numbers = [float(value)] + [float(s) for s in (samples or [])] + ([] if expected is None else [float(expected)])
+    if not all(math.isfinite(x) for x in numbers):
+        raise NonFiniteMetric(f"not a finite number: value {value!r}, samples {samples!r}, expected {expected!r}")
     return {"value": float(value), "unit": unit, "samples": [float(s) for s in (samples or [])],
             "expected": None if expected is None else float(expected), "exact": exact,
             "higher_is_better": higher_is_better}
+
+
+class WorkerSpec(BaseModel):
+    """What ``spec.json`` holds: everything one worker needs to run one engine group."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cases: list[Case] = Field(min_length=1)
+    """The group's cases still to run, in run order; they share every engine-level field."""
+    repeats: int = Field(ge=1)
+    """Timed batches per case (the suite's ``repeats``)."""
+    warmup: bool
+    """Run one untimed batch before a case's timed ones (the suite's ``warmup``)."""
+    models_dir: str
+    """Where the oracle checkpoints are written and read (``oracle.checkpoints.ensure_models``)."""
+    fault: Optional[str] = None
+    """The injected fault (None: a clean run). The probe applies it from ``SPECWATCH_FAULT``, which
+    it reads at interpreter start, before any spec is read; the worker refuses to run when the two
+    disagree (a fault that would not be applied, or one applied unasked)."""
+    probe: bool = True
+    """False: a bare run, no specwatch probe in SGLang's processes (no memory facts are read)."""
+    results: str
+    """The results file the worker appends its lines to."""
+    timeout_s: Optional[float] = None
+    """The worker's own deadline in seconds, not counting time queued for the timing lock: past it
+    the worker kills its own process group. A backstop behind the runner's group timeout (the
+    runner gives a little more than its own limit). None: no deadline of its own."""
+
+
+class _Line(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StartLockHeld(_Line):
+    """The worker holds the timing lock shared and may start its engine."""
+
+    event: Literal[Event.start_lock_held] = Event.start_lock_held
+    """Always ``start_lock_held``."""
+
+
+class EngineStarted(_Line):
+    """``sglang.Engine`` is up."""
+
+    event: Literal[Event.engine_started] = Event.engine_started
+    """Always ``engine_started``."""
+    engine_start_s: Optional[float] = None
+    """Seconds the engine took to start (None: not measured)."""
+
+
+class EngineFacts(_Line):
+    """The probe's pool checks at engine start; they hold for every case of the engine."""
+
+    event: Literal[Event.engine_facts] = Event.engine_facts
+    """Always ``engine_facts``."""
+    metrics: dict[str, MetricLine] = Field(default_factory=dict)
+    """Pool metrics (missing rows and the like)."""
+    checks: dict[str, bool] = Field(default_factory=dict)
+    """Pool verdicts."""
+    details: dict = Field(default_factory=dict)
+    """Free-form facts (``pool_coverage_at_start``)."""
+
+
+class TimingLockHeld(_Line):
+    """The worker holds the timing lock exclusively and times its cases."""
+
+    event: Literal[Event.timing_lock_held] = Event.timing_lock_held
+    """Always ``timing_lock_held``."""
+    waited_s: float = 0.0
+    """Seconds the worker queued for the lock behind other engines' timed batches."""
+
+
+EventLine = Annotated[Union[StartLockHeld, EngineStarted, EngineFacts, TimingLockHeld], Field(discriminator="event")]
+"""Any event line, told apart by its ``event`` field."""
+
+
+class CaseLine(_Line):
+    """One finished case, as the worker reports it."""
+
+    case_id: str
+    """``Case.case_id`` of a case of the spec."""
+    status: Status
+    """How the case ended (``ok``, ``skipped`` when SGLang refused the engine, ``failed``)."""
+    started_at: Optional[datetime] = None
+    """UTC start of the case (None: the runner stamps its own clock)."""
+    finished_at: Optional[datetime] = None
+    """UTC end of the case (None: the runner stamps its own clock)."""
+    reason: Optional[str] = None
+    """Why a case is not ok; required then, ignored for an ok case."""
+    log_tail: Optional[str] = None
+    """Traceback or log lines of a case that is not ok."""
+    metrics: dict[str, MetricLine] = Field(default_factory=dict)
+    """Metric name -> finite value with unit."""
+    checks: dict[str, bool] = Field(default_factory=dict)
+    """Named pass/fail checks."""
+    details: dict = Field(default_factory=dict)
+    """Free-form facts read from SGLang."""
+
+    @model_validator(mode="after")
+    def _status_consistent(self) -> "CaseLine":
+        if self.status is not Status.ok and not self.reason:
+            raise ValueError(f"a {self.status.value} case line needs a reason")
+        if self.status is Status.skipped and self.metrics:
+            raise ValueError("a skipped case line has no metrics")
+        return self
+
+
+class MalformedLine(BaseModel):
+    """A results-file line that is not JSON or does not validate as any line type."""
+
+    raw: str
+    """The line as written."""
+    error: str
+    """Why it was refused (JSON or validation error, one line)."""
+    case_id: Optional[str] = None
+    """The ``case_id`` the line names, when it is a JSON object that names one."""
+
+
+Line = Union[StartLockHeld, EngineStarted, EngineFacts, TimingLockHeld, CaseLine]
+"""Any well-formed results-file line."""
+
+_EVENT_LINE: TypeAdapter = TypeAdapter(EventLine)
+
+
+def _one_line(e: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(x) for x in err['loc']) or 'line'}: {err['msg']}" for err in e.errors())
+
+
+def parse_line(text: str) -> Line | MalformedLine:
+    """One results-file line -> its model, or a ``MalformedLine``; never raises."""
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        return MalformedLine(raw=text, error=f"not JSON: {e}")
+    if not isinstance(data, dict):
+        return MalformedLine(raw=text, error=f"not a JSON object: {type(data).__name__}")
+    named = data.get("case_id") if isinstance(data.get("case_id"), str) else None
+    try:
+        if "event" in data:
+            return _EVENT_LINE.validate_python(data)
+        return CaseLine.model_validate(data)
+    except ValidationError as e:
+        return MalformedLine(raw=text, error=_one_line(e), case_id=named)
+    except Exception as e:  # noqa: BLE001 - a validator's own error: still one malformed line
+        return MalformedLine(raw=text, error=f"{type(e).__name__}: {e}", case_id=named)
+
+
+def dump_line(line: BaseModel | dict) -> str:
+    """A line (a model, or a dict as ``core.timing_lock`` emits) as one JSON text without newline.
+    A dict is written as given (values JSON lacks as their ``str``), so it reads back unchanged."""
+    if isinstance(line, BaseModel):
+        return line.model_dump_json()
+    return json.dumps(line, default=str)

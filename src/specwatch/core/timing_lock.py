@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
+from specwatch.core.protocol import Event
+
 ENV = "SPECWATCH_TIMING_LOCK"
 """Environment variable naming the lock file a worker must use (unset: no locking)."""
 PARALLEL_ENV = "SPECWATCH_PARALLEL_STARTS"
@@ -34,18 +36,17 @@ PARALLEL_ENV = "SPECWATCH_PARALLEL_STARTS"
 OVERLAP_ENV = "SPECWATCH_OVERLAP_STARTS"
 """Environment variable: "1" when starts may overlap other engines' timed batches (``--overlap-starts``):
 the worker starts its engine without the shared lock, so only timed batches exclude each other."""
-HELD_EVENT = "start_lock_held"
+HELD_EVENT = Event.start_lock_held
 """Worker results-file event: the worker holds the lock shared (it may start its engine)."""
-ENGINE_STARTED_EVENT = "engine_started"
+ENGINE_STARTED_EVENT = Event.engine_started
 """Worker results-file event: ``sglang.Engine`` is up (carries ``engine_start_s``)."""
-ENGINE_FACTS_EVENT = "engine_facts"
+ENGINE_FACTS_EVENT = Event.engine_facts
 """Worker results-file event: the probe's pool checks read right after the engine started (carries
 ``metrics``, ``checks``, ``details``); the runner puts them on a crash or timeout record of the group."""
-TIMING_EVENT = "timing_lock_held"
+TIMING_EVENT = Event.timing_lock_held
 """Worker results-file event: the worker's engine is up and it now holds the lock exclusively (it
 times its cases); carries ``waited_s``. Between ``engine_started`` and this event the worker only
 queues behind other engines' timed batches, so the runner's group deadline does not run then."""
-
 
 class TimingLock:
     """One open description of the lock file (``flock`` locks belong to it). No-op without a path."""

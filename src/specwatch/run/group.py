@@ -6,7 +6,6 @@ log tail; a fresh worker takes the group's remaining cases.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -16,16 +15,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
+from pydantic import ValidationError
+
+from specwatch.core import lifeline
 from specwatch.core.case import Case
+from specwatch.core.protocol import CaseLine, EngineFacts, Event, MalformedLine, WorkerSpec, parse_line
 from specwatch.core.record import CaseRecord, Metric, Status, utcnow
-from specwatch.core.timing_lock import (
-    ENGINE_FACTS_EVENT,
-    ENGINE_STARTED_EVENT,
-    TIMING_EVENT,
-    TimingLock,
-)
 from specwatch.core.timing_lock import ENV as TIMING_LOCK_ENV
+from specwatch.core.timing_lock import TimingLock
 from specwatch.rules.crashlog import WORKER_DIED, crash_cause, timeout_reason
+from specwatch.run.options import RunOptions
 from specwatch.run.provenance import collect
 from specwatch.suite import Suite
 
@@ -36,15 +35,20 @@ POLL_S = 1.0
 """How often the parent reads the worker's finished cases."""
 
 
+WORKER_GRACE_S = 10.0
+"""The worker's own deadline (``WorkerSpec.timeout_s``) is the group's plus this: the runner's
+clock starts first and normally cuts the group; the worker's is the backstop when it cannot."""
+
+
 _ACTIVE_WORKERS: set[int] = set()
 """Process groups of running workers (killed when the runner is stopped)."""
 
 
-STARTED_EVENT = "worker_started"
+STARTED_EVENT = Event.worker_started
 """Runner-side event: a worker process was launched."""
 
 
-EXITED_EVENT = "worker_exited"
+EXITED_EVENT = Event.worker_exited
 """Runner-side event: a worker process ended (it no longer starts or times anything)."""
 
 
@@ -52,135 +56,212 @@ PROBE_DIR = Path(__file__).resolve().parents[1] / "inject" / "probe"
 """Holds the probe's sitecustomize.py; put first on every worker's PYTHONPATH."""
 
 
+MALFORMED = "malformed worker line: "
+"""Start of the reason of a case whose worker line did not validate (the error follows)."""
+
+
 def _tail(text: str, n: int = LOG_TAIL_LINES) -> str:
     return "\n".join(text.splitlines()[-n:])
 
 
-def record_from_worker(suite: Suite, case: Case, line: dict, fault: Optional[str], probe: bool = True) -> CaseRecord:
-    """A worker's per-case JSON line -> CaseRecord with provenance."""
-    metrics = {k: Metric(**v) for k, v in line.get("metrics", {}).items()}
-    status = Status(line["status"])
+def record_from_worker(suite: Suite, case: Case, line: CaseLine, fault: Optional[str], probe: bool = True) -> CaseRecord:
+    """A worker's per-case line -> CaseRecord with provenance."""
     return CaseRecord(
-        suite=suite.name, case_id=case.case_id, case=case, status=status,
-        reason=line.get("reason") if status is not Status.ok else None,
-        log_tail=line.get("log_tail"), metrics=metrics, checks=line.get("checks", {}),
-        details=line.get("details", {}),
-        provenance=collect(line.get("started_at") or utcnow(), line.get("finished_at") or utcnow(),
+        suite=suite.name, case_id=case.case_id, case=case, status=line.status,
+        reason=line.reason if line.status is not Status.ok else None,
+        log_tail=line.log_tail, metrics={k: Metric(**m.model_dump()) for k, m in line.metrics.items()},
+        checks=line.checks, details=line.details,
+        provenance=collect(line.started_at or utcnow(), line.finished_at or utcnow(),
                            str(suite.path), suite.sha256, fault, probe),
     )
 
 
 def failure_record(suite: Suite, case: Case, status: Status, reason: str, log_tail: Optional[str],
                    fault: Optional[str], started, probe: bool = True,
-                   at_start: Optional[dict] = None) -> CaseRecord:
-    """A case the worker did not finish. ``at_start``: the worker's ``ENGINE_FACTS_EVENT`` line, whose
+                   at_start: Optional[EngineFacts] = None) -> CaseRecord:
+    """A case the worker did not finish. ``at_start``: the worker's ``engine_facts`` line, whose
     structural pool checks hold for every case of the engine, so the record keeps them."""
-    at_start = at_start or {}
+    at_start = at_start or EngineFacts()
     return CaseRecord(suite=suite.name, case_id=case.case_id, case=case, status=status, reason=reason,
-                      log_tail=log_tail, metrics={k: Metric(**v) for k, v in at_start.get("metrics", {}).items()},
-                      checks=at_start.get("checks", {}), details=at_start.get("details", {}),
+                      log_tail=log_tail, metrics={k: Metric(**m.model_dump()) for k, m in at_start.metrics.items()},
+                      checks=dict(at_start.checks), details=dict(at_start.details),
                       provenance=collect(started, utcnow(), str(suite.path), suite.sha256, fault, probe))
 
 
-def run_group(suite: Suite, cases: list[Case], timeout_s: int, fault: Optional[str],
-              on_record: Callable[[CaseRecord], None], models_dir: Path, extra_env: Optional[dict] = None,
-              worker_module: str = "specwatch.worker",
-              on_event: Optional[Callable[[str], None]] = None, probe: bool = True) -> None:
+def run_group(job: "GroupJob", options: RunOptions, on_event: Optional[Callable[[str], None]] = None) -> None:
     """Run one engine group in child processes until every case has a record; ``on_event`` gets
-    the worker's event lines (``engine_started``, ``start_lock_held``) as they appear."""
-    remaining = list(cases)
+    the worker's event lines (``engine_started``, ``start_lock_held``) as they appear, and the
+    runner's own (``worker_started``, ``worker_exited``)."""
+    remaining = list(job.cases)
     while remaining:
-        started = utcnow()
-        with tempfile.TemporaryDirectory(prefix="specwatch-") as tmp:
-            spec = Path(tmp) / "spec.json"
-            results = Path(tmp) / "results.jsonl"
-            log = Path(tmp) / "log.txt"
-            if os.environ.get("SPECWATCH_LOG_DIR"):
-                # written there directly, so a run stopped mid-start (SIGTERM, device timeout) keeps it
-                keep = Path(os.environ["SPECWATCH_LOG_DIR"])
-                keep.mkdir(parents=True, exist_ok=True)
-                log = keep / f"{suite.name}-{remaining[0].case_id}{'-' + fault if fault else ''}{'' if probe else '-bare'}.log"
-            spec.write_text(json.dumps({
-                "cases": [c.params() for c in remaining], "repeats": suite.spec.suite.repeats,
-                "warmup": suite.spec.suite.warmup, "models_dir": str(models_dir), "fault": fault, "probe": probe,
-                "results": str(results),
-            }))
-            env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra_env or {}))
-            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROBE_DIR), env.get("PYTHONPATH")) if p)
-            if fault:
-                env["SPECWATCH_FAULT"] = fault
-            if not probe:
-                env["SPECWATCH_PROBE"] = "0"     # SGLang's processes run without specwatch code
-            done: set[str] = set()
-            by_id = {c.case_id: c for c in remaining}
-            seen_lines = 0
-            clock = GroupClock(timeout_s)
-            at_start: dict = {}              # the engine's pool checks (ENGINE_FACTS_EVENT), for failures
+        remaining = _one_worker(job, options, remaining, on_event or (lambda ev: None))
 
-            def collect_new_lines() -> None:
-                """Record every case the worker has finished so far (records land as cases end)."""
-                nonlocal seen_lines
-                if not results.exists():
-                    return
-                lines = results.read_text().splitlines()
-                for raw in lines[seen_lines:]:
-                    try:
-                        line = json.loads(raw)
-                    except json.JSONDecodeError:
-                        return  # a line still being written: read it next time
-                    seen_lines += 1
-                    clock.on_event(line.get("event"))
-                    if line.get("event") == ENGINE_FACTS_EVENT:
-                        at_start.update(line)
-                    if line.get("event") and on_event:
-                        on_event(line["event"])
-                    case = by_id.get(line.get("case_id"))
-                    if case is None or case.case_id in done:
-                        continue
-                    on_record(record_from_worker(suite, case, line, fault, probe))
-                    done.add(case.case_id)
 
-            timed_out = False
-            with open(log, "wb") as logf:
-                proc = subprocess.Popen([sys.executable, "-m", worker_module, str(spec)],
-                                        stdout=logf, stderr=subprocess.STDOUT, env=env,
-                                        start_new_session=True)
-                _ACTIVE_WORKERS.add(proc.pid)
-                if on_event:
-                    on_event(STARTED_EVENT)
-                while True:
-                    try:
-                        rc = proc.wait(timeout=POLL_S)
-                        break
-                    except subprocess.TimeoutExpired:
-                        collect_new_lines()
-                        if clock.expired():
-                            os.killpg(proc.pid, 9)
-                            rc, timed_out = proc.wait(), True
-                            break
-            if on_event:
-                on_event(EXITED_EVENT)  # lets a wave's gate open before teardown waits on the lock
-            teardown(proc.pid, env.get(TIMING_LOCK_ENV))
+def _one_worker(job: "GroupJob", options: RunOptions, remaining: list[Case],
+                on_event: Callable[[str], None]) -> list[Case]:
+    """One worker process on ``remaining``: record what it finishes and, when it dies or times out
+    first, the case it was on (every case when its engine never came up); returns the rest."""
+    started = utcnow()
+    timeout_s = job.timeout_s or job.suite.spec.suite.timeout_s
+    with tempfile.TemporaryDirectory(prefix="specwatch-") as tmp:
+        spec, results, log = Path(tmp) / "spec.json", Path(tmp) / "results.jsonl", _log_path(job, remaining, tmp)
+        spec.write_text(WorkerSpec(
+            cases=remaining, repeats=job.suite.spec.suite.repeats, warmup=job.suite.spec.suite.warmup,
+            models_dir=str(options.models_dir), fault=job.fault, probe=job.probe, results=str(results),
+            timeout_s=timeout_s + WORKER_GRACE_S).model_dump_json())
+        watch = Watch(job, remaining, results, log, GroupClock(timeout_s), on_event, started)
+        rc, timed_out = _launch(job, options, spec, log, watch, on_event)
+        remaining = [c for c in remaining if c.case_id not in watch.done]
+        if not remaining:
+            return []
+        log_text = log.read_text(errors="replace")
+        if timed_out:
+            status, reason = Status.timeout, timeout_reason(timeout_s, log_text, watch.clock.queued_s)
+        else:
+            status = Status.crashed
+            reason = WORKER_DIED.format(rc=rc) + crash_cause(log_text)
+        # A death before the engine came up hits every case of the group alike.
+        died_at_start = not watch.clock.engine_started and not watch.done
+        victims = remaining if died_at_start else remaining[:1]
+        if died_at_start and len(remaining) > 1:
+            reason = "engine start: " + reason
+        for victim in victims:
+            job.emit(failure_record(job.suite, victim, status, reason, _tail(log_text), job.fault, started,
+                                    job.probe, watch.at_start))
+        return [c for c in remaining if c not in victims]
+
+
+def _log_path(job: "GroupJob", remaining: list[Case], tmp: str) -> Path:
+    """The worker's log: in the temporary folder, or under ``SPECWATCH_LOG_DIR`` when set."""
+    if not os.environ.get("SPECWATCH_LOG_DIR"):
+        return Path(tmp) / "log.txt"
+    # written there directly, so a run stopped mid-start (SIGTERM, device timeout) keeps it
+    keep = Path(os.environ["SPECWATCH_LOG_DIR"])
+    keep.mkdir(parents=True, exist_ok=True)
+    return keep / (f"{job.suite.name}-{remaining[0].case_id}{'-' + job.fault if job.fault else ''}"
+                   f"{'' if job.probe else '-bare'}.log")
+
+
+def worker_env(job: "GroupJob", extra_env: Optional[dict]) -> dict:
+    """The worker's environment: the probe first on PYTHONPATH, the fault, a bare run's switch."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra_env or {}))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROBE_DIR), env.get("PYTHONPATH")) if p)
+    if job.fault:
+        env["SPECWATCH_FAULT"] = job.fault
+    if not job.probe:
+        env["SPECWATCH_PROBE"] = "0"     # SGLang's processes run without specwatch code
+    return env
+
+
+def _launch(job: "GroupJob", options: RunOptions, spec: Path, log: Path, watch: "Watch",
+            on_event: Callable[[str], None]) -> tuple[Optional[int], bool]:
+    """Start the worker in its own session with a lifeline pipe (``core.lifeline``), watch it until
+    it exits or its clock runs out, tear it down; returns (exit code, timed out). Whatever goes
+    wrong here (a record that cannot be written), the worker's process group is killed first."""
+    pipe = lifeline.Pipe()
+    env = {**worker_env(job, options.extra_env), **pipe.env()}
+    proc = None
+    try:
+        with open(log, "wb") as logf:
+            proc = subprocess.Popen([sys.executable, "-m", options.worker_module, str(spec)],
+                                    stdout=logf, stderr=subprocess.STDOUT, env=env,
+                                    start_new_session=True, pass_fds=(pipe.read_fd,))
+        pipe.started()
+        _ACTIVE_WORKERS.add(proc.pid)
+        on_event(STARTED_EVENT)
+        rc, timed_out = _wait(proc, watch)
+        on_event(EXITED_EVENT)  # lets a wave's gate open before teardown waits on the lock
+        teardown(proc.pid, env.get(TIMING_LOCK_ENV))
+        watch.collect()
+        return rc, timed_out
+    finally:
+        if proc is not None:
+            finally_kill(proc.pid)
+            proc.wait()
             _ACTIVE_WORKERS.discard(proc.pid)
-            collect_new_lines()
-            remaining = [c for c in remaining if c.case_id not in done]
-            if not remaining:
-                break
-            log_text = log.read_text(errors="replace")
-            if timed_out:
-                status, reason = Status.timeout, timeout_reason(timeout_s, log_text, clock.queued_s)
+        pipe.close()
+
+
+def _wait(proc: subprocess.Popen, watch: "Watch") -> tuple[int, bool]:
+    """Poll the worker: record its finished cases as they land, kill it when its clock runs out."""
+    while True:
+        try:
+            return proc.wait(timeout=POLL_S), False
+        except subprocess.TimeoutExpired:
+            watch.collect()
+            if watch.clock.expired():
+                os.killpg(proc.pid, 9)
+                return proc.wait(), True
+
+
+class Lines:
+    """The complete (newline-ended) lines appended to a file since the last call; a line still
+    being written waits for the next call, and a torn last line of a dead worker is never read."""
+
+    def __init__(self, path: Path):
+        self.path, self._offset, self._partial = path, 0, b""
+
+    def new(self) -> list[str]:
+        if not self.path.exists():
+            return []
+        with open(self.path, "rb") as f:
+            f.seek(self._offset)
+            data = f.read()
+        self._offset += len(data)
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        return [x.decode(errors="replace") for x in lines if x.strip()]
+
+
+class Watch:
+    """The runner's side of one worker's results file: every line is parsed (``parse_line``) and
+    becomes a record, an event, or, malformed, its case's ``failed`` record."""
+
+    def __init__(self, job: "GroupJob", cases: list[Case], results: Path, log: Path, clock: "GroupClock",
+                 on_event: Callable[[str], None], started):
+        self.job, self.cases, self.log, self.clock, self.on_event = job, cases, log, clock, on_event
+        self.started, self.lines = started, Lines(results)
+        self.by_id = {c.case_id: c for c in cases}
+        self.done: set[str] = set()
+        self.at_start: Optional[EngineFacts] = None
+        """The engine's pool checks (its ``engine_facts`` line), for failure records."""
+
+    def collect(self) -> None:
+        """Record every case the worker has finished so far (records land as cases end)."""
+        for raw in self.lines.new():
+            line = parse_line(raw)
+            if isinstance(line, MalformedLine):
+                self._malformed(line)
+            elif isinstance(line, CaseLine):
+                self._case(line)
             else:
-                status = Status.crashed
-                reason = WORKER_DIED.format(rc=rc) + crash_cause(log_text)
-            # A death before the engine came up hits every case of the group alike.
-            died_at_start = not clock.engine_started and not done
-            victims = remaining if died_at_start else remaining[:1]
-            if died_at_start and len(remaining) > 1:
-                reason = "engine start: " + reason
-            for victim in victims:
-                on_record(failure_record(suite, victim, status, reason, _tail(log_text), fault, started, probe,
-                                         at_start))
-            remaining = [c for c in remaining if c not in victims]
+                self.clock.on_event(line.event)
+                if isinstance(line, EngineFacts):
+                    self.at_start = line
+                self.on_event(line.event)
+
+    def _case(self, line: CaseLine) -> None:
+        case = self.by_id.get(line.case_id)
+        if case is None or case.case_id in self.done:
+            return
+        try:
+            rec = record_from_worker(self.job.suite, case, line, self.job.fault, self.job.probe)
+        except (ValidationError, ValueError) as e:
+            self._malformed(MalformedLine(raw=line.model_dump_json(), error=str(e).splitlines()[0], case_id=case.case_id))
+            return
+        self.job.emit(rec)
+        self.done.add(case.case_id)
+
+    def _malformed(self, bad: MalformedLine) -> None:
+        """The case the line names (or, naming none, the first unfinished one) is ``failed``."""
+        case = self.by_id.get(bad.case_id) if bad.case_id not in self.done else None
+        case = case or next((c for c in self.cases if c.case_id not in self.done), None)
+        if case is None:
+            return
+        log_text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        tail = _tail(log_text) + f"\nthe worker's line:\n{bad.raw[:4000]}"
+        self.job.emit(failure_record(self.job.suite, case, Status.failed, (MALFORMED + bad.error)[:2000], tail,
+                                     self.job.fault, self.started, self.job.probe, self.at_start))
+        self.done.add(case.case_id)
 
 
 class GroupClock:
@@ -198,10 +279,10 @@ class GroupClock:
         """Whether the worker's engine came up (a death before it hits every case of the group)."""
 
     def on_event(self, event: Optional[str]) -> None:
-        if event == ENGINE_STARTED_EVENT and not self.engine_started:
+        if event == Event.engine_started and not self.engine_started:
             self.engine_started = True
             self._queued_since = self._now()
-        elif event == TIMING_EVENT and self._queued_since is not None:
+        elif event == Event.timing_lock_held and self._queued_since is not None:
             self._paused_s += self._now() - self._queued_since
             self._queued_since = None
 
@@ -263,7 +344,5 @@ class GroupJob:
     probe: bool = True
     """False: a bare run (no specwatch code in SGLang's processes)."""
 
-    def run(self, models_dir: Path, env: Optional[dict], worker_module: str,
-            on_event: Callable[[str], None]) -> None:
-        run_group(self.suite, self.cases, self.timeout_s or self.suite.spec.suite.timeout_s, self.fault, self.emit,
-                  models_dir, env, worker_module, on_event=on_event, probe=self.probe)
+    def run(self, options: RunOptions, on_event: Optional[Callable[[str], None]] = None) -> None:
+        run_group(self, options, on_event)

@@ -12,6 +12,7 @@ import signal
 import sys
 import tempfile
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -19,6 +20,7 @@ from specwatch.core.case import Backend, Case, ModelSize
 from specwatch.core.timing_lock import ENV as TIMING_LOCK_ENV
 from specwatch.core.timing_lock import HELD_EVENT, OVERLAP_ENV, PARALLEL_ENV, WaveGate
 from specwatch.run.group import _ACTIVE_WORKERS, EXITED_EVENT, finally_kill
+from specwatch.run.options import RunOptions
 
 
 def start_class(case: Case) -> tuple:
@@ -60,17 +62,20 @@ def _parallel_env(extra_env: Optional[dict], lock_path: Path, parallel_starts: i
     return env
 
 
-def _run_rolling(jobs: list, parallel_starts: int, expired, models_dir: Path, extra_env: Optional[dict],
-                 worker_module: str, count: Callable[[str], None],
-                 on_launch: Callable[[int], None], lock_path: Optional[Path] = None) -> None:
-    """``--overlap-starts``: up to ``parallel_starts`` groups in flight, the next one started as soon as
+def _run_rolling(jobs: list, options: RunOptions, expired, count: Callable[[str], None],
+                 on_launch: Callable[[int], None]) -> None:
+    """``--overlap-starts``: up to ``options.parallel_starts`` groups in flight, the next one started as soon as
     one ends, in ``rolling_order``, until ``expired()``. Timed batches still exclude each other (the
     lock's exclusive side); starts are not held back from them. The wave design's cost, measured on
     the H200 (tree-page, K = 10): after each wave's last timed batch ~80 s passed before the next
     wave timed (its slowest start ~60 s, spawn and the last engine's teardown the rest), wall time
-    2.1-2.7 x the cases' own time. ``lock_path``: a lock other runs share (default: this run's own)."""
+    2.1-2.7 x the cases' own time. ``options.timing_lock``: a lock other runs share (default: this
+    run's own)."""
+    parallel_starts = options.parallel_starts
     with tempfile.TemporaryDirectory(prefix="specwatch-lock-") as tmp:
-        env = _parallel_env(extra_env, lock_path or Path(tmp) / "timing.lock", parallel_starts, overlap=True)
+        env = _parallel_env(options.extra_env, options.timing_lock or Path(tmp) / "timing.lock", parallel_starts,
+                            overlap=True)
+        options = replace(options, extra_env=env)
         queue = rolling_order(jobs)
         take = threading.Lock()
 
@@ -81,7 +86,7 @@ def _run_rolling(jobs: list, parallel_starts: int, expired, models_dir: Path, ex
                         return
                     job = queue.pop(0)
                     on_launch(1)
-                job.run(models_dir, env, worker_module, count)
+                job.run(options, count)
 
         threads = [threading.Thread(target=slot, daemon=True) for _ in range(min(parallel_starts, len(queue)))]
         for t in threads:
@@ -90,14 +95,15 @@ def _run_rolling(jobs: list, parallel_starts: int, expired, models_dir: Path, ex
             t.join()
 
 
-def _run_waves(jobs: list, parallel_starts: int, expired, models_dir: Path, extra_env: Optional[dict],
-               worker_module: str, count: Callable[[str], None],
+def _run_waves(jobs: list, options: RunOptions, expired, count: Callable[[str], None],
                on_wave: Callable[[int], None]) -> None:
-    """Run ``jobs`` in waves of ``parallel_starts`` (``specwatch.core.timing_lock``) until ``expired()``;
-    ``on_wave`` hears each wave's size as it starts."""
+    """Run ``jobs`` in waves of ``options.parallel_starts`` (``specwatch.core.timing_lock``) until
+    ``expired()``; ``on_wave`` hears each wave's size as it starts."""
+    parallel_starts = options.parallel_starts
     with tempfile.TemporaryDirectory(prefix="specwatch-lock-") as tmp:
         lock_path = Path(tmp) / "timing.lock"
-        env = _parallel_env(extra_env, lock_path, parallel_starts, overlap=False)
+        options = replace(options, extra_env=_parallel_env(options.extra_env, lock_path, parallel_starts,
+                                                           overlap=False))
         jobs = wave_order(jobs)
         for w in range(0, len(jobs), parallel_starts):
             if expired():
@@ -105,7 +111,7 @@ def _run_waves(jobs: list, parallel_starts: int, expired, models_dir: Path, extr
             wave = jobs[w:w + parallel_starts]
             on_wave(len(wave))
             run_wave(wave, lock_path, lambda job, on_event: job.run(
-                models_dir, env, worker_module, lambda ev: (count(ev), on_event(ev))))
+                options, lambda ev: (count(ev), on_event(ev))))
 
 
 @contextlib.contextmanager

@@ -4,4 +4,4 @@ import sys
 
 from specwatch.worker.main import main
 
-sys.exit(main(sys.argv[1]))
+sys.exit(main(sys.argv[1], child=True))

@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-import json
 import os
 import time
 import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
+from pydantic import BaseModel, ValidationError
+
+from specwatch.core import lifeline
 from specwatch.core.case import Case, Workload
-from specwatch.core.protocol import metric
-from specwatch.core.timing_lock import (
-    ENGINE_FACTS_EVENT,
-    ENGINE_STARTED_EVENT,
-    PARALLEL_ENV,
-    WorkerTimingLock,
-)
+from specwatch.core.protocol import CaseLine, EngineFacts, EngineStarted, WorkerSpec, dump_line
+from specwatch.core.record import Status
+from specwatch.core.timing_lock import PARALLEL_ENV, WorkerTimingLock
 from specwatch.oracle.checkpoints import ensure_models
 from specwatch.rules.pools import pool_checks
 from specwatch.worker.engine_args import (
@@ -28,6 +28,7 @@ from specwatch.worker.engine_args import (
     sglang_refusal,
 )
 from specwatch.worker.measure import (
+    MetricSet,
     flush_cache,
     host_load,
     memory_and_leaks,
@@ -37,23 +38,96 @@ from specwatch.worker.measure import (
 )
 from specwatch.worker.near_full import kv_pool_tokens
 
+FAULT_ENV = "SPECWATCH_FAULT"
+"""Environment variable the probe applies a fault from (``inject/probe/sitecustomize.py``)."""
 
-def main(spec_path: str) -> int:
-    spec = json.loads(Path(spec_path).read_text())
-    cases = [Case(**c) for c in spec["cases"]]
-    probe = spec.get("probe", True)       # False: a bare run, no probe in SGLang's processes
-    out = open(spec["results"], "a")
 
-    def emit(obj):
-        out.write(json.dumps(obj, default=str) + "\n")
-        out.flush()
-        os.fsync(out.fileno())
+class Emitter:
+    """Appends lines to the results file durably (flush + fsync), one JSON object per line."""
 
-    first = cases[0]
+    def __init__(self, path: str):
+        self._out = open(path, "a")
+
+    def __call__(self, line: BaseModel | dict) -> None:
+        self._out.write(dump_line(line) + "\n")
+        self._out.flush()
+        os.fsync(self._out.fileno())
+
+    def case(self, line: dict) -> None:
+        """A case's line, checked against ``CaseLine`` first: one that would not validate is
+        reported as the case's failure (the validation error as the reason) instead."""
+        try:
+            CaseLine.model_validate(line)
+        except ValidationError as e:
+            line = {"case_id": line.get("case_id"), "status": Status.failed.value, "started_at": line.get("started_at"),
+                    "finished_at": now(), "reason": f"worker line refused: {e}"[:2000],
+                    "log_tail": dump_line(line)[-4000:]}
+        self(line)
+
+
+@dataclass
+class Engine:
+    """A started engine and what its cases' records say about it."""
+
+    engine: object
+    kwargs: dict
+    """The engine's keyword arguments (recorded with sensitive paths left out)."""
+    dropped_args: list
+    """Arguments the installed SGLang does not know (left out)."""
+    start_s: float
+    gen_s: float
+    """Seconds spent writing or finding the oracle checkpoints."""
+    facts_start: dict = field(default_factory=dict)
+    waited_s: float = 0.0
+    """Seconds queued for the timing lock."""
+
+
+def main(spec_path: str, child: bool = False) -> int:
+    """Run the spec's engine group. ``child``: this process is the runner's worker, so it arms
+    ``core.lifeline`` (dies with the runner, and past the spec's own timeout)."""
+    spec = WorkerSpec.model_validate_json(Path(spec_path).read_text())
+    guard = lifeline.hold(spec.timeout_s) if child else lifeline.Lifeline(None, None)
+    emit = Emitter(spec.results)
+    if spec.fault != (os.environ.get(FAULT_ENV) or None):
+        reason = (f"spec fault {spec.fault!r} but {FAULT_ENV}={os.environ.get(FAULT_ENV)!r}: the probe applies "
+                  f"the environment's, so the records would name the wrong fault")
+        _report_all(emit, spec.cases, Status.failed, reason, None)
+        return 0
     lock = WorkerTimingLock()
     lock.starting(emit)
+    run = start_engine(spec, emit)
+    if run is None:
+        return 0
+    with guard.paused():
+        run.waited_s = lock.timing(emit)
+    run.facts_start = server_facts(run.engine)
+    if spec.probe and "allocator" in run.facts_start["specwatch"]:
+        # the pool layout before any case runs: a crashed or timed-out case still records it
+        pool_metrics, pool_verdicts, coverage = pool_checks(run.facts_start["specwatch"])
+        emit(EngineFacts(metrics=pool_metrics, checks=pool_verdicts,
+                         details={"pool_coverage_at_start": coverage}))
+    for c in spec.cases:
+        emit.case(run_one(spec, run, c, lock))
+    try:
+        run.engine.shutdown()
+    except Exception:
+        pass
+    lock.release()
+    return 0
+
+
+def _report_all(emit: Emitter, cases: list[Case], status: Status, reason: str, tail: Optional[str]) -> None:
+    for c in cases:
+        emit.case({"case_id": c.case_id, "status": status.value, "started_at": now(), "finished_at": now(),
+                   "reason": reason[:2000], "log_tail": tail})
+
+
+def start_engine(spec: WorkerSpec, emit: Emitter) -> Optional[Engine]:
+    """Write the oracle models and start ``sglang.Engine`` for the group; on a refusal or error,
+    report every case (``skipped`` where SGLang's own checks refused it) and return None."""
+    cases, first = spec.cases, spec.cases[0]
     t0 = time.perf_counter()
-    target, draft = ensure_models(Path(spec["models_dir"]), first.model, first.profile, first.algorithm, device="cuda")
+    target, draft = ensure_models(Path(spec.models_dir), first.model, first.profile, first.algorithm, device="cuda")
     gen_s = time.perf_counter() - t0
     import sglang
 
@@ -65,59 +139,55 @@ def main(spec_path: str) -> int:
         kwargs, dropped_args = fit_server_args(kwargs, known) if known else (kwargs, [])
         engine = sglang.Engine(**kwargs)
     except Exception as e:
-        tail = traceback.format_exc()[-4000:]
         where = sglang_refusal(e)
-        status, reason = (("skipped", f"refused by SGLang {getattr(sglang, '__version__', '?')} ({where}): {e}") if where else
-                          ("failed", f"engine start: {type(e).__name__}: {e}"))
-        for c in cases:
-            emit({"case_id": c.case_id, "status": status, "started_at": now(), "finished_at": now(),
-                  "reason": reason[:2000], "log_tail": tail})
-        return 0
+        status, reason = ((Status.skipped, f"refused by SGLang {getattr(sglang, '__version__', '?')} ({where}): {e}")
+                          if where else (Status.failed, f"engine start: {type(e).__name__}: {e}"))
+        _report_all(emit, cases, status, reason, traceback.format_exc()[-4000:])
+        return None
     start_s = time.perf_counter() - t0
-    emit({"event": ENGINE_STARTED_EVENT, "engine_start_s": start_s})
-    waited_s = lock.timing(emit)
-    facts_start = server_facts(engine)
-    if probe and "allocator" in facts_start["specwatch"]:
-        # the pool layout before any case runs: a crashed or timed-out case still records it
-        pool_metrics, pool_verdicts, coverage = pool_checks(facts_start["specwatch"])
-        emit({"event": ENGINE_FACTS_EVENT, "metrics": pool_metrics, "checks": pool_verdicts,
-              "details": {"pool_coverage_at_start": coverage}})
-    for c in cases:
-        started = now()
-        load_before = host_load()
-        try:
-            if c.workload is Workload.long_prompt_multi_turn:
-                res = run_multi_turn(engine, c, spec["repeats"], spec["warmup"])
-            else:
-                res = run_case(engine, c, spec["repeats"], spec["warmup"], calibrate=probe)
-            if probe:
-                mem_metrics, mem_checks, details = memory_and_leaks(engine, c)
-            else:   # bare run: no probe in SGLang's processes, so no facts to read (timing baseline)
-                mem_metrics, mem_checks, details = {}, {"flush_cache": flush_cache(engine)[0]}, {"bare": True}
-            res["metrics"].update(mem_metrics)
-            res["metrics"]["engine_start_time"] = metric(start_s, "s", higher_is_better=False)
-            res["metrics"]["model_generation_time"] = metric(gen_s, "s")
-            res["checks"].update(mem_checks)
-            res["details"].update(details)
-            res["details"]["sglang_version"] = facts_start.get("version")
-            res["details"]["engine_kwargs"] = recorded_kwargs(kwargs)
-            res["details"]["host_load"] = {"before": load_before, "after": host_load()}
-            if dropped_args:
-                res["details"]["engine_args_not_in_this_sglang"] = dropped_args
-            if lock.enabled:
-                res["details"]["parallel_starts"] = int(os.environ.get(PARALLEL_ENV, "0")) or None
-                if lock.overlapping:
-                    res["details"]["overlap_starts"] = True     # timed while other engines started
-                res["details"]["waited_for_timing_s"] = round(waited_s, 3)
-            emit({"case_id": c.case_id, "status": "ok", "started_at": started, "finished_at": now(), **res})
-        except Exception as e:
-            emit({"case_id": c.case_id, "status": "failed", "started_at": started, "finished_at": now(),
-                  "reason": f"{type(e).__name__}: {e}"[:2000], "log_tail": traceback.format_exc()[-4000:]})
+    emit(EngineStarted(engine_start_s=start_s))
+    return Engine(engine, kwargs, dropped_args, start_s, gen_s)
+
+
+def run_one(spec: WorkerSpec, run: Engine, c: Case, lock: WorkerTimingLock) -> dict:
+    """One case on the started engine -> its line (``ok``, or ``failed`` with the traceback)."""
+    started = now()
+    load_before = host_load()
     try:
-        engine.shutdown()
-    except Exception:
-        pass
-    lock.release()
-    return 0
+        if c.workload is Workload.long_prompt_multi_turn:
+            res = run_multi_turn(run.engine, c, spec.repeats, spec.warmup)
+        else:
+            res = run_case(run.engine, c, spec.repeats, spec.warmup, calibrate=spec.probe)
+        if spec.probe:
+            mem_metrics, mem_checks, details = memory_and_leaks(run.engine, c)
+        else:   # bare run: no probe in SGLang's processes, so no facts to read (timing baseline)
+            mem_metrics, mem_checks, details = {}, {"flush_cache": flush_cache(run.engine)[0]}, {"bare": True}
+        metrics = MetricSet().merge(res["metrics"]).merge(mem_metrics)
+        metrics.put("engine_start_time", run.start_s, "s", higher_is_better=False)
+        metrics.put("model_generation_time", run.gen_s, "s")
+        res["metrics"] = metrics
+        res["checks"].update(mem_checks)
+        res["details"].update(details)
+        _engine_details(res["details"], run, lock, load_before)
+        if metrics.refused:
+            # a NaN or infinite number has no JSON form: name the metric instead of storing null
+            res["checks"]["finite_metrics"] = False
+            res["details"]["non_finite_metrics"] = metrics.refused
+        return {"case_id": c.case_id, "status": Status.ok.value, "started_at": started, "finished_at": now(), **res}
+    except Exception as e:
+        return {"case_id": c.case_id, "status": Status.failed.value, "started_at": started, "finished_at": now(),
+                "reason": f"{type(e).__name__}: {e}"[:2000], "log_tail": traceback.format_exc()[-4000:]}
 
 
+def _engine_details(details: dict, run: Engine, lock: WorkerTimingLock, load_before) -> None:
+    """What every case's record says about the engine and the host it ran on."""
+    details["sglang_version"] = run.facts_start.get("version")
+    details["engine_kwargs"] = recorded_kwargs(run.kwargs)
+    details["host_load"] = {"before": load_before, "after": host_load()}
+    if run.dropped_args:
+        details["engine_args_not_in_this_sglang"] = run.dropped_args
+    if lock.enabled:
+        details["parallel_starts"] = int(os.environ.get(PARALLEL_ENV, "0")) or None
+        if lock.overlapping:
+            details["overlap_starts"] = True     # timed while other engines started
+        details["waited_for_timing_s"] = round(run.waited_s, 3)

@@ -20,7 +20,7 @@ import time
 from datetime import datetime, timezone
 
 from specwatch.core.case import Algorithm, Case, Profile, Workload
-from specwatch.core.protocol import metric
+from specwatch.core.protocol import NonFiniteMetric, metric
 from specwatch.oracle.predict import NgramCorpusModel, Oracle
 from specwatch.oracle.prompts import (
     OutputDigest,
@@ -113,15 +113,14 @@ def run_multi_turn(engine, case: Case, repeats: int, warmup: bool) -> dict:
             expected_als.append(statistics.mean(exp_turns))
         hit_shares.append(cached / max(later_prompt, 1))
     med = statistics.median
-    metrics = {
-        "output_throughput": metric(med(tps), "tokens/s", tps, higher_is_better=True),
-        "wall_time": metric(med(walls), "s", walls, higher_is_better=False),
-        "accept_length": metric(med(als), "tokens/verify", als, expected=med(expected_als) if expected_als else None,
-                                exact=True, higher_is_better=True),
-        "lossless_mismatches": metric(mismatches, "tokens", exact=True, higher_is_better=False),
-        # prompt tokens of turns 2.. served by the radix cache (the previous turn's prompt + answer)
-        "prefix_cache_hit_share": metric(med(hit_shares), "1", hit_shares, higher_is_better=True),
-    }
+    metrics = MetricSet()
+    metrics.put("output_throughput", med(tps), "tokens/s", tps, higher_is_better=True)
+    metrics.put("wall_time", med(walls), "s", walls, higher_is_better=False)
+    metrics.put("accept_length", med(als), "tokens/verify", als, expected=med(expected_als) if expected_als else None,
+                exact=True, higher_is_better=True)
+    metrics.put("lossless_mismatches", mismatches, "tokens", exact=True, higher_is_better=False)
+    # prompt tokens of turns 2.. served by the radix cache (the previous turn's prompt + answer)
+    metrics.put("prefix_cache_hit_share", med(hit_shares), "1", hit_shares, higher_is_better=True)
     checks = {"lossless": mismatches == 0}
     if expected_als:
         checks["accept_length_matches_oracle"] = matches_oracle(als, expected_als)
@@ -159,207 +158,285 @@ def flush_cache(engine, wait_s: float | None = None) -> tuple[bool, int]:
         time.sleep(0.02)
 
 
+class MetricSet(dict):
+    """Metric name -> metric line dict, refusing NaN and infinite numbers: a refused metric is left
+    out and named in ``refused`` (the worker then fails the ``finite_metrics`` check)."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.refused: dict[str, str] = {}
+        """Metric name -> the refusal (the non-finite numbers it was given)."""
+
+    def put(self, name: str, value, unit: str, samples=None, **kw) -> None:
+        try:
+            self[name] = metric(value, unit, samples, **kw)
+        except NonFiniteMetric as e:
+            self.refused[name] = str(e)
+
+    def merge(self, other: dict) -> "MetricSet":
+        self.update(other)
+        self.refused.update(getattr(other, "refused", {}))
+        return self
+
+
+class Prompts:
+    """A case's prompt batches: oracle chains from seeded starts, cut at the (calibrated) input length."""
+
+    def __init__(self, case: Case, oracle: Oracle):
+        self.case, self.oracle, self.input_len = case, oracle, case.input_len
+
+    def batch(self, tag: str) -> tuple[list[list[int]], list[list[int]], list[int]]:
+        """(prompts, expected outputs, the chain starts they come from)."""
+        starts = prompt_starts(self.case, tag, self.case.batch_size)
+        chains = [self.oracle.chain(s, self.input_len + self.case.output_len) for s in starts]
+        return [c[:self.input_len] for c in chains], [c[self.input_len:] for c in chains], starts
+
+
+def calibrate_near_full(engine, case: Case, prompts: Prompts) -> dict | None:
+    """A probed near-full case after its warm-up: lengthen every prompt by ``near_full_extension``
+    of the decode peak the probe measured on the warm-up; returns what was done (None: nothing)."""
+    sw = server_facts(engine)["specwatch"]      # reads (and resets) the warm-up's occupancy
+    occ, alloc = sw.get("occupancy") or {}, sw.get("allocator") or {}
+    if not (occ.get("batches") and alloc.get("size")):
+        return None
+    extension = near_full_extension(occ, alloc["size"], case)
+    prompts.input_len += extension
+    return {"warmup_peak_token_usage": occ["peak"], "prompt_extension": extension,
+            "input_len": prompts.input_len, "warmup_occupancy": occ}
+
+
+def ngram_model_for(case: Case, oracle: Oracle) -> NgramCorpusModel | None:
+    """NGRAM: its corpus simulated (flushed before the timed batch, so it starts empty); only where
+    the batch decodes together from its prefill on: not near full, and prompts that one prefill
+    batch takes whole (SGLang's chunked_prefill_size on the H200s: 8192)."""
+    if case.algorithm is Algorithm.NGRAM and case.workload is Workload.standard \
+            and case.batch_size * case.input_len <= NGRAM_ONE_PREFILL_TOKENS:
+        return NgramCorpusModel(oracle)
+    return None
+
+
+class CaseTally:
+    """What a case's timed batches measured, repeat by repeat (one list entry per repeat)."""
+
+    def __init__(self, case: Case):
+        self.case = case
+        self.tps: list[float] = []
+        self.decode_tps: list[float] = []
+        self.als: list[float] = []
+        self.rates: list[float] = []
+        self.step_ms: list[float] = []
+        self.itl_ms: list[float] = []
+        self.walls: list[float] = []
+        self.verify: list[int] = []
+        self.prefills: list[float] = []
+        self.expected_per_repeat: list[float] = []
+        self.timed: list[list[int]] = []         # each timed batch's chain starts
+        self.mismatches = 0
+        self.digest = OutputDigest()
+        self.hist = None
+        self.flush_failures = self.flush_refusals = 0   # SGLang refuses a flush until idle: retried
+
+    def fresh_cache(self, engine) -> None:
+        flushed, refused = flush_cache(engine)
+        self.flush_failures, self.flush_refusals = self.flush_failures + (not flushed), self.flush_refusals + refused
+
+    def add_batch(self, outs: list[dict], expected: list[list[int]], wall: float, prefill_s: float) -> None:
+        """One timed batch: its outputs against the oracle's, its wall time, its prefill's time."""
+        case = self.case
+        self.walls.append(wall)
+        self.tps.append(sum(len(o["output_ids"]) for o in outs) / wall)
+        decode_s = wall - prefill_s
+        if decode_s < MIN_DECODE_SHARE * wall:
+            decode_s = None  # prefill-dominated or a noisy prefill sample: no decode split this repeat
+        else:
+            self.decode_tps.append(sum(len(o["output_ids"]) - 1 for o in outs) / decode_s)
+        for o in outs:
+            self.digest.add(o["output_ids"])
+        for o, exp in zip(outs, expected):
+            self.mismatches += mismatched_tokens(o["output_ids"], exp)
+        metas = [o["meta_info"] for o in outs]
+        self.als.append(statistics.mean(m.get("spec_accept_length", 0.0) for m in metas))
+        self.rates.append(statistics.mean(m.get("spec_accept_rate", 0.0) for m in metas))
+        vct = max(m.get("spec_verify_ct", 0) for m in metas)
+        self.verify.append(vct)
+        if decode_s is not None:
+            self.step_ms.append(1e3 * decode_s / max(vct, 1))
+            self.itl_ms.append(1e3 * decode_s / max(case.output_len - 1, 1))
+        self.hist = metas[0].get("spec_accept_histogram", self.hist)
+
+    def metrics(self) -> MetricSet:
+        med, b, m = statistics.median, self.case.batch_size, MetricSet()
+        m.put("output_throughput", med(self.tps), "tokens/s", self.tps, higher_is_better=True)
+        m.put("request_throughput", med([b / w for w in self.walls]), "requests/s", [b / w for w in self.walls],
+              higher_is_better=True)
+        m.put("wall_time", med(self.walls), "s", self.walls, higher_is_better=False)
+        m.put("prefill_time", med(self.prefills), "s", self.prefills, higher_is_better=False)
+        if self.decode_tps:
+            m.put("decode_throughput", med(self.decode_tps), "tokens/s", self.decode_tps, higher_is_better=True)
+            m.put("step_time", med(self.step_ms), "ms", self.step_ms, higher_is_better=False)
+            m.put("itl", med(self.itl_ms), "ms", self.itl_ms, higher_is_better=False)
+        expected_al = med(self.expected_per_repeat) if self.expected_per_repeat else None
+        m.put("accept_length", med(self.als), "tokens/verify", self.als, expected=expected_al, exact=True,
+              higher_is_better=True)
+        # SGLang's own: correct drafts / (verify steps x (num_draft_tokens - 1))
+        m.put("accept_rate", med(self.rates), "1", self.rates, exact=True, higher_is_better=True)
+        m.put("verify_steps", med(self.verify), "steps", self.verify, exact=True, higher_is_better=False)
+        m.put("lossless_mismatches", self.mismatches, "tokens", exact=True, higher_is_better=False)
+        return m
+
+    def checks(self) -> dict:
+        checks = {"lossless": self.mismatches == 0}
+        if self.expected_per_repeat:
+            # every repeat (its own prompts) against its own oracle value
+            checks["accept_length_matches_oracle"] = matches_oracle(self.als, self.expected_per_repeat)
+        return checks
+
+    def details(self, calibration: dict | None) -> dict:
+        return {"accept_histogram": self.hist, "prefill_s": self.prefills, "near_full_calibration": calibration,
+                "cache_flush_failures": self.flush_failures, "cache_flush_refusals": self.flush_refusals,
+                # identical prompts (seeded by dcp_twin_id) must give identical outputs
+                "output_digest": self.digest.hexdigest(),
+                # what the outputs answer: a twin's digest is comparable only with the same
+                "prompt_starts": self.timed,
+                "decode_split_repeats": len(self.decode_tps)}
+
+
 def run_case(engine, case: Case, repeats: int, warmup: bool, calibrate: bool = False) -> dict:
     """One case's timed batches. ``calibrate`` (a probed near-full case): after the warm-up batch,
     resize every prompt by ``near_full_extension`` of the decode peak the probe measured on it."""
     oracle = Oracle(SHAPES[case.model], 0, case.profile)
     sp = greedy_sampling(case)
-    input_len = case.input_len
-
-    def batch(tag):
-        """(prompts, expected outputs, the chain starts they come from)."""
-        starts = prompt_starts(case, tag, case.batch_size)
-        chains = [oracle.chain(s, input_len + case.output_len) for s in starts]
-        return [c[:input_len] for c in chains], [c[input_len:] for c in chains], starts
-
+    prompts = Prompts(case, oracle)
     calibration = None
     if warmup:
-        engine.generate(input_ids=batch("warmup")[0], sampling_params=sp)
+        engine.generate(input_ids=prompts.batch("warmup")[0], sampling_params=sp)
         if calibrate and case.workload is Workload.near_full:
-            sw = server_facts(engine)["specwatch"]      # reads (and resets) the warm-up's occupancy
-            occ, alloc = sw.get("occupancy") or {}, sw.get("allocator") or {}
-            if occ.get("batches") and alloc.get("size"):
-                extension = near_full_extension(occ, alloc["size"], case)
-                input_len += extension
-                calibration = {"warmup_peak_token_usage": occ["peak"], "prompt_extension": extension,
-                               "input_len": input_len, "warmup_occupancy": occ}
-
-    tps, decode_tps, als, rates, step_ms, itl_ms, walls, mismatches, verify = [], [], [], [], [], [], [], 0, []
-    prefills: list[float] = []
-    digest = OutputDigest()
+            calibration = calibrate_near_full(engine, case, prompts)
+    tally = CaseTally(case)
     draft_oracle = draft_oracle_for(case, oracle)
-    # NGRAM: its corpus simulated (flushed before the timed batch, so it starts empty); only where
-    # the batch decodes together from its prefill on: not near full, and prompts that one prefill
-    # batch takes whole (SGLang's chunked_prefill_size on the H200s: 8192)
-    ngram = NgramCorpusModel(oracle) if case.algorithm is Algorithm.NGRAM \
-        and case.workload is Workload.standard and case.batch_size * case.input_len <= NGRAM_ONE_PREFILL_TOKENS \
-        else None
-    expected_per_repeat: list[float] = []
-    timed: list[list[int]] = []          # each timed batch's chain starts
-    hist = None
-    flush_failures = flush_refusals = 0   # SGLang refuses a flush until idle: retried (flush_cache)
-
-    def fresh_cache() -> None:
-        nonlocal flush_failures, flush_refusals
-        flushed, refused = flush_cache(engine)
-        flush_failures, flush_refusals = flush_failures + (not flushed), flush_refusals + refused
-
+    ngram = ngram_model_for(case, oracle)
     for r in range(repeats):
-        # Nothing of an earlier batch stays in the radix cache: a timed prompt whose start an earlier
-        # batch drew (the tiny-attn oracle has 256 starts) would skip its prefill, and the pairwise
-        # decode split below assumes the prefill-only batch and the timed one both prefill in full.
-        fresh_cache()
-        # A prefill-only batch of the same shape right before each timed batch: decode time is
-        # the timed batch's wall time minus it, pairwise, so one slow prefill spoils one repeat only.
-        t = time.perf_counter()
-        engine.generate(input_ids=batch(f"prefill{r}")[0], sampling_params={**sp, "max_new_tokens": 1})
-        prefill_s = time.perf_counter() - t
-        prefills.append(prefill_s)
-        prompts, expected, starts = batch(timed_tag(r))
-        timed.append(starts)
-        fresh_cache()
-        t = time.perf_counter()
-        outs = engine.generate(input_ids=prompts, sampling_params=sp)
-        wall = time.perf_counter() - t
-        walls.append(wall)
-        n_out = sum(len(o["output_ids"]) for o in outs)
-        tps.append(n_out / wall)
-        decode_s = wall - prefill_s
-        if decode_s < MIN_DECODE_SHARE * wall:
-            decode_s = None  # prefill-dominated or a noisy prefill sample: no decode split this repeat
-        else:
-            decode_tps.append(sum(len(o["output_ids"]) - 1 for o in outs) / decode_s)
-        for o in outs:
-            digest.add(o["output_ids"])
-        for o, exp in zip(outs, expected):
-            mismatches += mismatched_tokens(o["output_ids"], exp)
-        metas = [o["meta_info"] for o in outs]
-        als.append(statistics.mean(m.get("spec_accept_length", 0.0) for m in metas))
-        rates.append(statistics.mean(m.get("spec_accept_rate", 0.0) for m in metas))
-        vct = max(m.get("spec_verify_ct", 0) for m in metas)
-        verify.append(vct)
-        if decode_s is not None:
-            step_ms.append(1e3 * decode_s / max(vct, 1))
-            itl_ms.append(1e3 * decode_s / max(case.output_len - 1, 1))
-        hist = metas[0].get("spec_accept_histogram", hist)
+        expected, starts = _timed_repeat(engine, case, r, prompts, sp, tally)
         if ngram is not None:
             ngram.flush()
-            expected_per_repeat.append(statistics.mean(ngram.decode_batch(
-                starts, input_len, case.output_len, case.num_draft_tokens)))
+            tally.expected_per_repeat.append(statistics.mean(ngram.decode_batch(
+                starts, prompts.input_len, case.output_len, case.num_draft_tokens)))
         if draft_oracle is not None:
-            expected_per_repeat.append(statistics.mean(expected_accept_length(draft_oracle, case, exp)
-                                                       for exp in expected))
-    med = statistics.median
-    expected_al = med(expected_per_repeat) if expected_per_repeat else None
-    metrics = {
-        "output_throughput": metric(med(tps), "tokens/s", tps, higher_is_better=True),
-        "request_throughput": metric(med([case.batch_size / w for w in walls]), "requests/s",
-                                     [case.batch_size / w for w in walls], higher_is_better=True),
-        "wall_time": metric(med(walls), "s", walls, higher_is_better=False),
-        "prefill_time": metric(med(prefills), "s", prefills, higher_is_better=False),
-    }
-    if decode_tps:
-        metrics.update({
-            "decode_throughput": metric(med(decode_tps), "tokens/s", decode_tps, higher_is_better=True),
-            "step_time": metric(med(step_ms), "ms", step_ms, higher_is_better=False),
-            "itl": metric(med(itl_ms), "ms", itl_ms, higher_is_better=False),
-        })
-    metrics.update({
-        "accept_length": metric(med(als), "tokens/verify", als, expected=expected_al, exact=True,
-                                higher_is_better=True),
-        # SGLang's own: correct drafts / (verify steps x (num_draft_tokens - 1))
-        "accept_rate": metric(med(rates), "1", rates, exact=True, higher_is_better=True),
-        "verify_steps": metric(med(verify), "steps", verify, exact=True, higher_is_better=False),
-        "lossless_mismatches": metric(mismatches, "tokens", exact=True, higher_is_better=False),
-    })
-    checks = {"lossless": mismatches == 0}
-    if expected_per_repeat:
-        # every repeat (its own prompts) against its own oracle value
-        checks["accept_length_matches_oracle"] = matches_oracle(als, expected_per_repeat)
-    return {"metrics": metrics, "checks": checks,
-            "details": {"accept_histogram": hist, "prefill_s": prefills, "near_full_calibration": calibration,
-                        "cache_flush_failures": flush_failures, "cache_flush_refusals": flush_refusals,
-                        # identical prompts (seeded by dcp_twin_id) must give identical outputs
-                        "output_digest": digest.hexdigest(),
-                        # what the outputs answer: a twin's digest is comparable only with the same
-                        "prompt_starts": timed,
-                        "decode_split_repeats": len(decode_tps)}}
+            tally.expected_per_repeat.append(statistics.mean(expected_accept_length(draft_oracle, case, exp)
+                                                             for exp in expected))
+    return {"metrics": tally.metrics(), "checks": tally.checks(), "details": tally.details(calibration)}
+
+
+def _timed_repeat(engine, case: Case, r: int, prompts: Prompts, sp: dict,
+                  tally: CaseTally) -> tuple[list[list[int]], list[int]]:
+    """Repeat ``r``: a prefill-only batch, then the timed batch, each on an empty radix cache;
+    returns the timed batch's expected outputs and chain starts."""
+    # Nothing of an earlier batch stays in the radix cache: a timed prompt whose start an earlier
+    # batch drew (the tiny-attn oracle has 256 starts) would skip its prefill, and the pairwise
+    # decode split below assumes the prefill-only batch and the timed one both prefill in full.
+    tally.fresh_cache(engine)
+    # A prefill-only batch of the same shape right before each timed batch: decode time is
+    # the timed batch's wall time minus it, pairwise, so one slow prefill spoils one repeat only.
+    t = time.perf_counter()
+    engine.generate(input_ids=prompts.batch(f"prefill{r}")[0], sampling_params={**sp, "max_new_tokens": 1})
+    prefill_s = time.perf_counter() - t
+    tally.prefills.append(prefill_s)
+    batch, expected, starts = prompts.batch(timed_tag(r))
+    tally.timed.append(starts)
+    tally.fresh_cache(engine)
+    t = time.perf_counter()
+    outs = engine.generate(input_ids=batch, sampling_params=sp)
+    tally.add_batch(outs, expected, time.perf_counter() - t, prefill_s)
+    return expected, starts
 
 
 def memory_and_leaks(engine, case: Case) -> tuple[dict, dict, dict]:
+    """After a case: flush, read the probe's facts and judge them (leaks, pools, occupancy, the
+    memory model and SGLang's own sizing); returns (metrics, checks, details)."""
     ok_flush, flush_refusals = flush_cache(engine)
     facts = server_facts(engine)
     sw = facts["specwatch"]
-    metrics, checks, coverage, sizing_details = {}, {}, {}, None
+    metrics, checks, coverage, sizing_details = MetricSet(), {}, {}, None
     if "allocator" in sw:
-        a, r = sw["allocator"], sw["req_to_token"]
-        capacity_pages = a["num_pages"]
-        free_pages = a["unique_free_pages"] if a["unique_free_pages"] is not None else a["free_pages"]
-        # After a flush the cache holds nothing; if the flush was refused, what it holds is not a leak.
-        leaked = (capacity_pages - free_pages) * a["page_size"] - radix_cache_tokens(sw)
-        metrics["leaked_tokens"] = metric(leaked, "tokens", exact=True, higher_is_better=False)
-        metrics["leaked_req_slots"] = metric(r["size"] - r["free_slots"], "slots", exact=True, higher_is_better=False)
-        checks["no_kv_leak"] = leaked == 0
-        checks["no_req_slot_leak"] = r["size"] == r["free_slots"]
-        checks["no_double_free"] = a["unique_free_pages"] in (None, a["free_pages"])
-        metrics["req_to_token_row_width"] = metric(r["row_width"], "tokens", exact=True)
-        metrics["req_to_token_bytes"] = metric(r["bytes"], "bytes", exact=True, higher_is_better=False)
-        metrics["allocator_page_size"] = metric(a["page_size"], "tokens", exact=True)
-        # token slots the allocator hands out: with DCP, max_total_tokens x dcp virtual slots, while
-        # kv_pool_tokens below is the target pool of one rank
-        metrics["allocator_tokens"] = metric(a["size"], "tokens", exact=True)
-        if sw.get("target_kv_pool"):
-            tp = sw["target_kv_pool"]
-            metrics["kv_pool_tokens"] = metric(tp["size"], "tokens", exact=True)
-            if tp.get("bytes"):
-                metrics["kv_pool_bytes"] = metric(tp["bytes"], "bytes", exact=True, higher_is_better=False)
-        dp = sw.get("draft_kv_pool")
-        if dp:
-            if dp.get("bytes"):
-                metrics["draft_kv_pool_bytes"] = metric(dp["bytes"], "bytes", exact=True, higher_is_better=False)
-        pool_metrics, pool_verdicts, coverage = pool_checks(sw)
-        metrics.update(pool_metrics)
-        checks.update(pool_verdicts)
-        occ = sw.get("occupancy")
-        if occ and occ.get("batches"):
-            metrics["peak_token_usage"] = metric(occ["peak"], "1", exact=False, higher_is_better=None)
-            metrics["near_full_batch_share"] = metric(occ["near_full"] / occ["batches"], "1")
-            if occ.get("decode_batches"):
-                # decode steps only (prefill chunks and the prefill-only batches run below it by design)
-                metrics["near_full_decode_share"] = metric(occ["decode_near_full"] / occ["decode_batches"], "1")
-            if "probe_s" in occ:
-                # what the probe's per-batch sample itself costs (timed inside the scheduler): the
-                # harness-overhead bound that engine-to-engine noise cannot blur (specwatch overhead)
-                metrics["probe_time_per_batch"] = metric(occ["probe_s"] / occ["batches"] * 1e6, "us",
-                                                         higher_is_better=False)
-            if "retracted_requests" in occ:
-                # requests SGLang took out of a decode batch for lack of KV slots (each one then reruns)
-                metrics["retracted_requests"] = metric(occ["retracted_requests"], "requests", exact=True,
-                                                       higher_is_better=False)
+        coverage = _pool_facts(sw, metrics, checks)
+        if sw.get("occupancy") and sw["occupancy"].get("batches"):
+            _occupancy_metrics(sw["occupancy"], metrics)
         if "fault_code_runs" in sw:
             # a fault run whose edited code never ran in this case could not have been caught
-            metrics["fault_code_runs"] = metric(sw["fault_code_runs"], "calls", exact=False, higher_is_better=None)
+            metrics.put("fault_code_runs", sw["fault_code_runs"], "calls", exact=False, higher_is_better=None)
         warn = sw.get("leak_warnings") or {}
         if any(v is not None for v in warn.values()):
             # SGLang's own idle leak check (strict by default: a leak would have crashed the scheduler)
             checks["sglang_idle_check_clean"] = not any(warn.values())
         if sw.get("cuda"):
-            metrics["peak_gpu_memory"] = metric(sw["cuda"]["max_allocated"], "bytes", higher_is_better=False)
-        # The CPU-tier memory model next to the real objects
-        inputs, model, checks["req_to_token_matches_model"] = req_to_token_vs_model(
-            case, r["size"], r["row_width"], r["bytes"], facts.get("version"))
-        metrics["model_req_to_token_bytes"] = metric(model.req_to_token_bytes, "bytes", exact=True)
-        # ...and the running SGLang's own sizing functions on the same inputs: when a row width moves
-        # between versions, this says whether the sizing rule moved or something else did
-        try:
-            own = sglang_sizing(inputs)
-        except Exception as e:                       # an older SGLang without the sizing module
-            sizing_details = {"error": f"{type(e).__name__}: {e}"[:300]}
-        else:
-            sizing_details = own.as_dict()
-            metrics["sglang_alloc_len_per_decode"] = metric(own.alloc_len_per_decode, "tokens", exact=True)
-            checks["req_to_token_matches_sglang_sizing"] = own.req_to_token_row_width == r["row_width"]
+            metrics.put("peak_gpu_memory", sw["cuda"]["max_allocated"], "bytes", higher_is_better=False)
+        sizing_details = _sizing_checks(case, sw["req_to_token"], facts.get("version"), metrics, checks)
     checks["flush_cache"] = ok_flush
     return metrics, checks, {"probe": sw, "pool_coverage": coverage, "sglang_sizing": sizing_details,
                              "engine_memory_usage": facts.get("memory_usage"),
                              "leak_check_flush_refusals": flush_refusals}
+
+
+def _pool_facts(sw: dict, metrics: MetricSet, checks: dict) -> dict:
+    """Leaks of KV slots and req slots, the pools' sizes and their coverage of the allocator;
+    returns the coverage (``rules.pools.pool_checks``)."""
+    a, r = sw["allocator"], sw["req_to_token"]
+    capacity_pages = a["num_pages"]
+    free_pages = a["unique_free_pages"] if a["unique_free_pages"] is not None else a["free_pages"]
+    # After a flush the cache holds nothing; if the flush was refused, what it holds is not a leak.
+    leaked = (capacity_pages - free_pages) * a["page_size"] - radix_cache_tokens(sw)
+    metrics.put("leaked_tokens", leaked, "tokens", exact=True, higher_is_better=False)
+    metrics.put("leaked_req_slots", r["size"] - r["free_slots"], "slots", exact=True, higher_is_better=False)
+    checks["no_kv_leak"] = leaked == 0
+    checks["no_req_slot_leak"] = r["size"] == r["free_slots"]
+    checks["no_double_free"] = a["unique_free_pages"] in (None, a["free_pages"])
+    metrics.put("req_to_token_row_width", r["row_width"], "tokens", exact=True)
+    metrics.put("req_to_token_bytes", r["bytes"], "bytes", exact=True, higher_is_better=False)
+    metrics.put("allocator_page_size", a["page_size"], "tokens", exact=True)
+    # token slots the allocator hands out: with DCP, max_total_tokens x dcp virtual slots, while
+    # kv_pool_tokens below is the target pool of one rank
+    metrics.put("allocator_tokens", a["size"], "tokens", exact=True)
+    if sw.get("target_kv_pool"):
+        tp = sw["target_kv_pool"]
+        metrics.put("kv_pool_tokens", tp["size"], "tokens", exact=True)
+        if tp.get("bytes"):
+            metrics.put("kv_pool_bytes", tp["bytes"], "bytes", exact=True, higher_is_better=False)
+    dp = sw.get("draft_kv_pool")
+    if dp and dp.get("bytes"):
+        metrics.put("draft_kv_pool_bytes", dp["bytes"], "bytes", exact=True, higher_is_better=False)
+    pool_metrics, pool_verdicts, coverage = pool_checks(sw)
+    metrics.update(pool_metrics)
+    checks.update(pool_verdicts)
+    return coverage
+
+
+def _occupancy_metrics(occ: dict, metrics: MetricSet) -> None:
+    """How full the KV pool ran during the case, per batch (the probe samples every batch)."""
+    metrics.put("peak_token_usage", occ["peak"], "1", exact=False, higher_is_better=None)
+    metrics.put("near_full_batch_share", occ["near_full"] / occ["batches"], "1")
+    if occ.get("decode_batches"):
+        # decode steps only (prefill chunks and the prefill-only batches run below it by design)
+        metrics.put("near_full_decode_share", occ["decode_near_full"] / occ["decode_batches"], "1")
+    if "probe_s" in occ:
+        # what the probe's per-batch sample itself costs (timed inside the scheduler): the
+        # harness-overhead bound that engine-to-engine noise cannot blur (specwatch overhead)
+        metrics.put("probe_time_per_batch", occ["probe_s"] / occ["batches"] * 1e6, "us", higher_is_better=False)
+    if "retracted_requests" in occ:
+        # requests SGLang took out of a decode batch for lack of KV slots (each one then reruns)
+        metrics.put("retracted_requests", occ["retracted_requests"], "requests", exact=True, higher_is_better=False)
+
+
+def _sizing_checks(case: Case, r: dict, version, metrics: MetricSet, checks: dict) -> dict:
+    """The CPU-tier memory model next to the real req_to_token, and the running SGLang's own sizing
+    functions on the same inputs: when a row width moves between versions, this says whether the
+    sizing rule moved or something else did. Returns the sizing's details."""
+    inputs, model, checks["req_to_token_matches_model"] = req_to_token_vs_model(
+        case, r["size"], r["row_width"], r["bytes"], version)
+    metrics.put("model_req_to_token_bytes", model.req_to_token_bytes, "bytes", exact=True)
+    try:
+        own = sglang_sizing(inputs)
+    except Exception as e:                       # an older SGLang without the sizing module
+        return {"error": f"{type(e).__name__}: {e}"[:300]}
+    metrics.put("sglang_alloc_len_per_decode", own.alloc_len_per_decode, "tokens", exact=True)
+    checks["req_to_token_matches_sglang_sizing"] = own.req_to_token_row_width == r["row_width"]
+    return own.as_dict()
