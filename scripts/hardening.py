@@ -468,10 +468,10 @@ batch_size = [1, 8]
 RUN_SCRIPT = """
 import os, sys
 sys.path.insert(0, {tests!r})
-from specwatch.run.runner import run_suite
+from specwatch.run.runner import RunOptions, run_suite
 from specwatch.suite import load_suite
-run_suite(load_suite({suite!r}), {results!r}, gpus=1, worker_module="fake_worker", resume={resume},
-          extra_env={{"PYTHONPATH": {tests!r} + os.pathsep + {src!r}}})
+run_suite(load_suite({suite!r}), {results!r}, RunOptions(gpus=1, worker_module="fake_worker", resume={resume},
+          extra_env={{"PYTHONPATH": {tests!r} + os.pathsep + {src!r}}}))
 """
 
 

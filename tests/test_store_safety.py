@@ -240,7 +240,7 @@ def test_a_read_only_filesystem_is_one_line_naming_the_file(tmp_path, monkeypatc
 
 
 def test_a_second_runner_on_the_same_results_file_is_refused_before_writing(tmp_path, monkeypatch):
-    from specwatch.run.runner import run_suite
+    from specwatch.run.runner import RunOptions, run_suite
     from specwatch.suite import load_suite
 
     monkeypatch.setenv("SPECWATCH_MACHINE", "m")
@@ -251,5 +251,5 @@ def test_a_second_runner_on_the_same_results_file_is_refused_before_writing(tmp_
     out = results_path(tmp_path / "results", "m", "0.5.17", "harness")
     with WriterLock(out):                     # the other runner
         with pytest.raises(SpecwatchInputError, match=rf"another writer \(pid {os.getpid()}\)"):
-            run_suite(load_suite(suite_file), tmp_path / "results", gpus=1, worker_module="fake_worker")
+            run_suite(load_suite(suite_file), tmp_path / "results", RunOptions(gpus=1, worker_module="fake_worker"))
     assert not out.exists()
