@@ -63,14 +63,14 @@ def test_fitted_table_keeps_every_value_whole_or_folded():
     """A table far wider than the console: headers become keys with a legend, values fold."""
     import pandas as pd
 
-    from specwatch import cli
+    from specwatch.commands import output as cli
 
     long = "x" * 150
     df = pd.DataFrame([{"a long header name": 1, "another long header": "two words", "text": long}])
     cli.console.width = 60
     try:
         with cli.console.capture() as cap:
-            cli._print_frame("t", df)
+            cli.print_frame("t", df)
     finally:
         cli.console.width = 260
     out = cap.get()
