@@ -1,14 +1,32 @@
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import SUITES
 from typer.testing import CliRunner
 
+import specwatch
 from specwatch.cli import app
 
 runner = CliRunner()
+SRC = Path(specwatch.__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _piped_width(monkeypatch):
+    """Output as piped to a file (pytest-xdist workers set COLUMNS=80)."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+
+
+def specwatch_cli(*args, prelude: str = "", **env) -> subprocess.CompletedProcess:
+    """The console script's function, ``specwatch.cli:main``, in a fresh interpreter."""
+    environ = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    environ.update(env, PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, "-c", f"{prelude}from specwatch.cli import main; main()", *map(str, args)],
+                          capture_output=True, text=True, env=environ)
 
 
 def test_plan_lists_every_case_with_skips():
@@ -206,8 +224,8 @@ def test_noise_writes_budgets_and_checks_a_held_out_pair(tmp_path):
     assert abs(json.loads(budgets_v1.read_text())["budgets"][klass] - 0.45) < 1e-9  # the larger spread wins
     bad = tmp_path / "bad.json"
     bad.write_text("[]")
-    res = runner.invoke(app, ["compare", str(files[0]), str(files[1]), "--budgets", str(bad)])
-    assert res.exit_code == 2 and "bad.json" in res.output and "budgets" in res.output
+    res = specwatch_cli("compare", files[0], files[1], "--budgets", bad)
+    assert res.returncode == 2 and "bad.json" in res.stderr and "budgets" in res.stderr
 
 
 def test_noise_holdout_judges_each_pair_under_the_other_pairs_budgets(tmp_path):
@@ -216,8 +234,8 @@ def test_noise_holdout_judges_each_pair_under_the_other_pairs_budgets(tmp_path):
     files = _runs_at(tmp_path, (100, 70, 85, 84))
     budgets = tmp_path / "budgets.json"
     assert runner.invoke(app, ["noise", str(files[0]), str(files[1]), "-o", str(budgets)]).exit_code == 0
-    res = runner.invoke(app, ["noise-holdout", str(budgets)])
-    assert res.exit_code == 2 and "two or more" in res.output
+    res = specwatch_cli("noise-holdout", budgets)
+    assert res.returncode == 2 and "two or more" in res.stderr
     assert runner.invoke(app, ["noise", str(files[2]), str(files[3]), "-o", str(budgets), "--merge"]).exit_code == 0
     md = tmp_path / "holdout.md"
     res = runner.invoke(app, ["noise-holdout", str(budgets), "-o", str(md)])
@@ -305,5 +323,53 @@ def test_plan_leaves_out_known_cases_and_estimates_device_time(tmp_path):
     assert "≈ 2 device minutes" in lines[1] and "median 25 s" in lines[1] and "over 2 run(s)" in lines[1]
     left = [json.loads(x) for x in lines[2:]]
     assert len(left) == 4 and {x["attention_backend"] for x in left} == {"flashinfer"}
-    res = runner.invoke(app, ["plan", str(SUITES / "smoke.toml"), "--known", str(tmp_path)])
-    assert res.exit_code == 2 and "--machine and --sglang-version" in res.stderr
+    res = specwatch_cli("plan", SUITES / "smoke.toml", "--known", tmp_path)
+    assert res.returncode == 2 and "--machine and --sglang-version" in res.stderr
+
+
+SMOKE = SUITES / "smoke.toml"
+
+
+@pytest.mark.parametrize("args, names", [
+    (["model", "memory", "--page", "0"], "--page"),
+    (["model", "memory", "--page", "-4"], "--page"),
+    (["model", "simulate", "--page", "0"], "--page"),
+    (["model", "simulate", "--requests", "0"], "--requests"),
+    (["import", "{tmp}/missing.jsonl"], "missing.jsonl"),
+    (["plan", SMOKE, "--where", "page_size=abc"], "page_size"),
+    (["run", SMOKE, "--cpu-tier", "--where", "page_size=abc"], "page_size"),
+    (["plan", SMOKE, "--where", "page_size=3"], "page_size=3"),
+    (["run", SMOKE, "--cpu-tier", "--shard", "3/2"], "--shard"),
+    (["results", "{tmp}/no-such-dir"], "no-such-dir"),
+    (["plan", SMOKE, "--bogus"], "--bogus"),
+    (["noise-holdout", "{tmp}/nope.json"], "nope.json"),
+    (["model", "memory", "--json", "{tmp}/no/such/dir/m.json"], "m.json"),       # a write that fails
+])
+def test_bad_input_is_one_line_naming_it_exit_2(tmp_path, args, names):
+    res = specwatch_cli(*(str(a).replace("{tmp}", str(tmp_path)) for a in args))
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert res.stderr.startswith("error: ") and names in res.stderr
+
+
+def test_inject_without_sglang_is_one_line_exit_2():
+    res = specwatch_cli("inject", "row-widen-revert", prelude="import sys; sys.modules['sglang'] = None; ")
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert res.stderr.strip().splitlines() == [res.stderr.strip()] and "sglang is not importable" in res.stderr
+
+
+def test_version_names_specwatch_and_sglang_without_importing_torch():
+    from specwatch.core.sglang_host import sglang_version
+
+    res = specwatch_cli("--version", prelude="import atexit, sys; atexit.register(lambda: print('torch' in sys.modules)); ")
+    assert res.returncode == 0, res.stderr
+    sglang = sglang_version()
+    assert res.stdout.splitlines() == [f"specwatch {specwatch.__version__}, "
+                                       + (f"SGLang {sglang}" if sglang else "SGLang not installed"), "False"]
+
+
+def test_console_script_is_the_one_error_handler():
+    import tomllib
+
+    scripts = tomllib.loads((SRC.parent / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["specwatch"] == "specwatch.cli:main"

@@ -14,7 +14,8 @@ FLOORS = {
     "store": 4, "worker": 4, "suite": 4, "kit": 4,
     "run": 5, "cpu": 5, "analysis": 5,
     "present": 6,
-    "cli": 7,
+    "commands": 7,
+    "cli": 8,
 }
 """Each top-level package or module of ``specwatch`` and its floor: a module imports only modules of
 its own package or of a lower floor."""

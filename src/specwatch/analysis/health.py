@@ -103,3 +103,50 @@ def health_matrix(df: pd.DataFrame, suites_dir: Optional[Path] = Path("suites"))
         return out
     topks = sorted((c for c in out.columns if c.startswith("topk ")), key=lambda c: int(c.split()[1]))
     return out[[c for c in out.columns if not c.startswith("topk ")] + topks].fillna("–")
+
+
+def status_counts(df: pd.DataFrame) -> pd.DataFrame:
+    """Records per machine, SGLang version and suite, one column per status."""
+    return df.groupby(["machine", "sglang_version", "suite", "status"]).size().unstack(fill_value=0).reset_index()
+
+
+def throughput_spread(df: pd.DataFrame) -> pd.DataFrame:
+    """Decode tokens/s spread within a case's repeats ((max - min) / median) over clean runs (no
+    fault, probe on): cases, median and p90 per machine, version, suite, model and batch size."""
+    if "decode_throughput_spread" not in df:
+        return pd.DataFrame()
+    clean = df.decode_throughput_spread.notna() & df.fault.isna() & (df.probe != False)  # noqa: E712
+    spread = df[clean].groupby(["machine", "sglang_version", "suite", "model", "batch_size"])
+    return spread.agg(cases=("decode_throughput_spread", "size"),
+                      median=("decode_throughput_spread", "median"),
+                      p90=("decode_throughput_spread", lambda v: v.quantile(0.9))).round(3).reset_index()
+
+
+def start_breakdown(df: pd.DataFrame) -> pd.DataFrame:
+    """Median engine start time and SGLang's own scheduler startup phases (``start.*`` columns) per
+    machine, version and attention backend, over records that have the phases."""
+    phases = [c for c in df.columns if c.startswith("start.")]
+    if not phases or "engine_start_time" not in df:
+        return pd.DataFrame()
+    started = df[df[phases].notna().any(axis=1)]
+    table = (started.groupby(["machine", "sglang_version", "attention_backend"])[["engine_start_time"] + phases]
+             .median().round(1).reset_index())
+    table.columns = [c.removeprefix("start.") for c in table.columns]
+    return table
+
+
+def failed_checks(df: pd.DataFrame) -> pd.DataFrame:
+    """Every record with a failed check: its case id, where it ran (suite, backend, page size, topk,
+    batch size, e.g. ``smoke triton p64 k4 bs1``), the failed checks by name and what a later
+    finding says about them (``RELABELS``), or an empty note."""
+    checks = [c for c in df.columns if c.startswith("check.")]
+    failing = df[df[checks].eq(False).any(axis=1)] if checks else df.iloc[0:0]
+    rows = []
+    for _, row in failing.iterrows():
+        bad = [c[len("check."):] for c in checks if row[c] == False]  # noqa: E712 (numpy bools, NaN)
+        note = " (the radix cache a refused flush left, not a leak)" if row.get("leak_is_unflushed_cache") else ""
+        if "req_to_token_matches_model" in bad and row.get("row_matches_model_now") is True:
+            note += " (the row matches today's model: the model's rule was learned later)"
+        rows.append({"case_id": row.case_id, "where": f"{row.suite} {row.attention_backend} p{row.page_size} "
+                     f"k{row.topk} bs{row.batch_size}", "failed": bad, "note": note})
+    return pd.DataFrame(rows, columns=["case_id", "where", "failed", "note"])

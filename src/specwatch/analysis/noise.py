@@ -5,9 +5,14 @@ from __future__ import annotations
 import json
 import statistics
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterable, Optional
 
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, ValidationError
+
 from specwatch.analysis.compare import Row, Verdict, budget_key, compare_records
+from specwatch.core.errors import SpecwatchInputError
 from specwatch.core.record import CaseRecord
 
 
@@ -134,3 +139,128 @@ def noise_report(rows: list[Row]) -> NoiseReport:
             key = f"{r.noise_class}/{r.metric}"
             spread[key] = max(spread.get(key, 0.0), abs(r.ratio - 1.0))
     return NoiseReport(len(timed), sum(r.verdict in (Verdict.regressed, Verdict.improved) for r in timed), spread)
+
+
+class AAPair(BaseModel):
+    """One A/A pair as a budget file records it (``specwatch noise -o``). Files written from a
+    single pair may lack the counts; unknown keys are kept as they are."""
+
+    model_config = ConfigDict(extra="allow")
+
+    base: str
+    """Selection of the first run."""
+    head: str
+    """Selection of the second run."""
+    base_runs: Optional[list[str]] = None
+    """Run ids the base selection meant when the pair was measured (pins a relative ``run=-N``)."""
+    head_runs: Optional[list[str]] = None
+    """Run ids the head selection meant when the pair was measured."""
+    timed_metrics: Optional[int] = None
+    """Timed metrics the pair's comparison judged."""
+    flagged: Optional[int] = None
+    """Timed metrics flagged at the plain threshold."""
+    false_positive_rate: Optional[float] = None
+    """``flagged / timed_metrics``."""
+    margin: Optional[float] = None
+    """Budget = margin x the largest A/A change seen."""
+
+    def selections(self) -> tuple[str, str]:
+        """Base and head selections with a relative ``run=-N`` pinned (``pair_selections``)."""
+        return pair_selections(self.model_dump())
+
+
+class BudgetFile(BaseModel):
+    """A noise-budget file: the A/A pairs measured and the budgets ``compare --budgets`` applies."""
+
+    pairs: list[AAPair] = []
+    """Every A/A pair the budgets were derived from, oldest first."""
+    budgets: dict[str, float]
+    """``CLASS[/METRIC]`` -> relative change a timed metric must exceed."""
+
+    @classmethod
+    def load(cls, path: Path) -> "BudgetFile":
+        """Read a budget file; a file from one pair (its fields at the top level) reads as one pair.
+        Errors are one line naming the file."""
+        try:
+            data = json.loads(Path(path).read_text())
+            if isinstance(data, dict) and "pairs" not in data and "base" in data:
+                data = {"pairs": [{k: data[k] for k in AAPair.model_fields if k in data}], "budgets": data.get("budgets")}
+            return cls.model_validate(data)
+        except (OSError, ValueError) as e:
+            why = f"{e.error_count()} error(s), first: {e.errors()[0]['msg']}" if isinstance(e, ValidationError) else e
+            raise SpecwatchInputError(path, f"not a noise-budget file ({type(e).__name__}: {why})",
+                                      field="budgets") from None
+
+    def merged(self, pair: AAPair, budgets: dict[str, float]) -> "BudgetFile":
+        """This file with one more pair: its pairs kept, per class/metric the larger budget."""
+        return BudgetFile(pairs=[*self.pairs, pair], budgets=merge_budgets(self.budgets, budgets))
+
+    def save(self, path: Path) -> None:
+        Path(path).write_text(json.dumps(self.model_dump(exclude_none=True), indent=1) + "\n")
+
+
+def aa_pair(base: str, head: str, b: list[CaseRecord], h: list[CaseRecord], rep: NoiseReport,
+            margin: float) -> AAPair:
+    """The budget file's entry for one A/A comparison. ``run=-N`` is relative to the store's newest
+    run: the run ids it meant are kept beside it."""
+    return AAPair(base=base, head=head,
+                  base_runs=sorted({r.provenance.run_id for r in b if r.provenance.run_id}),
+                  head_runs=sorted({r.provenance.run_id for r in h if r.provenance.run_id}),
+                  timed_metrics=rep.timed, flagged=rep.flagged, false_positive_rate=rep.false_positive_rate,
+                  margin=margin)
+
+
+def spread_table(rep: NoiseReport) -> pd.DataFrame:
+    """The largest A/A change per noise class and metric, as printed by ``specwatch noise``."""
+    return pd.DataFrame([{"class/metric": k, "max |change|": f"{v:.1%}"} for k, v in sorted(rep.spread.items())])
+
+
+@dataclass
+class HoldoutReport:
+    """``specwatch noise-holdout``: each pair under the other pairs' budgets, and the budgets' price."""
+
+    pairs: pd.DataFrame
+    """One row per A/A pair: conditions, timed metrics, flags plain and under the other pairs' budgets."""
+    summary: str
+    """One line: the held-out false-positive rate over the clean pairs."""
+    price: pd.DataFrame
+    """Per noise class (rows) and timed metric (columns): the smallest change called a regression."""
+
+    def markdown(self, budget_file: Path, threshold: float) -> str:
+        table = self.pairs.assign(pair=self.pairs.pair.str.replace("|", "\\|", regex=False)).to_markdown(index=False)
+        return (f"# Held-out A/A check of {budget_file}\n\n{self.summary}\n\n{table}\n\n"
+                "## Smallest change called a regression\n\n"
+                "Per noise class and timed metric, the budget `compare --budgets` applies (all pairs "
+                "merged): a change below it is noise by the A/A pairs' measure. Classes not listed "
+                f"use the plain {threshold:.0%} threshold.\n\n{self.price.to_markdown(index=False)}\n")
+
+
+def holdout_report(budgets: BudgetFile, selected: list[tuple[list[CaseRecord], list[CaseRecord]]],
+                   threshold: float = 0.05, alpha: float = 0.1) -> HoldoutReport:
+    """Each A/A pair of a budget file (``selected``: its records, in the file's order) judged under
+    the budgets of the other pairs only (``held_out``), at the first pair's margin. A pair whose runs
+    differ (``aa_differences``) is no A/A: its budgets count (larger, as compare uses them), its own
+    flags do not."""
+    margin = 1.5 if budgets.pairs[0].margin is None else budgets.pairs[0].margin
+    rows, clean = [], []
+    for h in held_out(selected, threshold=threshold, alpha=alpha, margin=margin):
+        base, head = budgets.pairs[h.pair].selections()
+        differ = aa_differences(*selected[h.pair])
+        clean.append(not differ)
+        rows.append({"pair": f"{base} -> {head}",
+                     "conditions": "not clean, not counted: " + "; ".join(differ) if differ else "clean",
+                     "timed metrics": h.timed, f"flagged at {threshold:.0%}": h.flagged_plain,
+                     "flagged under the other pairs' budgets": h.flagged,
+                     "held-out false-positive rate": f"{h.flagged / h.timed:.1%}" if h.timed else "-",
+                     "no budget from another pair": h.unbudgeted})
+    t = pd.DataFrame(rows)
+    counted = t[clean]
+    total, flagged = int(counted["timed metrics"].sum()), int(counted["flagged under the other pairs' budgets"].sum())
+    summary = (f"held out, clean pairs: {flagged} of {total} timed metrics flagged ({flagged / max(total, 1):.1%}; "
+               f"goal <= 1%)")
+    # a class without a budget gets the plain threshold
+    price = pd.Series(budgets.budgets, name="budget").rename_axis("key").reset_index()
+    price[["class", "metric"]] = price.key.str.rsplit("/", n=1, expand=True)
+    price = price.pivot(index="class", columns="metric", values="budget").apply(lambda col: col.map(
+        lambda v: f"{v:.0%}" if v == v else "-")).reset_index()
+    return HoldoutReport(t, summary, price)

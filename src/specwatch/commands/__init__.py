@@ -1,0 +1,1 @@
+"""The ``specwatch`` commands that ``specwatch.cli`` registers, and what they share (options, output)."""

@@ -1,0 +1,88 @@
+"""Options several ``specwatch`` commands share, their checks, and the loaders behind them."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from specwatch.core.errors import SpecwatchInputError
+
+
+def check_where(terms: list[str]) -> list[str]:
+    """``--where``: known fields, and values the field can take (an int field's ``abc`` would match
+    no case and pass silently)."""
+    from pydantic import TypeAdapter, ValidationError
+
+    from specwatch.core.case import Case
+    from specwatch.suite import parse_where
+
+    try:
+        flt = parse_where(terms)
+    except SpecwatchInputError as e:
+        raise typer.BadParameter(f"{e.field}: {e.message}") from None
+    for key, values in flt.items():
+        info = Case.model_fields.get(key)
+        if info is None:
+            continue                                             # case_id: any text
+        kind = info.annotation
+        for v in sorted(values):
+            if isinstance(kind, type) and issubclass(kind, Enum):
+                ok = v in {str(m.value).lower() for m in kind}
+            else:
+                try:
+                    TypeAdapter(Annotated[(kind, *info.metadata)] if info.metadata else kind).validate_python(v)
+                    ok = True
+                except ValidationError:
+                    ok = False
+            if not ok:
+                raise typer.BadParameter(f"{key}={v}: {v!r} is not a valid {key}")
+    return terms
+
+
+def check_shard(text: Optional[str]) -> Optional[str]:
+    from specwatch.run.runner import Shard
+
+    if text is not None:
+        try:
+            Shard.parse(text)
+        except ValueError as e:
+            raise typer.BadParameter(str(e)) from None
+    return text
+
+
+Where = Annotated[list[str], typer.Option("--where", callback=check_where, help="Only cases with FIELD=V1[,V2] "
+                                          "(repeatable), e.g. page_size=64,256.")]
+Results = Annotated[Path, typer.Option("--results", help="Results root directory.")]
+StoredResults = Annotated[Path, typer.Option("--results", exists=True, file_okay=False, help="Results root.")]
+ResultsArg = Annotated[Path, typer.Argument(exists=True, file_okay=False, help="Results root.")]
+Threshold = Annotated[float, typer.Option(help="Relative change a timed metric must exceed (default threshold).")]
+Alpha = Annotated[float, typer.Option(help="Mann-Whitney U p-value a timed change must reach.")]
+BudgetsOpt = Annotated[Optional[Path], typer.Option("--budgets", exists=True, dir_okay=False, help="Noise budgets "
+                                                    "JSON (specwatch noise): per model/batch-size class and metric, "
+                                                    "the change a timed metric must exceed.")]
+Output = Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the output file here.")]
+Positive = Annotated[int, typer.Option(min=1)]
+
+
+def load_suite_file(path: Path):
+    from specwatch.suite import load_suite
+
+    return load_suite(path)
+
+
+def selections(base: str, head: str, results: Path):
+    from specwatch.store.select import select
+
+    b, h = select(base, results), select(head, results)
+    if not b or not h:
+        raise SpecwatchInputError(None, f"empty selection: base has {len(b)} records, head {len(h)}")
+    return b, h
+
+
+def budget_values(path: Optional[Path]) -> Optional[dict]:
+    from specwatch.analysis.noise import BudgetFile
+
+    return None if path is None else BudgetFile.load(path).budgets
