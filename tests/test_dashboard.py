@@ -49,7 +49,11 @@ def test_build_refuses_no_records_and_leaves_the_dashboard_as_it_is(tmp_path):
     with pytest.raises(SpecwatchInputError, match="no records"):
         build(pd.DataFrame(), tmp_path, source=tmp_path / "typo")
     result = CliRunner().invoke(app, ["dashboard", "--results", str(tmp_path / "typo"), "--out", str(tmp_path)])
-    assert result.exit_code == 2 and "no records" in result.output and "Traceback" not in result.output
+    assert result.exit_code == 2 and "Traceback" not in result.output      # typer: the folder does not exist
+    (tmp_path / "empty").mkdir()
+    result = CliRunner().invoke(app, ["dashboard", "--results", str(tmp_path / "empty"), "--out", str(tmp_path)])
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    assert isinstance(result.exception, SpecwatchInputError) and "no records" in str(result.exception)
     assert (tmp_path / "index.html").read_text() == "committed"
 
 
