@@ -160,6 +160,38 @@ run_suite(load_suite({str(tmp_path / 's.toml')!r}), {str(tmp_path / 'results')!r
     assert run.records == {"ok": 1} and run.engine_groups == 1
 
 
+def test_a_sigterm_while_a_record_is_written_still_counts_it_in_the_summary(tmp_path):
+    """The signal lands as the store's append returns, before the run's tally has the record: the
+    summary must still agree with the store."""
+    import signal
+    import subprocess
+    import sys
+
+    from specwatch.store.jsonl import RUNS_FILE, read_records, read_runs
+
+    _suite(tmp_path, topks="[8]", timeout_s=900)   # batch 1 finishes, batch 8 hangs
+    script = f"""
+import os, signal, sys
+sys.path.insert(0, {HERE!r})
+import specwatch.run.runner as runner
+from specwatch.suite import load_suite
+append = runner.append_record
+def append_then_sigterm(path, rec):
+    append(path, rec)
+    os.kill(os.getpid(), signal.SIGTERM)
+runner.append_record = append_then_sigterm
+runner.run_suite(load_suite({str(tmp_path / 's.toml')!r}), {str(tmp_path / 'results')!r}, runner.RunOptions(gpus=1,
+                 worker_module="fake_worker", max_groups=1,
+                 extra_env={{"PYTHONPATH": {HERE!r} + os.pathsep + os.environ.get("PYTHONPATH", "")}}))
+"""
+    proc = subprocess.run([sys.executable, "-c", script], timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM
+    (results,) = (tmp_path / "results").rglob("harness.jsonl")
+    assert [r.status.value for r in read_records(results)] == ["ok"]
+    (run,) = read_runs(results.parent / RUNS_FILE)
+    assert run.stopped_by == "SIGTERM" and run.records == {"ok": 1}
+
+
 def test_cases_wider_than_the_host_are_recorded_skipped(tmp_path):
     from conftest import SUITES
 

@@ -24,7 +24,7 @@ from specwatch.core.sglang_host import sglang_version
 from specwatch.run.group import STARTED_EVENT, GroupJob, failure_record
 from specwatch.run.options import RunOptions, Shard
 from specwatch.run.provenance import host_facts, machine_label, specwatch_commit
-from specwatch.run.schedule import _kill_workers_on_sigterm, _run_rolling, _run_waves
+from specwatch.run.schedule import _kill_workers_on_sigterm, _run_rolling, _run_waves, stop_signals_held
 from specwatch.store.jsonl import (
     WriterLock,
     append_record,
@@ -67,7 +67,7 @@ def plan_run(suite: Suite, fault: Optional[str], results_root: Path, facts: dict
 
     def emit(rec: CaseRecord) -> None:
         rec.provenance.run_id = run_id
-        with lock:
+        with stop_signals_held(), lock:      # a record and its tally land together, or neither
             append_record(out, rec)
             if emit_progress:
                 emit_progress(rec)
@@ -139,7 +139,7 @@ def run_suites(suites: list[Suite], results_root: Path, options: RunOptions = Ru
             append_run(results_root, tally.summary(suites, options, len(jobs), time.monotonic() - t0, stopped_by,
                                                    machine_label(facts), run_id, started_at))
 
-    with held, _kill_workers_on_sigterm(on_stop=summarize):
+    with held, _kill_workers_on_sigterm(on_stop=summarize, record_lock=record_lock):
         _schedule(jobs, options, lambda: options.stop_after_s is not None
                   and time.monotonic() - t0 > options.stop_after_s, tally)
     summarize()

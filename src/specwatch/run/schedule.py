@@ -114,16 +114,46 @@ def _run_waves(jobs: list, options: RunOptions, expired, count: Callable[[str], 
                 options, lambda ev: (count(ev), on_event(ev))))
 
 
+_HELD = {"depth": 0, "signum": None}
+"""Main-thread state of ``stop_signals_held``: how deep, and the stop signal caught meanwhile."""
+
+
 @contextlib.contextmanager
-def _kill_workers_on_sigterm(on_stop: Optional[Callable[[str], None]] = None):
+def stop_signals_held():
+    """A SIGTERM/SIGINT caught by ``_kill_workers_on_sigterm`` while the main thread is inside is
+    acted on when it leaves: a record written to the store is then also in the run's summary.
+    (Signal handlers run in the main thread only; other threads' records are waited for by the
+    handler through the record lock.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _HELD["depth"] += 1
+    try:
+        yield
+    finally:
+        _HELD["depth"] -= 1
+        if not _HELD["depth"] and _HELD["signum"] is not None:
+            signum, _HELD["signum"] = _HELD["signum"], None
+            signal.raise_signal(signum)
+
+
+@contextlib.contextmanager
+def _kill_workers_on_sigterm(on_stop: Optional[Callable[[str], None]] = None,
+                             record_lock: Optional[threading.Lock] = None):
     """Workers run in their own sessions (SGLang kills its parent's group when a scheduler dies),
     so a runner stopped by SIGTERM/SIGINT kills them itself; their cases stay unrecorded (resume).
-    ``on_stop`` gets the signal's name first (the run's summary is written then)."""
+    ``on_stop`` gets the signal's name first (the run's summary is written then), after a record
+    being written finishes (``stop_signals_held``, ``record_lock``) and with no other one started."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def handler(signum, frame):
+        if _HELD["depth"]:
+            _HELD["signum"] = signum    # raised again as the record's write ends
+            return
+        if record_lock is not None:
+            record_lock.acquire(timeout=30)   # held until exit: no record lands after the summary
         for pgid in list(_ACTIVE_WORKERS):
             finally_kill(pgid)
         if on_stop:
