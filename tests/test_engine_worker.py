@@ -194,32 +194,54 @@ def test_acceptance_is_checked_per_repeat_against_its_own_prompts():
     assert not bad["checks"]["accept_length_matches_oracle"]
 
 
-class TimedFakeEngine(FakeEngine):
-    """Sleeps per call: ``prefill_s`` for a prefill-only batch, ``full_s`` for a full one."""
+class FakeClock:
+    """engine_worker's ``time`` with ``perf_counter`` read from ``now`` (the rest is the real module):
+    timings exact however loaded the host is."""
 
-    def __init__(self, case, prefill_s, full_s):
-        super().__init__(case)
-        self.prefill_s, self.full_s = prefill_s, full_s
+    def __init__(self):
+        self.now = 0.0
 
-    def generate(self, input_ids, sampling_params):
+    def perf_counter(self):
+        return self.now
+
+    def __getattr__(self, name):
         import time
 
-        time.sleep(self.prefill_s if sampling_params["max_new_tokens"] == 1 else self.full_s)
+        return getattr(time, name)
+
+
+class TimedFakeEngine(FakeEngine):
+    """Takes ``prefill_s`` of ``clock`` for a prefill-only batch, ``full_s`` for a full one."""
+
+    def __init__(self, case, prefill_s, full_s, clock):
+        super().__init__(case)
+        self.prefill_s, self.full_s, self.clock = prefill_s, full_s, clock
+
+    def generate(self, input_ids, sampling_params):
+        self.clock.now += self.prefill_s if sampling_params["max_new_tokens"] == 1 else self.full_s
         return super().generate(input_ids, sampling_params)
 
 
-def test_decode_split_uses_each_repeats_own_prefill():
-    res = run_case(TimedFakeEngine(CASE, prefill_s=0.02, full_s=0.12), CASE, repeats=2, warmup=False)
+def _timed_engine(monkeypatch, prefill_s, full_s):
+    from specwatch import engine_worker
+
+    clock = FakeClock()
+    monkeypatch.setattr(engine_worker, "time", clock)
+    return TimedFakeEngine(CASE, prefill_s, full_s, clock)
+
+
+def test_decode_split_uses_each_repeats_own_prefill(monkeypatch):
+    res = run_case(_timed_engine(monkeypatch, prefill_s=0.02, full_s=0.12), CASE, repeats=2, warmup=False)
     m = res["metrics"]
     assert len(m["prefill_time"]["samples"]) == 2 and res["details"]["decode_split_repeats"] == 2
     # decode ~ 0.10 s for 2 x 63 tokens
     assert 900 < m["decode_throughput"]["value"] < 1400
 
 
-def test_prefill_dominated_case_gets_no_decode_metrics():
+def test_prefill_dominated_case_gets_no_decode_metrics(monkeypatch):
     """A prefill as long as the whole batch (long prompts, tiny output) must not yield an absurd
     decode throughput: the decode split is dropped, the rest of the case stands."""
-    res = run_case(TimedFakeEngine(CASE, prefill_s=0.1, full_s=0.1), CASE, repeats=2, warmup=False)
+    res = run_case(_timed_engine(monkeypatch, prefill_s=0.1, full_s=0.1), CASE, repeats=2, warmup=False)
     assert "decode_throughput" not in res["metrics"] and "step_time" not in res["metrics"]
     assert res["metrics"]["output_throughput"]["value"] > 0 and res["details"]["decode_split_repeats"] == 0
 
