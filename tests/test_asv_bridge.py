@@ -39,14 +39,19 @@ def test_version_ledger_is_ordered_and_stable(tmp_path):
         raise AssertionError("out-of-order version accepted")
 
 
-def test_records_become_asv_results_that_publish_and_compare(tmp_path):
+# asv's names for the records' case and its batch-8 neighbour (no record: n/a), every track_ of each
+ONE_CASE = r"EagleTree\.track_\w+\('triton', 64, 8, (1|8), 'perfect'\)$"
+
+
+def test_records_become_asv_results_that_publish_and_compare(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))      # asv's machine file goes to $HOME
     res_root = tmp_path / "results"
     work, html = tmp_path / "asv", tmp_path / "html"
     # 0.5.17 imported first, 0.5.16 later (an older version run afterwards): the ledger is rebuilt
     for version, tps, al in (("0.5.17", 800.0, 3.5), ("0.5.16", 1000.0, 4.0)):
         append_record(results_path(res_root, "h200test", version, "tree-page"), _tree_record(version, tps, al))
         lines = []
-        done = asv_import(res_root, work, html, publish=version == "0.5.16", log=lines.append)
+        done = asv_import(res_root, work, html, publish=version == "0.5.16", log=lines.append, bench=ONE_CASE)
         assert len(lines) == len(done) + (version == "0.5.16") and "sglang 0.5.17" in lines[-1 - (version == "0.5.16")]
     assert set(done) == {("h200test", "0.5.16"), ("h200test", "0.5.17")}
     assert (html / "index.html").exists() and (html / "graphs").exists()
@@ -59,4 +64,8 @@ def test_records_become_asv_results_that_publish_and_compare(tmp_path):
                           done[("h200test", "0.5.16")], done[("h200test", "0.5.17")]],
                          capture_output=True, text=True, cwd=work, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "track_accept_length" in out.stdout and "track_decode_throughput" in out.stdout
+    rows = {cells[-2].strip(): [c.strip() for c in cells[2:5]]
+            for cells in (line.split("|") for line in out.stdout.splitlines() if line.startswith("|"))}
+    tracked = "eagle_tree.EagleTree.track_{}('triton', 64, 8, 1, 'perfect')"
+    assert rows[tracked.format("decode_throughput")] == ["1000.0", "800.0", "0.80"]
+    assert rows[tracked.format("accept_length")] == ["4.0", "3.5", "0.88"]

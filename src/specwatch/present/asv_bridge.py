@@ -112,10 +112,11 @@ def tree_page_pairs(results_root: Path) -> list[tuple[str, str]]:
 
 
 def asv_import(results_root: Path, work: Path = Path(".asv/offline"), html_dir: Path = Path("dashboards/asv"),
-               publish: bool = True, log=None) -> dict[tuple[str, str], str]:
+               publish: bool = True, log=None, bench: str = "EagleTree") -> dict[tuple[str, str], str]:
     """Write asv results for every (machine, SGLang version) that has tree-page records; returns
     {(machine, version): ledger commit}. ``asv publish`` writes the HTML into ``html_dir``. ``log``
-    hears one line per step (each version's asv run reads that version's own results file once)."""
+    hears one line per step (each version's asv run reads that version's own results file once).
+    ``bench``: asv's ``--bench`` regex (names with their parameters), all EagleTree tracks by default."""
     say = log or (lambda line: None)
     work.mkdir(parents=True, exist_ok=True)
     pairs = tree_page_pairs(results_root)
@@ -135,7 +136,7 @@ def asv_import(results_root: Path, work: Path = Path(".asv/offline"), html_dir: 
                "SPECWATCH_RESULTS": str(Path(results_root).resolve())}
         _asv(cfg, "machine", "--yes", "--machine", machine, env=env)
         _asv(cfg, "run", "-E", f"existing:{sys.executable}", "--set-commit-hash", hashes[version],
-             "--machine", machine, "--bench", "EagleTree", "--quick", env=env)
+             "--machine", machine, "--bench", bench, "--quick", env=env)
         stabilise_env_names(work / "results")
         done[(machine, version)] = hashes[version]
         say(f"[{i}/{len(pairs)}] {machine} sglang {version}: asv commit {hashes[version][:8]} "
