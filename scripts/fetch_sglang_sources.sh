@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Fetch the Python sources of SGLang releases into the cache tests/test_releases.py reads:
+# each release's wheel is downloaded without dependencies (pip download --no-deps), its sglang/
+# Python files and METADATA unpacked to CACHE/<version>/ and byte-compiled there (hosts with
+# PYTHONDONTWRITEBYTECODE=1 would otherwise recompile every release on every test run).
+#
+#   scripts/fetch_sglang_sources.sh [VERSION ...]
+#
+# Without arguments: every release specwatch/rules/releases.py has an adapter for. A release
+# already unpacked is skipped. CACHE is $SPECWATCH_SGLANG_SRC, default .cache/sglang-src (ignored
+# by git); the wheels are deleted after unpacking unless KEEP_WHEELS=1. PYTHON picks the
+# interpreter (default .venv/bin/python, else python3); it must be the one the tests run with,
+# for the byte-compiled files to be used.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-.venv/bin/python}
+[ -x "$PY" ] || PY=python3
+cache=${SPECWATCH_SGLANG_SRC:-.cache/sglang-src}
+wheels="$cache/.wheels"
+if [ "$#" -gt 0 ]; then
+  versions=("$@")
+else
+  read -r -a versions <<< "$(PYTHONPATH=src "$PY" -c 'from specwatch.rules.releases import releases; print(*releases())')"
+fi
+mkdir -p "$wheels"
+for v in "${versions[@]}"; do
+  if [ -f "$cache/$v/.complete" ]; then
+    continue
+  fi
+  "$PY" -m pip download -q --no-deps "sglang==$v" -d "$wheels"
+  whl=$(ls "$wheels"/sglang-"$v"-*.whl | head -n 1)
+  tmp="$cache/$v.partial"
+  rm -rf "$tmp"
+  "$PY" - "$whl" "$tmp" <<'PY'
+import sys, zipfile
+whl, dest = sys.argv[1], sys.argv[2]
+with zipfile.ZipFile(whl) as z:
+    keep = [n for n in z.namelist()
+            if (n.startswith("sglang/") and n.endswith(".py")) or n.endswith(".dist-info/METADATA")]
+    z.extractall(dest, keep)
+PY
+  "$PY" -m compileall -q "$tmp/sglang" > /dev/null || true   # a file that does not compile stays as source
+  rm -rf "${cache:?}/$v"
+  mv "$tmp" "$cache/$v"
+  touch "$cache/$v/.complete"
+  [ "${KEEP_WHEELS:-0}" = 1 ] || rm -f "$whl"
+  echo "sglang $v -> $cache/$v"
+done
