@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fetch the Python sources of SGLang releases into the cache tests/test_releases.py reads:
 # each release's wheel is downloaded without dependencies (pip download --no-deps), its sglang/
-# Python files and METADATA unpacked to CACHE/<version>/ and byte-compiled there (hosts with
+# files (compiled extensions left out) and METADATA unpacked to CACHE/<version>/ and byte-compiled there (hosts with
 # PYTHONDONTWRITEBYTECODE=1 would otherwise recompile every release on every test run).
 #
 #   scripts/fetch_sglang_sources.sh [VERSION ...]
@@ -10,7 +10,8 @@
 # already unpacked is skipped. CACHE is $SPECWATCH_SGLANG_SRC, default .cache/sglang-src (ignored
 # by git); the wheels are deleted after unpacking unless KEEP_WHEELS=1. PYTHON picks the
 # interpreter (default .venv/bin/python, else python3); it must be the one the tests run with,
-# for the byte-compiled files to be used.
+# for the byte-compiled files to be used. COMPILE=0 skips byte-compiling (the sources alone are
+# about half the size; every test run then compiles what it imports).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
@@ -35,11 +36,14 @@ for v in "${versions[@]}"; do
 import sys, zipfile
 whl, dest = sys.argv[1], sys.argv[2]
 with zipfile.ZipFile(whl) as z:
+    # everything under sglang/ but the compiled extensions (jit_kernel looks for its own sources)
     keep = [n for n in z.namelist()
-            if (n.startswith("sglang/") and n.endswith(".py")) or n.endswith(".dist-info/METADATA")]
+            if (n.startswith("sglang/") and not n.endswith(".so")) or n.endswith(".dist-info/METADATA")]
     z.extractall(dest, keep)
 PY
-  "$PY" -m compileall -q "$tmp/sglang" > /dev/null || true   # a file that does not compile stays as source
+  if [ "${COMPILE:-1}" = 1 ]; then
+    "$PY" -m compileall -q "$tmp/sglang" > /dev/null || true   # a file that does not compile stays as source
+  fi
   rm -rf "${cache:?}/$v"
   mv "$tmp" "$cache/$v"
   touch "$cache/$v/.complete"

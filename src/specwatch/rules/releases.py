@@ -299,7 +299,7 @@ ADAPTERS: tuple[ReleaseAdapter, ...] = (
         faults_absent={"unaligned-watermark": _NO_ROUND_UP},
     )) for x in (13, 14, 15)),
     ReleaseAdapter(**_common(
-        first="0.5.16", last="0.5.16", torch_pin="2.11.0",
+        first="0.5.16", last="0.5.16", torch_pin="2.11.0", scheduler_startup_time=False,
         **_sizing(_SIZING, SizingArgs.server_args, reserved=False),
         watermark=WatermarkSite.inline_aligned, watermark_function=_PREPARE, watermark_callers=(_PREPARE,),
         kv_cache_configurator_class=_KCC, draft_pool_page_size_property=False,
@@ -332,6 +332,7 @@ ADAPTERS: tuple[ReleaseAdapter, ...] = (
         accept_histogram_key="spec_accept_histogram" if first == "0.5.20" else None,
         watermark=WatermarkSite.page_aligned_helper, watermark_function=_HELPER, watermark_callers=_HELPER_CALLERS,
         kv_cache_configurator_class=_KCC, draft_pool_page_size_property=True,
+        server_args_fields=ServerArgsFields.signature,
         page_tree_spec_backends_site=_TREE_HOOK, **_later_faults(_ROW_UNO, _UNALIGNED_HELPER),
     )) for first, last, torch in (("0.5.20", "0.5.20", "2.13.0"), ("0.5.21", "0.5.21", "2.13.0"),
                                   ("0.5.22", "0.5.23", "2.14.1"))),
