@@ -4,7 +4,8 @@ The per-release tests import the unpacked release (``scripts/fetch_sglang_source
 cache) in a subprocess each, with that release first on ``sys.path`` and SGLang's package
 ``__init__`` skipped (it imports the serving stack), and check every name, signature and match
 text the release's adapter gives; the faults' edits are applied with the release's own source
-patcher and restored. Without the cache they skip, saying how to fill it.
+patcher and restored. Without the cache they skip, saying how to fill it (they fail instead with
+``SPECWATCH_REQUIRE_SGLANG_SRC=1``; ``SPECWATCH_SGLANG_SRC`` names another cache folder).
 
 Run as a script (``python tests/test_releases.py ROOT VERSION ARGS_JSON``) it is that subprocess:
 it prints the failed checks as JSON.
@@ -432,6 +433,9 @@ def _cached(version: str) -> Path | None:
 @pytest.mark.parametrize("version", releases())
 def test_adapter_matches_the_release_source(version):
     root = _cached(version)
+    if root is None and os.environ.get("SPECWATCH_REQUIRE_SGLANG_SRC") == "1":
+        pytest.fail(f"SPECWATCH_REQUIRE_SGLANG_SRC=1 but {CACHE / version} is not unpacked "
+                    f"(scripts/fetch_sglang_sources.sh)")
     if root is None:
         pytest.skip(f"no unpacked SGLang {version} in {CACHE}: run scripts/fetch_sglang_sources.sh "
                     f"(downloads the wheels, needs network)")

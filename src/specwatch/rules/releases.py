@@ -174,16 +174,19 @@ _ARG_FILES = ("srt/server_args.py", "srt/arg_groups/")
 
 
 def _row_widen(target: str, match: str) -> FaultSite:
+    """row-widen-revert: the condition that widens the row for paged spec decode made false."""
     return FaultSite(target=target, module=target.rsplit(".", 1)[0], match=match,
                      replacement="{hit}\nif False:")
 
 
 def _tail_dup(module: str) -> FaultSite:
+    """no-prefix-tail-dup: the prefix tail copy returns before copying, for every topk."""
     return FaultSite(target=f"{module}.duplicate_prefix_tail_to_draft_branches", module=module,
                      match="if topk <= 1:\n    return", replacement="{hit}\nreturn")
 
 
 def _off_by_one(target: str) -> FaultSite:
+    """accept-off-by-one: accept_lens one short right before the next draft input is built."""
     return FaultSite(target=target, module=target.rsplit(".", 2)[0] if "EAGLEWorkerV2" in target
                      else target.rsplit(".", 1)[0],
                      match="next_draft_input = EagleDraftInput(bonus_tokens=bonus_tokens)",
@@ -237,6 +240,7 @@ _ROW_013 = "server_args.speculative_algorithm is not None\nand server_args.page_
 
 def _sizing(module: str, sizing_args: SizingArgs, reserve: bool = True, page_fn: bool = False,
             reserved: bool = True) -> dict:
+    """The sizing fields of a range whose sizing functions live in ``module``."""
     return dict(
         sizing_module=module, alloc_len_fn=f"{module}.get_alloc_len_per_decode",
         alloc_reserve_fn=f"{module}.get_alloc_reserve_per_decode" if reserve else None,
@@ -250,6 +254,7 @@ def _sizing(module: str, sizing_args: SizingArgs, reserve: bool = True, page_fn:
 
 
 def _later_faults(row_match: str, unaligned: FaultSite) -> dict:
+    """The fault edits of 0.5.16 on (eagle_worker_common holds the EAGLE worker's shared code)."""
     return dict(
         faults={"row-widen-revert": _row_widen(_SIZING + ".get_req_to_token_extra_context_len", row_match),
                 "unaligned-watermark": unaligned,
