@@ -28,7 +28,10 @@ for v in "${versions[@]}"; do
   if [ -f "$cache/$v/.complete" ]; then
     continue
   fi
-  "$PY" -m pip download -q --no-deps "sglang==$v" -d "$wheels"
+  # the wheels are tagged cp311 manylinux_2_34 (Rust extensions, left out below): ask for that tag so
+  # any host Python can fetch them
+  "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.11 \
+    --platform manylinux_2_34_x86_64 "sglang==$v" -d "$wheels"
   whl=$(ls "$wheels"/sglang-"$v"-*.whl | head -n 1)
   tmp="$cache/$v.partial"
   rm -rf "$tmp"
