@@ -16,13 +16,18 @@ for suite in smoke tree-page; do
   report "sglang-0.5.16-vs-0.5.17-$suite" "sglang_version=0.5.16,suite=$suite" "sglang_version=0.5.17,suite=$suite" \
     --budgets results/noise-budgets.json
 done
-# A/A: the first two smoke runs of 0.5.17 (second session: engines started one by one; third: 8 at once)
+# newest release measured against the last release of the torch 2.11 line (0.5.20 ran with --overlap-starts)
+for suite in smoke tree-page; do
+  report "sglang-0.5.17-vs-0.5.20-$suite" "sglang_version=0.5.17,suite=$suite" "sglang_version=0.5.20,suite=$suite,overlap=on" \
+    --budgets results/noise-budgets.json
+done
+# A/A: the first two smoke runs of 0.5.17 (engines started one by one, then 8 at once)
 report aa-smoke-sglang-0.5.17 "suite=smoke,sglang_version=0.5.17,run=commit:495713c7323cea483c40c5732763cf81db836f7d|commit:HEAD" \
   "suite=smoke,sglang_version=0.5.17,run=commit:b8380a250ad4d462372048ae79f4ab908a4557b6"
-# the clean pair (sixth session: same checkout, same K = 8, back to back), by run id
+# the clean pair (same checkout, same K = 8, back to back), by run id
 report aa-smoke-sglang-0.5.17-back-to-back "suite=smoke,sglang_version=0.5.17,run=20261130T125310Z-f61b83" \
   "suite=smoke,sglang_version=0.5.17,run=20261130T125438Z-74fc85"
-# the 8b pairs (seventh session: bare, probed, bare, probed, bare interleaved): the probed pair by run id
+# the 8b pairs (bare, probed, bare, probed, bare interleaved): the probed pair by run id
 report aa-model-8b-sglang-0.5.17 "suite=model-8b,sglang_version=0.5.17,run=20261130T135740Z-0cae65" \
   "suite=model-8b,sglang_version=0.5.17,run=20261130T140108Z-43359b"
 # every A/A pair of the budget file under the other pairs' budgets (the held-out false-positive rate)
