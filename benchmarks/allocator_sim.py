@@ -21,8 +21,9 @@ class AllocatorSimulation(SpecwatchBenchmark):
         from specwatch.inject.faults import SimFault
 
         fault = None if p["fault"] == "none" else SimFault(p["fault"])
-        self.config = SimConfig(p["page_size"], p["topk"], 3, 16 if p["topk"] > 1 else 4, fault=fault,
-                                accept=AcceptPattern.random)
+        self.config = SimConfig(
+            p["page_size"], p["topk"], 3, 16 if p["topk"] > 1 else 4, fault=fault, accept=AcceptPattern.random
+        )
         return simulate(self.config)
 
     def track_leaked_tokens(self, *args):

@@ -21,16 +21,26 @@ def _records():
     from specwatch.store.latest import latest_by_case
 
     root = Path(os.environ.get("SPECWATCH_RESULTS", Path(__file__).resolve().parents[1] / "results"))
-    version = sglang_version()   # honours SPECWATCH_SGLANG_VERSION
+    version = sglang_version()  # honours SPECWATCH_SGLANG_VERSION
     machine = os.environ.get("SPECWATCH_MACHINE")
-    files = ([results_path(root, machine, version, "tree-page")] if machine
-             else [f for f in result_files(root) if f.name == "tree-page.jsonl"])
-    return {(r.case.attention_backend.value, r.case.page_size, r.case.topk, r.case.batch_size, r.case.profile.value): r
-            for r in latest_by_case(
-                r for r in load_records(f for f in files if f.exists())
-                if r.suite == "tree-page" and r.provenance.sglang_version == version and r.status.value == "ok"
-                and r.provenance.fault is None and (machine is None or r.provenance.machine == machine)
-                and not r.overlap_starts).values()}      # timed while other engines started: not a trend point
+    files = (
+        [results_path(root, machine, version, "tree-page")]
+        if machine
+        else [f for f in result_files(root) if f.name == "tree-page.jsonl"]
+    )
+    return {
+        (r.case.attention_backend.value, r.case.page_size, r.case.topk, r.case.batch_size, r.case.profile.value): r
+        for r in latest_by_case(
+            r
+            for r in load_records(f for f in files if f.exists())
+            if r.suite == "tree-page"
+            and r.provenance.sglang_version == version
+            and r.status.value == "ok"
+            and r.provenance.fault is None
+            and (machine is None or r.provenance.machine == machine)
+            and not r.overlap_starts
+        ).values()
+    }  # timed while other engines started: not a trend point
 
 
 RECORDS = _records()

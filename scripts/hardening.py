@@ -96,13 +96,25 @@ class Outcome:
     wall_s: float
 
 
-def _suite(header: str = 'name = "t"', matrix: str = 'attention_backend = ["triton"]\npage_size = [1]\ntopk = [1]',
-           extra: str = "") -> str:
+def _suite(
+    header: str = 'name = "t"',
+    matrix: str = 'attention_backend = ["triton"]\npage_size = [1]\ntopk = [1]',
+    extra: str = "",
+) -> str:
     return f"[suite]\n{header}\n{extra}\n[[matrix]]\n{matrix}\n"
 
 
-MATRIX_INTS = {"page_size": 4096, "topk": 64, "num_steps": 32, "num_draft_tokens": 1024, "tp": 64, "dcp": 64,
-               "batch_size": 4096, "input_len": 8192, "output_len": 8192}
+MATRIX_INTS = {
+    "page_size": 4096,
+    "topk": 64,
+    "num_steps": 32,
+    "num_draft_tokens": 1024,
+    "tp": 64,
+    "dcp": 64,
+    "batch_size": 4096,
+    "input_len": 8192,
+    "output_len": 8192,
+}
 """Numeric matrix axes and their upper bounds (``specwatch.suite.AXIS_BOUNDS``)."""
 MATRIX_ENUMS = ("model", "algorithm", "attention_backend", "profile", "workload")
 
@@ -119,103 +131,216 @@ def _plan(klass: str, variant: str, text: str | bytes) -> Trial:
 
 def suite_trials() -> list[Trial]:
     """Bad suite files: syntax, unknown keys, wrong types, bounds, empty tables, huge products, names."""
-    out = [_plan("suite: TOML syntax", v, t) for v, t in [
-        ("unclosed table", "[suite\nname="), ("missing value", "[suite]\nname =\n"),
-        ("duplicate key", '[suite]\nname = "a"\nname = "b"\n'), ("unterminated string", '[suite]\nname = "a\n'),
-        ("not UTF-8", b"\xff\xfe[suite]\n"), ("binary", bytes(range(256)))]]
-    out += [_plan("suite: unknown key", v, t) for v, t in [
-        ("suite.bogus", _suite(extra="bogus = 1")), ("matrix.bogus", _suite(matrix=_matrix_with("bogus", "[1]"))),
-        ("top-level table", _suite() + "[extra]\na = 1\n"),
-        ("typo page_sizes", _suite(matrix=_matrix_with("page_sizes", "[1]")))]]
+    out = [
+        _plan("suite: TOML syntax", v, t)
+        for v, t in [
+            ("unclosed table", "[suite\nname="),
+            ("missing value", "[suite]\nname =\n"),
+            ("duplicate key", '[suite]\nname = "a"\nname = "b"\n'),
+            ("unterminated string", '[suite]\nname = "a\n'),
+            ("not UTF-8", b"\xff\xfe[suite]\n"),
+            ("binary", bytes(range(256))),
+        ]
+    ]
+    out += [
+        _plan("suite: unknown key", v, t)
+        for v, t in [
+            ("suite.bogus", _suite(extra="bogus = 1")),
+            ("matrix.bogus", _suite(matrix=_matrix_with("bogus", "[1]"))),
+            ("top-level table", _suite() + "[extra]\na = 1\n"),
+            ("typo page_sizes", _suite(matrix=_matrix_with("page_sizes", "[1]"))),
+        ]
+    ]
     wrong = ["[true]", '["64"]', "[8.0]", "64", '"64"']
-    out += [_plan("suite: wrong type", f"{k} = {w}", _suite(matrix=_matrix_with(k, w)))
-            for k in MATRIX_INTS for w in wrong]
-    out += [_plan("suite: wrong type", f"cuda_graph = {w}", _suite(matrix=_matrix_with("cuda_graph", w)))
-            for w in ('["yes"]', "[1]", "true", "[0.0]")]
-    out += [_plan("suite: wrong type", f"{k} = {w}", _suite(matrix=_matrix_with(k, w)))
-            for k in MATRIX_ENUMS for w in ('["nope"]', "[1]", '"triton"')]
-    header = ['name = 1', 'name = true', 'name = ["t"]', 'description = 1', 'repeats = true', 'repeats = "3"',
-              'repeats = 3.0', 'warmup = "yes"', 'warmup = 1', 'timeout_s = "900"', 'timeout_s = 900.5',
-              'max_cases = "10"', 'max_cases = true']
-    out += [_plan("suite: wrong type", h, _suite(header="" if h.startswith("name") else 'name = "t"', extra=h))
-            for h in header]
-    out += [_plan("suite: wrong type", v, t) for v, t in [
-        ("matrix is a table", '[suite]\nname = "t"\n[matrix]\npage_size = [1]\n'),
-        ("suite is a string", 'suite = "t"\n[[matrix]]\nattention_backend = ["triton"]\npage_size = [1]\ntopk = [1]\n')]]
+    out += [
+        _plan("suite: wrong type", f"{k} = {w}", _suite(matrix=_matrix_with(k, w))) for k in MATRIX_INTS for w in wrong
+    ]
+    out += [
+        _plan("suite: wrong type", f"cuda_graph = {w}", _suite(matrix=_matrix_with("cuda_graph", w)))
+        for w in ('["yes"]', "[1]", "true", "[0.0]")
+    ]
+    out += [
+        _plan("suite: wrong type", f"{k} = {w}", _suite(matrix=_matrix_with(k, w)))
+        for k in MATRIX_ENUMS
+        for w in ('["nope"]', "[1]", '"triton"')
+    ]
+    header = [
+        "name = 1",
+        "name = true",
+        'name = ["t"]',
+        "description = 1",
+        "repeats = true",
+        'repeats = "3"',
+        "repeats = 3.0",
+        'warmup = "yes"',
+        "warmup = 1",
+        'timeout_s = "900"',
+        "timeout_s = 900.5",
+        'max_cases = "10"',
+        "max_cases = true",
+    ]
+    out += [
+        _plan("suite: wrong type", h, _suite(header="" if h.startswith("name") else 'name = "t"', extra=h))
+        for h in header
+    ]
+    out += [
+        _plan("suite: wrong type", v, t)
+        for v, t in [
+            ("matrix is a table", '[suite]\nname = "t"\n[matrix]\npage_size = [1]\n'),
+            (
+                "suite is a string",
+                'suite = "t"\n[[matrix]]\nattention_backend = ["triton"]\npage_size = [1]\ntopk = [1]\n',
+            ),
+        ]
+    ]
     for k, hi in MATRIX_INTS.items():
         for v in (0, -1, hi + 1, 10**23):
             out.append(_plan("suite: out of bounds", f"{k} = [{v}]", _suite(matrix=_matrix_with(k, f"[{v}]"))))
-    for h in ("repeats = 0", "repeats = 1000000000", "timeout_s = 0", "timeout_s = -1", "timeout_s = 10000000000",
-              "max_cases = 0", "max_cases = 10000000"):
+    for h in (
+        "repeats = 0",
+        "repeats = 1000000000",
+        "timeout_s = 0",
+        "timeout_s = -1",
+        "timeout_s = 10000000000",
+        "max_cases = 0",
+        "max_cases = 10000000",
+    ):
         out.append(_plan("suite: out of bounds", h, _suite(extra=h)))
-    out += [_plan("suite: empty", v, t) for v, t in [
-        ("empty file", ""), ("matrix = []", '[suite]\nname = "t"\nmatrix = []\n'),
-        ("no matrix", '[suite]\nname = "t"\n'), ("no [suite]", "[[matrix]]\nattention_backend = [\"triton\"]\n"),
-        ("page_size = []", _suite(matrix=_matrix_with("page_size", "[]"))),
-        ("attention_backend missing", _suite(matrix="page_size = [1]\ntopk = [1]"))]]
+    out += [
+        _plan("suite: empty", v, t)
+        for v, t in [
+            ("empty file", ""),
+            ("matrix = []", '[suite]\nname = "t"\nmatrix = []\n'),
+            ("no matrix", '[suite]\nname = "t"\n'),
+            ("no [suite]", '[[matrix]]\nattention_backend = ["triton"]\n'),
+            ("page_size = []", _suite(matrix=_matrix_with("page_size", "[]"))),
+            ("attention_backend missing", _suite(matrix="page_size = [1]\ntopk = [1]")),
+        ]
+    ]
     ten = "[" + ", ".join(str(2**i) for i in range(10)) + "]"
     big7 = "\n".join(f"{k} = {ten}" for k in ("page_size", "batch_size", "input_len", "output_len", "num_steps"))
-    out += [_plan("suite: huge product", v, t) for v, t in [
-        ("10^7 cases", _suite(matrix='attention_backend = ["triton"]\ntopk = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\n'
-                                     'tp = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\n' + big7)),
-        ("10^5 + 1 over two matrices",
-         _suite(matrix='attention_backend = ["triton"]\ntopk = [1]\npage_size = [1]\nbatch_size = [1, 2, 3, 4, 5]\n'
-                       + "\n".join(f"{k} = {ten}" for k in ("input_len", "output_len", "num_steps", "tp")))
-         + '[[matrix]]\nattention_backend = ["triton"]\ntopk = [1]\npage_size = [1]\n'
-           'batch_size = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\ninput_len = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\n'
-           'output_len = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\nnum_steps = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\n'
-           'tp = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\n'),
-        ("max_cases = 3 for 4 cases",
-         _suite(extra="max_cases = 3", matrix='attention_backend = ["triton"]\npage_size = [1, 64]\ntopk = [1, 2]'))]]
-    for v, name in [("traversal ../", "../../../escape"), ("absolute path", "/tmp/specwatch-hardening-escape"),
-                    ("slash", "a/b"), ("empty", ""), ("leading dot", ".hidden"), ("space", "a b"),
-                    ("backslash", "a\\\\b"), ("leading dash", "-rf"), ("200 characters", "a" * 200),
-                    ("non-ASCII", "névé"), ("plus (fault file separator)", "a+fault-x"), ("newline", "a\\nb")]:
+    out += [
+        _plan("suite: huge product", v, t)
+        for v, t in [
+            (
+                "10^7 cases",
+                _suite(
+                    matrix='attention_backend = ["triton"]\ntopk = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\n'
+                    "tp = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\n" + big7
+                ),
+            ),
+            (
+                "10^5 + 1 over two matrices",
+                _suite(
+                    matrix='attention_backend = ["triton"]\ntopk = [1]\npage_size = [1]\nbatch_size = [1, 2, 3, 4, 5]\n'
+                    + "\n".join(f"{k} = {ten}" for k in ("input_len", "output_len", "num_steps", "tp"))
+                )
+                + '[[matrix]]\nattention_backend = ["triton"]\ntopk = [1]\npage_size = [1]\n'
+                "batch_size = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\ninput_len = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\n"
+                "output_len = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\nnum_steps = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\n"
+                "tp = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\n",
+            ),
+            (
+                "max_cases = 3 for 4 cases",
+                _suite(
+                    extra="max_cases = 3", matrix='attention_backend = ["triton"]\npage_size = [1, 64]\ntopk = [1, 2]'
+                ),
+            ),
+        ]
+    ]
+    for v, name in [
+        ("traversal ../", "../../../escape"),
+        ("absolute path", "/tmp/specwatch-hardening-escape"),
+        ("slash", "a/b"),
+        ("empty", ""),
+        ("leading dot", ".hidden"),
+        ("space", "a b"),
+        ("backslash", "a\\\\b"),
+        ("leading dash", "-rf"),
+        ("200 characters", "a" * 200),
+        ("non-ASCII", "névé"),
+        ("plus (fault file separator)", "a+fault-x"),
+        ("newline", "a\\nb"),
+    ]:
         out.append(_plan("suite: bad name", v, _suite(header=f'name = "{name}"')))
         if v in ("traversal ../", "absolute path"):
-            out.append(Trial("suite: bad name", v + " (CPU tier run)",
-                             ["run", "{T}/in/s.toml", "--cpu-tier", "--out", "{O}"], "{T}/in/s.toml",
-                             files={"in/s.toml": _suite(header=f'name = "{name}"')}))
+            out.append(
+                Trial(
+                    "suite: bad name",
+                    v + " (CPU tier run)",
+                    ["run", "{T}/in/s.toml", "--cpu-tier", "--out", "{O}"],
+                    "{T}/in/s.toml",
+                    files={"in/s.toml": _suite(header=f'name = "{name}"')},
+                )
+            )
     return out
 
 
 def option_trials() -> list[Trial]:
     """Bad --where / --shard / --page / --requests values."""
-    out = [Trial("option: --where", w or "(empty)", ["plan", str(SMOKE), "--where", w], "--where")
-           for w in ("bogus", "page_size", "=1", "nosuch=1", "page_size=", "", "case_id", "topk=1,,")]
-    out.append(Trial("option: --where", "bogus (run)", ["run", str(SMOKE), "--cpu-tier", "--out", "{O}",
-                                                        "--where", "bogus"], "--where"))
-    out.append(Trial("option: --where", "page_size=x (run)", ["run", str(SMOKE), "--cpu-tier", "--out", "{O}",
-                                                              "--where", "page_size=x"], "--where"))
-    out += [Trial("option: --shard", s or "(empty)", ["run", str(SMOKE), "--shard", s, "--out", "{O}", *ONE_CASE],
-                  "--shard")
-            for s in ("0/3", "4/3", "x", "1/0", "-1/2", "1/2/3", "", "a/b", "1.5/2")]
+    out = [
+        Trial("option: --where", w or "(empty)", ["plan", str(SMOKE), "--where", w], "--where")
+        for w in ("bogus", "page_size", "=1", "nosuch=1", "page_size=", "", "case_id", "topk=1,,")
+    ]
+    out.append(
+        Trial(
+            "option: --where",
+            "bogus (run)",
+            ["run", str(SMOKE), "--cpu-tier", "--out", "{O}", "--where", "bogus"],
+            "--where",
+        )
+    )
+    out.append(
+        Trial(
+            "option: --where",
+            "page_size=x (run)",
+            ["run", str(SMOKE), "--cpu-tier", "--out", "{O}", "--where", "page_size=x"],
+            "--where",
+        )
+    )
+    out += [
+        Trial(
+            "option: --shard", s or "(empty)", ["run", str(SMOKE), "--shard", s, "--out", "{O}", *ONE_CASE], "--shard"
+        )
+        for s in ("0/3", "4/3", "x", "1/0", "-1/2", "1/2/3", "", "a/b", "1.5/2")
+    ]
     for cmd in ("memory", "simulate"):
-        out += [Trial("option: --page", f"model {cmd} --page {p}", ["model", cmd, "--page", p], "--page")
-                for p in ("0", "-1", "x", "1.5", str(10**23))]
-    out += [Trial("option: --requests", f"--requests {r}", ["model", "simulate", "--requests", r], "--requests")
-            for r in ("0", "-1", "x", "1.5", str(10**12))]
+        out += [
+            Trial("option: --page", f"model {cmd} --page {p}", ["model", cmd, "--page", p], "--page")
+            for p in ("0", "-1", "x", "1.5", str(10**23))
+        ]
+    out += [
+        Trial("option: --requests", f"--requests {r}", ["model", "simulate", "--requests", r], "--requests")
+        for r in ("0", "-1", "x", "1.5", str(10**12))
+    ]
     return out
 
 
 def missing_trials() -> list[Trial]:
     """Every command that reads a file or folder, pointed at one that does not exist."""
     n = "{T}/missing"
-    cases = [("plan", ["plan", f"{n}.toml"], f"{n}.toml"), ("run", ["run", f"{n}.toml", "--out", "{O}"], f"{n}.toml"),
-             ("import file", ["import", f"{n}.jsonl", "--results", "{R}"], f"{n}.jsonl"),
-             ("import folder", ["import", f"{n}/", "--results", "{R}"], n),
-             ("results", ["results", n], n),
-             ("compare", ["compare", f"{n}.jsonl", f"{n}2.jsonl"], f"{n}.jsonl"),
-             ("compare --budgets", ["compare", str(TEMPLATE_RECORDS), str(TEMPLATE_RECORDS), "--budgets",
-                                    f"{n}.json"], f"{n}.json"),
-             ("dashboard --results", ["dashboard", "--results", n, "--out", "{O}"], n),
-             ("noise", ["noise", f"{n}.jsonl", f"{n}2.jsonl"], f"{n}.jsonl"),
-             ("noise-holdout", ["noise-holdout", f"{n}.json"], f"{n}.json"),
-             ("asv-import", ["asv-import", "--results", n, "--work", "{O}/w", "--html", "{O}/h", "--no-publish"], n),
-             ("overhead", ["overhead", "--results", n], n), ("roofline", ["roofline", n], n),
-             ("run --overlay", ["run", str(SMOKE), "--overlay", n, "--out", "{O}", *ONE_CASE], n),
-             ("overlay repo", ["overlay", n, "HEAD", "--out", "{O}"], n),
-             ("plan --known", ["plan", str(SMOKE), "--known", n, "--machine", "m", "--sglang-version", "0.5.17"], n)]
+    cases = [
+        ("plan", ["plan", f"{n}.toml"], f"{n}.toml"),
+        ("run", ["run", f"{n}.toml", "--out", "{O}"], f"{n}.toml"),
+        ("import file", ["import", f"{n}.jsonl", "--results", "{R}"], f"{n}.jsonl"),
+        ("import folder", ["import", f"{n}/", "--results", "{R}"], n),
+        ("results", ["results", n], n),
+        ("compare", ["compare", f"{n}.jsonl", f"{n}2.jsonl"], f"{n}.jsonl"),
+        (
+            "compare --budgets",
+            ["compare", str(TEMPLATE_RECORDS), str(TEMPLATE_RECORDS), "--budgets", f"{n}.json"],
+            f"{n}.json",
+        ),
+        ("dashboard --results", ["dashboard", "--results", n, "--out", "{O}"], n),
+        ("noise", ["noise", f"{n}.jsonl", f"{n}2.jsonl"], f"{n}.jsonl"),
+        ("noise-holdout", ["noise-holdout", f"{n}.json"], f"{n}.json"),
+        ("asv-import", ["asv-import", "--results", n, "--work", "{O}/w", "--html", "{O}/h", "--no-publish"], n),
+        ("overhead", ["overhead", "--results", n], n),
+        ("roofline", ["roofline", n], n),
+        ("run --overlay", ["run", str(SMOKE), "--overlay", n, "--out", "{O}", *ONE_CASE], n),
+        ("overlay repo", ["overlay", n, "HEAD", "--out", "{O}"], n),
+        ("plan --known", ["plan", str(SMOKE), "--known", n, "--machine", "m", "--sglang-version", "0.5.17"], n),
+    ]
     return [Trial("missing file/dir", v, argv, name) for v, argv, name in cases]
 
 
@@ -238,26 +363,50 @@ def import_trials() -> list[Trial]:
     good = json.dumps(_template())
     deep = "[" * 100_000 + "]" * 100_000
     nan = good.replace('"value":', '"value":NaN,"x":', 1)
-    variants = [("not JSON", "garbage\n"), ("a list", "[1, 2]\n"), ("a number", "42\n"), ("a string", '"s"\n'),
-                ("null", "null\n"), ("deep nesting (list)", deep + "\n"),
-                ("deep nesting (object)", '{"a":' * 50_000 + "1" + "}" * 50_000 + "\n"),
-                ("schema-invalid: unknown object", '{"a": 1}\n'), ("schema-invalid: status", _with("status", "bogus")),
-                ("schema-invalid: page_size string", _with("case.page_size", "64")),
-                ("schema-invalid: newer schema_version", _with("schema_version", 999)),
-                ("NaN metric", nan), ("Infinity metric", good.replace('"value":', '"value":Infinity,"x":', 1)),
-                ("traversal: machine ../", _with("provenance.machine", "../../../escape")),
-                ("traversal: machine absolute", _with("provenance.machine", "{T}/abs-escape")),
-                ("traversal: suite ../", _with("suite", "../../../escape")),
-                ("traversal: suite a/b", _with("suite", "a/b")),
-                ("traversal: sglang_version ../", _with("provenance.sglang_version", "../../../escape")),
-                ("traversal: fault ../", _with("provenance.fault", "../../../escape")),
-                ("not UTF-8", b"\xff\xfe\n")]
-    out = [Trial("import: bad records", v, ["import", "{T}/in/bad.jsonl", "--results", "{R}"], "{T}/in/bad.jsonl",
-                 files={"in/bad.jsonl": t}) for v, t in variants]
+    variants = [
+        ("not JSON", "garbage\n"),
+        ("a list", "[1, 2]\n"),
+        ("a number", "42\n"),
+        ("a string", '"s"\n'),
+        ("null", "null\n"),
+        ("deep nesting (list)", deep + "\n"),
+        ("deep nesting (object)", '{"a":' * 50_000 + "1" + "}" * 50_000 + "\n"),
+        ("schema-invalid: unknown object", '{"a": 1}\n'),
+        ("schema-invalid: status", _with("status", "bogus")),
+        ("schema-invalid: page_size string", _with("case.page_size", "64")),
+        ("schema-invalid: newer schema_version", _with("schema_version", 999)),
+        ("NaN metric", nan),
+        ("Infinity metric", good.replace('"value":', '"value":Infinity,"x":', 1)),
+        ("traversal: machine ../", _with("provenance.machine", "../../../escape")),
+        ("traversal: machine absolute", _with("provenance.machine", "{T}/abs-escape")),
+        ("traversal: suite ../", _with("suite", "../../../escape")),
+        ("traversal: suite a/b", _with("suite", "a/b")),
+        ("traversal: sglang_version ../", _with("provenance.sglang_version", "../../../escape")),
+        ("traversal: fault ../", _with("provenance.fault", "../../../escape")),
+        ("not UTF-8", b"\xff\xfe\n"),
+    ]
+    out = [
+        Trial(
+            "import: bad records",
+            v,
+            ["import", "{T}/in/bad.jsonl", "--results", "{R}"],
+            "{T}/in/bad.jsonl",
+            files={"in/bad.jsonl": t},
+        )
+        for v, t in variants
+    ]
     lines = [good] * 20
     lines[16] = good[: len(good) // 2]
-    out.append(Trial("import: bad records", "bad line 17 of 20", ["import", "{T}/in/bad.jsonl", "--results", "{R}"],
-                     "{T}/in/bad.jsonl", files={"in/bad.jsonl": "\n".join(lines) + "\n"}, also=r"\b17\b"))
+    out.append(
+        Trial(
+            "import: bad records",
+            "bad line 17 of 20",
+            ["import", "{T}/in/bad.jsonl", "--results", "{R}"],
+            "{T}/in/bad.jsonl",
+            files={"in/bad.jsonl": "\n".join(lines) + "\n"},
+            also=r"\b17\b",
+        )
+    )
     return out
 
 
@@ -292,14 +441,26 @@ def _runs_dir(T: Path, R: Path) -> None:
 
 def store_trials() -> list[Trial]:
     """A damaged results store read by ``results`` and ``dashboard``."""
-    damage = [("torn runs.ndjson", _torn_runs, "runs.ndjson"), ("torn last record", _torn_records, "smoke.jsonl"),
-              ("folder named x.jsonl", _dir_jsonl, "x.jsonl"), ("dangling symlink", _dangling, "y.jsonl"),
-              ("folder named runs.ndjson", _runs_dir, "runs.ndjson")]
+    damage = [
+        ("torn runs.ndjson", _torn_runs, "runs.ndjson"),
+        ("torn last record", _torn_records, "smoke.jsonl"),
+        ("folder named x.jsonl", _dir_jsonl, "x.jsonl"),
+        ("dangling symlink", _dangling, "y.jsonl"),
+        ("folder named runs.ndjson", _runs_dir, "runs.ndjson"),
+    ]
     out = []
     for v, fn, name in damage:
         out.append(Trial("store damage", f"{v} (results)", ["results", "{R}"], name, setup=fn, tolerate=True))
-        out.append(Trial("store damage", f"{v} (dashboard)", ["dashboard", "--results", "{R}", "--out", "{O}"], name,
-                         setup=fn, tolerate=True))
+        out.append(
+            Trial(
+                "store damage",
+                f"{v} (dashboard)",
+                ["dashboard", "--results", "{R}", "--out", "{O}"],
+                name,
+                setup=fn,
+                tolerate=True,
+            )
+        )
     return out
 
 
@@ -310,6 +471,7 @@ def _readonly(path_of: Callable[[Path, Path], Path]) -> Callable[[Path, Path], N
         p.mkdir(parents=True, exist_ok=True)
         for q in [p, *p.rglob("*")]:
             q.chmod(0o555 if q.is_dir() else 0o444)
+
     return setup
 
 
@@ -327,34 +489,69 @@ def unwritable_trials() -> list[Trial]:
     rec = str(TEMPLATE_RECORDS)
     ro = _readonly(lambda T, R: T / "ro")
     cases = [
-        ("import into read-only results", ["import", rec, "--results", "{R}"], "{R}",
-         _readonly(lambda T, R: R), True),
+        ("import into read-only results", ["import", rec, "--results", "{R}"], "{R}", _readonly(lambda T, R: R), True),
         ("import: results root is a file", ["import", rec, "--results", "{R}"], "{R}", _results_file, False),
         ("compare -o missing dir", ["compare", rec, rec, "-o", "{T}/no/such/r.md"], "{T}/no/such/r.md", None, False),
         ("compare -o read-only dir", ["compare", rec, rec, "-o", "{T}/ro/r.md"], "{T}/ro/r.md", ro, True),
         ("noise -o missing dir", ["noise", rec, rec, "-o", "{T}/no/such/b.json"], "{T}/no/such/b.json", None, False),
         ("noise -o read-only dir", ["noise", rec, rec, "-o", "{T}/ro/b.json"], "{T}/ro/b.json", ro, True),
-        ("results --csv missing dir", ["results", "{R}", "--csv", "{T}/no/such/x.csv"], "{T}/no/such/x.csv",
-         _store_only, False),
-        ("model memory --csv missing dir", ["model", "memory", "--csv", "{T}/no/such/x.csv"], "{T}/no/such/x.csv",
-         None, False),
-        ("model memory --json missing dir", ["model", "memory", "--json", "{T}/no/such/x.json"],
-         "{T}/no/such/x.json", None, False),
-        ("run --cpu-tier --out read-only", ["run", str(SMOKE), "--cpu-tier", "--out", "{T}/ro", *ONE_CASE], "{T}/ro",
-         ro, True),
-        ("run --cpu-tier --out is a file", ["run", str(SMOKE), "--cpu-tier", "--out", "{T}/in/f", *ONE_CASE],
-         "{T}/in/f", None, False),
+        (
+            "results --csv missing dir",
+            ["results", "{R}", "--csv", "{T}/no/such/x.csv"],
+            "{T}/no/such/x.csv",
+            _store_only,
+            False,
+        ),
+        (
+            "model memory --csv missing dir",
+            ["model", "memory", "--csv", "{T}/no/such/x.csv"],
+            "{T}/no/such/x.csv",
+            None,
+            False,
+        ),
+        (
+            "model memory --json missing dir",
+            ["model", "memory", "--json", "{T}/no/such/x.json"],
+            "{T}/no/such/x.json",
+            None,
+            False,
+        ),
+        (
+            "run --cpu-tier --out read-only",
+            ["run", str(SMOKE), "--cpu-tier", "--out", "{T}/ro", *ONE_CASE],
+            "{T}/ro",
+            ro,
+            True,
+        ),
+        (
+            "run --cpu-tier --out is a file",
+            ["run", str(SMOKE), "--cpu-tier", "--out", "{T}/in/f", *ONE_CASE],
+            "{T}/in/f",
+            None,
+            False,
+        ),
         ("dashboard --out read-only", ["dashboard", "--results", "{R}", "--out", "{T}/ro"], "{T}/ro", ro, True),
-        ("asv-import --work read-only", ["asv-import", "--results", "{R}", "--work", "{T}/ro/w", "--html",
-                                         "{O}/h", "--no-publish"], "{T}/ro", ro, True),
+        (
+            "asv-import --work read-only",
+            ["asv-import", "--results", "{R}", "--work", "{T}/ro/w", "--html", "{O}/h", "--no-publish"],
+            "{T}/ro",
+            ro,
+            True,
+        ),
     ]
-    return [Trial("unwritable target", v, argv, name, setup=setup, unprivileged=unpriv,
-                  files={"in/f": "a file\n"}) for v, argv, name, setup, unpriv in cases]
+    return [
+        Trial("unwritable target", v, argv, name, setup=setup, unprivileged=unpriv, files={"in/f": "a file\n"})
+        for v, argv, name, setup, unpriv in cases
+    ]
 
 
 CLASSES: dict[str, Callable[[], list[Trial]]] = {
-    "suite": suite_trials, "option": option_trials, "missing": missing_trials, "import": import_trials,
-    "store": store_trials, "unwritable": unwritable_trials,
+    "suite": suite_trials,
+    "option": option_trials,
+    "missing": missing_trials,
+    "import": import_trials,
+    "store": store_trials,
+    "unwritable": unwritable_trials,
 }
 
 
@@ -368,8 +565,16 @@ def all_trials(only: str = "") -> list[Trial]:
 
 def _env(trial_dir: Path, tag: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "COV_"))}
-    env.update(PYTHONPATH=str(SRC), MPLCONFIGDIR=str(trial_dir / ".mpl"), HOME=str(trial_dir / ".home"),
-               COLUMNS="200", TERMINAL_WIDTH="200", NO_COLOR="1", PYTHONDONTWRITEBYTECODE="1", **{MARKER: tag})
+    env.update(
+        PYTHONPATH=str(SRC),
+        MPLCONFIGDIR=str(trial_dir / ".mpl"),
+        HOME=str(trial_dir / ".home"),
+        COLUMNS="200",
+        TERMINAL_WIDTH="200",
+        NO_COLOR="1",
+        PYTHONDONTWRITEBYTECODE="1",
+        **{MARKER: tag},
+    )
     return env
 
 
@@ -379,12 +584,16 @@ def _limits(unprivileged: bool) -> Callable[[], None]:
         if unprivileged and os.geteuid() == 0:
             os.setgid(UNPRIVILEGED)
             os.setuid(UNPRIVILEGED)
+
     return apply
 
 
 def _files(root: Path) -> set[str]:
-    return {str(p.relative_to(root)) for p in root.rglob("*") if not p.is_dir() or p.is_symlink()} \
-        if root.exists() else set()
+    return (
+        {str(p.relative_to(root)) for p in root.rglob("*") if not p.is_dir() or p.is_symlink()}
+        if root.exists()
+        else set()
+    )
 
 
 def message_lines(stderr: str) -> list[str]:
@@ -393,8 +602,15 @@ def message_lines(stderr: str) -> list[str]:
     return [ln for ln in lines if ln and not ln.startswith(("Usage:", "Try '"))]
 
 
-def judge(rc: int, stdout: str, stderr: str, names: str, tolerate: bool = False, also: str = "",
-          stray: Optional[set[str]] = None) -> tuple[bool, str]:
+def judge(
+    rc: int,
+    stdout: str,
+    stderr: str,
+    names: str,
+    tolerate: bool = False,
+    also: str = "",
+    stray: Optional[set[str]] = None,
+) -> tuple[bool, str]:
     """Whether a trial was handled (exit 2, no traceback, one error line naming ``names``), and why not."""
     if "Traceback (most recent call last)" in stdout + stderr:
         last = [ln for ln in (stdout + stderr).strip().splitlines() if ln.strip()][-1:]
@@ -431,15 +647,22 @@ def run_trial(trial: Trial, trial_dir: Path, python: str) -> Outcome:
         p.write_bytes(fill(text).encode() if isinstance(text, str) else text)
     if trial.setup:
         trial.setup(trial_dir, R)
-    for scratch in (".home", ".mpl"):        # the unprivileged trials' HOME and matplotlib cache
+    for scratch in (".home", ".mpl"):  # the unprivileged trials' HOME and matplotlib cache
         (trial_dir / scratch).mkdir(exist_ok=True)
         (trial_dir / scratch).chmod(0o777)
     before = _files(trial_dir)
     t0 = time.monotonic()
     try:
-        proc = subprocess.run([python, "-m", "specwatch.cli", *map(fill, trial.argv)], cwd=trial_dir,
-                              env=_env(trial_dir, str(trial_dir)), capture_output=True, text=True,
-                              errors="replace", timeout=TRIAL_TIMEOUT_S, preexec_fn=_limits(trial.unprivileged))
+        proc = subprocess.run(
+            [python, "-m", "specwatch.cli", *map(fill, trial.argv)],
+            cwd=trial_dir,
+            env=_env(trial_dir, str(trial_dir)),
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=TRIAL_TIMEOUT_S,
+            preexec_fn=_limits(trial.unprivileged),
+        )
     except subprocess.TimeoutExpired:
         return Outcome(trial.klass, trial.variant, False, f"ran past {TRIAL_TIMEOUT_S} s", time.monotonic() - t0)
     wall = time.monotonic() - t0
@@ -495,8 +718,10 @@ def _marked_pids(tag: str) -> list[int]:
         if not d.name.isdigit():
             continue
         try:
-            if f"{MARKER}={tag}".encode() in (d / "environ").read_bytes().split(b"\0") \
-                    and (d / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+            if (
+                f"{MARKER}={tag}".encode() in (d / "environ").read_bytes().split(b"\0")
+                and (d / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+            ):
                 pids.append(int(d.name))
         except OSError:
             continue
@@ -511,12 +736,24 @@ def _records(results: Path) -> list[dict]:
 
 
 def _sweep(trial_dir: Path, python: str, resume: bool, tag: str) -> subprocess.Popen:
-    script = RUN_SCRIPT.format(tests=str(TESTS), src=str(SRC), suite=str(trial_dir / "s.toml"),
-                               results=str(trial_dir / "results"), resume=resume)
+    script = RUN_SCRIPT.format(
+        tests=str(TESTS),
+        src=str(SRC),
+        suite=str(trial_dir / "s.toml"),
+        results=str(trial_dir / "results"),
+        resume=resume,
+    )
     env = _env(trial_dir, tag)
     env["FAKE_START_S"] = "0.3"
-    return subprocess.Popen([python, "-c", script], cwd=trial_dir, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, errors="replace")
+    return subprocess.Popen(
+        [python, "-c", script],
+        cwd=trial_dir,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+    )
 
 
 def run_fault(sig: signal.Signals, after: int, trial_dir: Path, python: str) -> FaultOutcome:
@@ -555,19 +792,28 @@ def run_fault(sig: signal.Signals, after: int, trial_dir: Path, python: str) -> 
     lost = 16 - len(ok)
     dup = sum(n - 1 for n in ok.values())
     why = "resumed" if resumed.returncode == 0 else f"resume exit {resumed.returncode}: {out.strip()[-160:]}"
-    return FaultOutcome("fault: signal mid-sweep", variant, resumed.returncode == 0 and not lost and not dup
-                        and not orphans, lost, dup, len(orphans), why)
+    return FaultOutcome(
+        "fault: signal mid-sweep",
+        variant,
+        resumed.returncode == 0 and not lost and not dup and not orphans,
+        lost,
+        dup,
+        len(orphans),
+        why,
+    )
 
 
 FAULTS: tuple[tuple[signal.Signals, int], ...] = tuple(
-    (s, n) for s in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT) for n in (1, 6))
+    (s, n) for s in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT) for n in (1, 6)
+)
 
 
 # ----------------------------------------------------------------------------- report
 
 
-def run_all(only: str = "", jobs: int = 0, python: str = sys.executable, faults: bool = True
-            ) -> tuple[list[Outcome], list[FaultOutcome]]:
+def run_all(
+    only: str = "", jobs: int = 0, python: str = sys.executable, faults: bool = True
+) -> tuple[list[Outcome], list[FaultOutcome]]:
     """Run every selected trial (and the fault trials) in parallel; outcomes in trial order."""
     trials = all_trials(only)
     do_faults = faults and ("fault:".startswith(only) or only.startswith("fault:"))
@@ -575,10 +821,15 @@ def run_all(only: str = "", jobs: int = 0, python: str = sys.executable, faults:
     base.chmod(0o755)
     try:
         # fault trials mostly wait on their sweeps: threads of their own, beside the CPU-bound trials
-        with ThreadPoolExecutor(max_workers=len(FAULTS)) as waits, \
-                ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 2) as pool:
-            fault_futs = [waits.submit(run_fault, s, n, _mk(base, f"f{i}"), python)
-                          for i, (s, n) in enumerate(FAULTS)] if do_faults else []
+        with (
+            ThreadPoolExecutor(max_workers=len(FAULTS)) as waits,
+            ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 2) as pool,
+        ):
+            fault_futs = (
+                [waits.submit(run_fault, s, n, _mk(base, f"f{i}"), python) for i, (s, n) in enumerate(FAULTS)]
+                if do_faults
+                else []
+            )
             futs = [pool.submit(run_trial, t, _mk(base, f"{i:03d}"), python) for i, t in enumerate(trials)]
             return [f.result() for f in futs], [f.result() for f in fault_futs]
     finally:
@@ -604,8 +855,13 @@ def print_report(outcomes: list[Outcome], faults: list[FaultOutcome], failures: 
     for klass in sorted({o.klass for o in outcomes}):
         mine = [o for o in outcomes if o.klass == klass]
         bad = [o for o in mine if not o.handled]
-        t.add_row(klass, str(len(mine)), str(len(mine) - len(bad)), str(len(bad)),
-                  f"{bad[0].variant}: {bad[0].why}" if bad else "")
+        t.add_row(
+            klass,
+            str(len(mine)),
+            str(len(mine) - len(bad)),
+            str(len(bad)),
+            f"{bad[0].variant}: {bad[0].why}" if bad else "",
+        )
     handled = sum(o.handled for o in outcomes)
     t.add_row("all", str(len(outcomes)), str(handled), str(len(outcomes) - handled), "", style="bold")
     console.print(t)
@@ -614,8 +870,9 @@ def print_report(outcomes: list[Outcome], faults: list[FaultOutcome], failures: 
         for col in ("fault", "tried", "survived", "records lost", "duplicated", "orphans", "note"):
             f.add_column(col, overflow="fold")
         for o in faults:
-            f.add_row(o.variant, "1", "yes" if o.survived else "no", str(o.lost), str(o.duplicated), str(o.orphans),
-                      o.why)
+            f.add_row(
+                o.variant, "1", "yes" if o.survived else "no", str(o.lost), str(o.duplicated), str(o.orphans), o.why
+            )
         console.print(f)
     if failures:
         for o in outcomes:
@@ -636,8 +893,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     print_report(outcomes, faults, args.failures)
     print(f"{len(outcomes)} input trials, {len(faults)} fault trials in {time.monotonic() - t0:.0f} s")
     if args.json:
-        args.json.write_text(json.dumps({"inputs": [o.__dict__ for o in outcomes],
-                                         "faults": [o.__dict__ for o in faults]}, indent=1) + "\n")
+        args.json.write_text(
+            json.dumps({"inputs": [o.__dict__ for o in outcomes], "faults": [o.__dict__ for o in faults]}, indent=1)
+            + "\n"
+        )
     return 0 if all(o.handled for o in outcomes) and all(o.survived for o in faults) else 1
 
 

@@ -1,9 +1,18 @@
 """Print one line per record of the given JSONL files (for device runs, where rich output is cut)."""
+
 import json
 import sys
 
-KEYS = ("output_throughput", "decode_throughput", "step_time", "accept_length", "lossless_mismatches",
-        "leaked_tokens", "engine_start_time", "req_to_token_row_width")
+KEYS = (
+    "output_throughput",
+    "decode_throughput",
+    "step_time",
+    "accept_length",
+    "lossless_mismatches",
+    "leaked_tokens",
+    "engine_start_time",
+    "req_to_token_row_width",
+)
 for path in sys.argv[1:]:
     for line in open(path):
         r = json.loads(line)
@@ -12,5 +21,14 @@ for path in sys.argv[1:]:
             continue
         vals = {k: round(m[k]["value"], 3) for k in KEYS if k in m}
         bad = [k for k, v in r["checks"].items() if not v]
-        print(path.split("/")[-2], path.split("/")[-1][:-6], r["status"], c["model"], c["attention_backend"], f"p{c['page_size']} k{c['topk']} bs{c['batch_size']} {c['profile']}",
-              vals, "FAILED:" + ",".join(bad) if bad else "", (r.get("reason") or "")[:300])
+        print(
+            path.split("/")[-2],
+            path.split("/")[-1][:-6],
+            r["status"],
+            c["model"],
+            c["attention_backend"],
+            f"p{c['page_size']} k{c['topk']} bs{c['batch_size']} {c['profile']}",
+            vals,
+            "FAILED:" + ",".join(bad) if bad else "",
+            (r.get("reason") or "")[:300],
+        )

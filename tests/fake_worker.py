@@ -10,6 +10,7 @@ It arms ``specwatch.core.lifeline`` as the real worker does (dies with its runne
 It takes the timing lock like the real worker; FAKE_WORKER_INTERVALS logs when it "started its engine"
 (FAKE_START_S of sleep) and when it "timed" its cases, so tests can check that they never overlap.
 """
+
 import json
 import os
 import signal
@@ -37,6 +38,7 @@ def interval(kind, t0):
 
 
 with open(spec["results"], "a") as out:
+
     def emit(obj):
         out.write(json.dumps(obj) + "\n")
         out.flush()
@@ -46,15 +48,20 @@ with open(spec["results"], "a") as out:
     t0 = time.time()
     if Case(**spec["cases"][0]).num_steps == 5:
         print("NotImplementedError: engine refused at start (fake)", flush=True)
-        signal.signal(signal.SIGQUIT, signal.SIG_DFL)   # a background shell starts us with SIGQUIT ignored
+        signal.signal(signal.SIGQUIT, signal.SIG_DFL)  # a background shell starts us with SIGQUIT ignored
         os.kill(os.getpid(), signal.SIGQUIT)
     time.sleep(float(os.environ.get("FAKE_START_S", "0")))
     interval("start", t0)
     emit({"event": "engine_started"})
     # the probe's pool checks at engine start, as engine_worker emits them (a pool 64 rows short)
-    emit({"event": "engine_facts", "checks": {"target_pool_covers_allocator": False},
-          "metrics": {"target_pool_missing_rows": {"value": 64.0, "unit": "slots", "exact": True}},
-          "details": {"pool_coverage_at_start": {"target": {"scale": 1, "missing_rows": 64}}}})
+    emit(
+        {
+            "event": "engine_facts",
+            "checks": {"target_pool_covers_allocator": False},
+            "metrics": {"target_pool_missing_rows": {"value": 64.0, "unit": "slots", "exact": True}},
+            "details": {"pool_coverage_at_start": {"target": {"scale": 1, "missing_rows": 64}}},
+        }
+    )
     with guard.paused():
         lock.timing(emit)
     t0 = time.time()
@@ -65,12 +72,16 @@ with open(spec["results"], "a") as out:
             os.kill(os.getpid(), signal.SIGKILL)
         if case.topk == 6:
             for thread in range(3):
-                print("/tmp/specwatch-site/sglang/kernels/jit/csrc/elementwise/kvcache.cuh:209: void "
-                      "<unnamed>::store_kvcache(<unnamed>::StoreKVCacheParams) [with signed long kKElementBytes = "
-                      f"256L]: block: [718,0,0], thread: [{96 + thread},0,0] Assertion `index >= 0 && index < "
-                      "size_limit` failed.", flush=True)
-            print("RuntimeError: CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasGemmEx(...)`",
-                  flush=True)
+                print(
+                    "/tmp/specwatch-site/sglang/kernels/jit/csrc/elementwise/kvcache.cuh:209: void "
+                    "<unnamed>::store_kvcache(<unnamed>::StoreKVCacheParams) [with signed long kKElementBytes = "
+                    f"256L]: block: [718,0,0], thread: [{96 + thread},0,0] Assertion `index >= 0 && index < "
+                    "size_limit` failed.",
+                    flush=True,
+                )
+            print(
+                "RuntimeError: CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasGemmEx(...)`", flush=True
+            )
             os.kill(os.getpid(), signal.SIGKILL)
         if case.topk == 8 and case.batch_size == 8:
             time.sleep(60)
@@ -78,11 +89,17 @@ with open(spec["results"], "a") as out:
             out.write(os.environ["FAKE_BAD_LINE"].replace("CASE_ID", case.case_id) + "\n")
             out.flush()
             continue
-        out.write(json.dumps({"case_id": case.case_id, "status": "ok",
-                              "metrics": {"output_throughput": {"value": 100.0 * case.page_size,
-                                                                "unit": "tokens/s"}},
-                              "details": {"probe_env": os.environ.get("SPECWATCH_PROBE", "1"),
-                                          "spec_probe": spec.get("probe")}}) + "\n")
+        out.write(
+            json.dumps(
+                {
+                    "case_id": case.case_id,
+                    "status": "ok",
+                    "metrics": {"output_throughput": {"value": 100.0 * case.page_size, "unit": "tokens/s"}},
+                    "details": {"probe_env": os.environ.get("SPECWATCH_PROBE", "1"), "spec_probe": spec.get("probe")},
+                }
+            )
+            + "\n"
+        )
         out.flush()
         time.sleep(float(os.environ.get("FAKE_TIME_S", "0")))
     interval("timing", t0)

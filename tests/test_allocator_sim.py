@@ -41,7 +41,7 @@ def test_page1_tree_overshoots_row_near_context_limit():
     res = simulate(SimConfig(1, 8, 3, 16, accept=AcceptPattern.one))
     assert res.row_violations and not res.clean
     assert max(v.watermark - v.row_width for v in res.row_violations) == 3
-    assert simulate(SimConfig(1, 4, 3, 8, accept=AcceptPattern.one)).clean          # covered by admission
+    assert simulate(SimConfig(1, 4, 3, 8, accept=AcceptPattern.one)).clean  # covered by admission
     standalone = simulate(SimConfig(1, 4, 3, 8, accept=AcceptPattern.one, algorithm=Algorithm.STANDALONE))
     assert standalone.row_violations and not standalone.clean
 
@@ -53,10 +53,10 @@ def test_draft_pool_paged_smaller_than_allocator_reaches_missing_rows_near_full(
     cfg = dict(context_len=8192, input_len=1500, output_len=300, dcp=dcp)
     faulty = simulate(SimConfig(64, 1, 3, 4, near_full=True, fault=SimFault.draft_page_mismatch, **cfg))
     assert faulty.peak_token_usage == 1.0 and faulty.missing_draft_rows == missing and not faulty.clean
-    fixed = simulate(SimConfig(64, 1, 3, 4, near_full=True, **cfg))     # 0.5.17 pages the draft pool by 64*dcp
+    fixed = simulate(SimConfig(64, 1, 3, 4, near_full=True, **cfg))  # 0.5.17 pages the draft pool by 64*dcp
     assert fixed.draft_pool_page_size == 64 * dcp and fixed.missing_draft_rows == 0 and fixed.clean
     roomy = simulate(SimConfig(64, 1, 3, 4, fault=SimFault.draft_page_mismatch, **cfg))
-    assert roomy.missing_draft_rows == 0          # far from full the fault stays silent
+    assert roomy.missing_draft_rows == 0  # far from full the fault stays silent
 
 
 @pytest.mark.parametrize("dcp", [2, 4, 8])
@@ -68,12 +68,13 @@ def test_a_kv_write_that_ignores_dcp_leaves_the_per_rank_pool_past_one_over_dcp_
     unsharded = simulate(SimConfig(64, 1, 3, 4, near_full=True, kv_write_ignores_dcp=True, **cfg))
     assert unsharded.target_pool_valid_rows == unsharded.pool_pages * 64 + 64
     assert unsharded.missing_target_rows > 0 and not unsharded.clean
-    assert 1 / dcp <= unsharded.first_missing_target_usage <= 1 / dcp + 1 / 4   # a request is 1/4 of the pool
-    sharded = simulate(SimConfig(64, 1, 3, 4, near_full=True, **cfg))           # what DCP backends do
+    assert 1 / dcp <= unsharded.first_missing_target_usage <= 1 / dcp + 1 / 4  # a request is 1/4 of the pool
+    sharded = simulate(SimConfig(64, 1, 3, 4, near_full=True, **cfg))  # what DCP backends do
     assert sharded.missing_target_rows == 0 and sharded.first_missing_target_usage is None and sharded.clean
 
 
 def test_an_unsharded_kv_write_is_silent_below_one_over_dcp_usage():
-    low = simulate(SimConfig(64, 1, 3, 4, context_len=8192, input_len=1500, output_len=300, dcp=2,
-                             kv_write_ignores_dcp=True))
+    low = simulate(
+        SimConfig(64, 1, 3, 4, context_len=8192, input_len=1500, output_len=300, dcp=2, kv_write_ignores_dcp=True)
+    )
     assert low.peak_token_usage < 0.5 and low.missing_target_rows == 0 and low.clean

@@ -2,7 +2,6 @@ import subprocess
 import sys
 
 from records import case, record
-
 from specwatch.core.case import Backend, Profile
 from specwatch.core.record import Metric
 from specwatch.present.asv_bridge import asv_import, offline_config, version_ledger
@@ -13,17 +12,27 @@ from specwatch.store.jsonl import (
 
 
 def _tree_record(version, tps, al=4.0):
-    c = case(page_size=64, topk=8, num_draft_tokens=8, batch_size=1, input_len=512, output_len=256,
-             attention_backend=Backend.triton, profile=Profile.perfect)
+    c = case(
+        page_size=64,
+        topk=8,
+        num_draft_tokens=8,
+        batch_size=1,
+        input_len=512,
+        output_len=256,
+        attention_backend=Backend.triton,
+        profile=Profile.perfect,
+    )
     r = record(c, sglang_version=version, machine="h200test")
     r.suite = "tree-page"
-    r.metrics.update({
-        "decode_throughput": Metric(value=tps, unit="tokens/s", samples=[tps]),
-        "accept_length": Metric(value=al, unit="tokens/verify", exact=True),
-        "req_to_token_bytes": Metric(value=370908, unit="bytes", exact=True),
-        "leaked_tokens": Metric(value=0, unit="tokens", exact=True),
-        "lossless_mismatches": Metric(value=0, unit="tokens", exact=True),
-    })
+    r.metrics.update(
+        {
+            "decode_throughput": Metric(value=tps, unit="tokens/s", samples=[tps]),
+            "accept_length": Metric(value=al, unit="tokens/verify", exact=True),
+            "req_to_token_bytes": Metric(value=370908, unit="bytes", exact=True),
+            "leaked_tokens": Metric(value=0, unit="tokens", exact=True),
+            "lossless_mismatches": Metric(value=0, unit="tokens", exact=True),
+        }
+    )
     return r
 
 
@@ -44,7 +53,7 @@ ONE_CASE = r"EagleTree\.track_\w+\('triton', 64, 8, (1|8), 'perfect'\)$"
 
 
 def test_records_become_asv_results_that_publish_and_compare(tmp_path, monkeypatch):
-    monkeypatch.setenv("HOME", str(tmp_path))      # asv's machine file goes to $HOME
+    monkeypatch.setenv("HOME", str(tmp_path))  # asv's machine file goes to $HOME
     res_root = tmp_path / "results"
     work, html = tmp_path / "asv", tmp_path / "html"
     # 0.5.17 imported first, 0.5.16 later (an older version run afterwards): the ledger is rebuilt
@@ -60,12 +69,29 @@ def test_records_become_asv_results_that_publish_and_compare(tmp_path, monkeypat
     written = "".join(p.read_text() for p in (work / "results").rglob("*.json")) + (html / "index.json").read_text()
     assert str(tmp_path) not in written.replace(str(work.resolve()), "") and sys.executable not in written
     cfg = offline_config(work, work / "sglang-versions", html)
-    out = subprocess.run([sys.executable, "-m", "asv", "compare", "--config", str(cfg), "--machine", "h200test",
-                          done[("h200test", "0.5.16")], done[("h200test", "0.5.17")]],
-                         capture_output=True, text=True, cwd=work, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "asv",
+            "compare",
+            "--config",
+            str(cfg),
+            "--machine",
+            "h200test",
+            done[("h200test", "0.5.16")],
+            done[("h200test", "0.5.17")],
+        ],
+        capture_output=True,
+        text=True,
+        cwd=work,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
-    rows = {cells[-2].strip(): [c.strip() for c in cells[2:5]]
-            for cells in (line.split("|") for line in out.stdout.splitlines() if line.startswith("|"))}
+    rows = {
+        cells[-2].strip(): [c.strip() for c in cells[2:5]]
+        for cells in (line.split("|") for line in out.stdout.splitlines() if line.startswith("|"))
+    }
     tracked = "eagle_tree.EagleTree.track_{}('triton', 64, 8, 1, 'perfect')"
     assert rows[tracked.format("decode_throughput")] == ["1000.0", "800.0", "0.80"]
     assert rows[tracked.format("accept_length")] == ["4.0", "3.5", "0.88"]

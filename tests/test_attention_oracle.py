@@ -42,7 +42,7 @@ def test_a_wrong_previous_token_changes_the_next_token(model):
     chain = oracle.chain(7, 300)
     for x in (0, 11, 200):
         bad = list(chain)
-        bad[-2] = FIRST_ACTIVE + x                     # what a stale or misplaced KV slot would hold
+        bad[-2] = FIRST_ACTIVE + x  # what a stale or misplaced KV slot would hold
         assert bad[-2] != chain[-2]
         assert _next_tokens(m, bad)[-1] == FIRST_ACTIVE + succ[succ[x]] != FIRST_ACTIVE + succ[chain[-1] - FIRST_ACTIVE]
 

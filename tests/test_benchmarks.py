@@ -3,6 +3,7 @@ import subprocess
 import sys
 
 import pytest
+
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT))
@@ -58,8 +59,13 @@ def test_eagle_tree_reads_committed_records(monkeypatch, tmp_path):
 
 
 def test_asv_discovers_every_benchmark(tmp_path):
-    res = subprocess.run([sys.executable, "-m", "asv", "check", "-E", f"existing:{sys.executable}"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    res = subprocess.run(
+        [sys.executable, "-m", "asv", "check", "-E", f"existing:{sys.executable}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     assert "No problems found" in res.stdout
 
@@ -67,15 +73,39 @@ def test_asv_discovers_every_benchmark(tmp_path):
 def test_asv_quick_dry_run_of_cpu_tier_benchmarks(tmp_path):
     """asv's own runner over the memory-model benchmarks (the allocator benchmarks import SGLang in
     every asv process, ~10 s each: they are exercised directly above instead)."""
-    env = {**__import__("os").environ, "HOME": str(tmp_path)}     # asv's machine file goes to $HOME
-    subprocess.run([sys.executable, "-m", "asv", "machine", "--yes", "--machine", "specwatch-ci"], cwd=ROOT,
-                   env=env, check=True, capture_output=True, timeout=120)
-    res = subprocess.run([sys.executable, "-m", "asv", "run", "-E", f"existing:{sys.executable}", "--quick",
-                          "--dry-run", "--machine", "specwatch-ci", "--show-stderr",
-                          "--bench", "MemoryModel.track_alloc"],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    env = {**__import__("os").environ, "HOME": str(tmp_path)}  # asv's machine file goes to $HOME
+    subprocess.run(
+        [sys.executable, "-m", "asv", "machine", "--yes", "--machine", "specwatch-ci"],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "asv",
+            "run",
+            "-E",
+            f"existing:{sys.executable}",
+            "--quick",
+            "--dry-run",
+            "--machine",
+            "specwatch-ci",
+            "--show-stderr",
+            "--bench",
+            "MemoryModel.track_alloc",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     out = res.stdout
     assert res.returncode == 0, out + res.stderr
     assert "MemoryModel.track_alloc_reserve_per_decode" in out and " ok" in out
-    assert "8192" in out and "2048" in out          # page 256 / page 64 at topk 8
+    assert "8192" in out and "2048" in out  # page 256 / page 64 at topk 8
     assert "failed" not in out.lower()

@@ -5,10 +5,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import SUITES
 from typer.testing import CliRunner
 
 import specwatch
+from conftest import SUITES
 from specwatch.cli import app
 
 runner = CliRunner()
@@ -25,8 +25,12 @@ def specwatch_cli(*args, prelude: str = "", **env) -> subprocess.CompletedProces
     """The console script's function, ``specwatch.cli:main``, in a fresh interpreter."""
     environ = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
     environ.update(env, PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
-    return subprocess.run([sys.executable, "-c", f"{prelude}from specwatch.cli import main; main()", *map(str, args)],
-                          capture_output=True, text=True, env=environ)
+    return subprocess.run(
+        [sys.executable, "-c", f"{prelude}from specwatch.cli import main; main()", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=environ,
+    )
 
 
 def test_plan_lists_every_case_with_skips():
@@ -61,7 +65,9 @@ def test_model_memory_prints_both_agreeing():
 def test_model_simulate_exit_codes():
     ok = runner.invoke(app, ["model", "simulate", "--page", "64", "--topk", "8", "--json"])
     assert ok.exit_code == 0 and json.loads(ok.stdout)["clean"] is True
-    bad = runner.invoke(app, ["model", "simulate", "--page", "64", "--topk", "8", "--fault", "row-widen-revert", "--json"])
+    bad = runner.invoke(
+        app, ["model", "simulate", "--page", "64", "--topk", "8", "--fault", "row-widen-revert", "--json"]
+    )
     assert bad.exit_code == 1 and json.loads(bad.stdout)["leaked_pages"] > 0
     args = ["model", "simulate", "--page", "64", "--topk", "1", "--draft", "4", "--dcp", "2", "--near-full", "--json"]
     unsharded = runner.invoke(app, args + ["--kv-write-ignores-dcp"])
@@ -79,7 +85,11 @@ def test_run_without_gpu_is_the_cpu_tier(tmp_path):
     sim = json.loads((tmp_path / "smoke" / "simulation.json").read_text())
     # smoke's page-1 tree (topk 4, draft 8) is covered by EAGLE's admission reserve
     assert {(r["page_size"], r["topk"]): r["clean"] for r in sim} == {
-        (1, 1): True, (1, 4): True, (64, 1): True, (64, 4): True}
+        (1, 1): True,
+        (1, 4): True,
+        (64, 1): True,
+        (64, 4): True,
+    }
     assert "not clean" not in res.stdout
 
 
@@ -91,7 +101,9 @@ def _one_matrix_suite(tmp_path, name: str, matrix: str):
 
 @pytest.mark.sglang
 def test_cpu_tier_strict_fails_on_an_unclean_simulation(tmp_path):
-    p = _one_matrix_suite(tmp_path, "k8", 'attention_backend=["triton"]\npage_size=[1]\ntopk=[8]\nnum_draft_tokens=[16]')
+    p = _one_matrix_suite(
+        tmp_path, "k8", 'attention_backend=["triton"]\npage_size=[1]\ntopk=[8]\nnum_draft_tokens=[16]'
+    )
     res = runner.invoke(app, ["run", str(p), "--cpu-tier", "--out", str(tmp_path)])
     assert res.exit_code == 0 and "1 of 1 allocator simulations not clean" in res.stdout
     strict = runner.invoke(app, ["run", str(p), "--cpu-tier", "--strict", "--out", str(tmp_path)])
@@ -100,32 +112,35 @@ def test_cpu_tier_strict_fails_on_an_unclean_simulation(tmp_path):
 
 @pytest.mark.sglang
 def test_cpu_tier_says_where_a_dcp_unaware_kv_write_would_leave_the_pool(tmp_path):
-    p = _one_matrix_suite(tmp_path, "d", 'attention_backend=["flashinfer"]\npage_size=[64]\ntopk=[1]\n'
-                          'num_draft_tokens=[4]\ntp=[2]\ndcp=[1, 2]')
+    p = _one_matrix_suite(
+        tmp_path,
+        "d",
+        'attention_backend=["flashinfer"]\npage_size=[64]\ntopk=[1]\nnum_draft_tokens=[4]\ntp=[2]\ndcp=[1, 2]',
+    )
     res = runner.invoke(app, ["run", str(p), "--cpu-tier", "--out", str(tmp_path)])
     assert res.exit_code == 0, res.stdout
     sim = {r["dcp"]: r for r in json.loads((tmp_path / "d" / "simulation.json").read_text())}
-    assert 0.5 <= sim[2]["unsharded_kv_write_first_missing_usage"] < 1      # past 1 / dcp of the pool
+    assert 0.5 <= sim[2]["unsharded_kv_write_first_missing_usage"] < 1  # past 1 / dcp of the pool
     first = sim[1].get("unsharded_kv_write_first_missing_usage")
-    assert first is None or first != first                                  # dcp 1: not simulated (NaN)
+    assert first is None or first != first  # dcp 1: not simulated (NaN)
 
 
 def test_where_is_validated_and_applied(tmp_path):
     bad = runner.invoke(app, ["run", str(SUITES / "smoke.toml"), "--cpu-tier", "--where", "bogus=1"])
     assert bad.exit_code == 2
-    ok = runner.invoke(app, ["run", str(SUITES / "smoke.toml"), "--cpu-tier", "--where", "page_size=64",
-                             "--out", str(tmp_path)])
+    ok = runner.invoke(
+        app, ["run", str(SUITES / "smoke.toml"), "--cpu-tier", "--where", "page_size=64", "--out", str(tmp_path)]
+    )
     assert ok.exit_code == 0
     assert len(json.loads((tmp_path / "smoke" / "memory.json").read_text())) == 4
 
 
 def test_results_health_names_failed_checks(tmp_path):
     from records import case, record
-
     from specwatch.store.jsonl import append_record, results_path
 
     good, bad = record(case(page_size=1)), record(case(page_size=64))
-    good.checks["lossless"], good.checks["no_kv_leak"] = True, True      # all-bool column: numpy bools
+    good.checks["lossless"], good.checks["no_kv_leak"] = True, True  # all-bool column: numpy bools
     bad.checks["lossless"], bad.checks["no_kv_leak"] = True, False
     for r in (good, bad):
         append_record(results_path(tmp_path, "m", "0.5.17", "smoke"), r)
@@ -133,12 +148,11 @@ def test_results_health_names_failed_checks(tmp_path):
     assert res.exit_code == 0
     assert f"{bad.case_id} smoke triton p64 k4 bs1: failed no_kv_leak" in res.stdout
     assert good.case_id not in res.stdout
-    assert "engine start breakdown" not in res.stdout                  # no record has one yet
+    assert "engine start breakdown" not in res.stdout  # no record has one yet
 
 
 def test_results_breaks_engine_starts_down(tmp_path):
     from records import case, record
-
     from specwatch.core.record import Metric
     from specwatch.store.frame import records_frame
     from specwatch.store.jsonl import append_record, results_path
@@ -147,16 +161,26 @@ def test_results_breaks_engine_starts_down(tmp_path):
     for r, start in zip(recs, (40.0, 50.0, 90.0)):
         r.metrics["engine_start_time"] = Metric(value=start, unit="s")
         r.metrics["decode_throughput"] = Metric(value=100.0, unit="tokens/s", samples=[90.0, 100.0, start + 70])
-        r.details["probe"] = {"startup": {"load_weight": 1.0, "scheduler_e2e": start - 20,
-                                          "cuda_graph": {"decode": 3.0, "verify": 2.0}, "process_to_scheduler_init": 12.0}}
+        r.details["probe"] = {
+            "startup": {
+                "load_weight": 1.0,
+                "scheduler_e2e": start - 20,
+                "cuda_graph": {"decode": 3.0, "verify": 2.0},
+                "process_to_scheduler_init": 12.0,
+            }
+        }
         append_record(results_path(tmp_path, "m", "0.5.17", "smoke"), r)
     row = records_frame(recs).iloc[0]
-    assert (row["start.cuda_graph"], row["start.scheduler_e2e"], row["start.process_to_scheduler_init"]) == (5.0, 20.0, 12.0)
+    assert (row["start.cuda_graph"], row["start.scheduler_e2e"], row["start.process_to_scheduler_init"]) == (
+        5.0,
+        20.0,
+        12.0,
+    )
     res = runner.invoke(app, ["results", str(tmp_path)], terminal_width=200)
     assert res.exit_code == 0 and "engine start breakdown" in res.stdout
     line = next(x for x in res.stdout.splitlines() if "triton" in x and "0.5.17" in x and "50" in x)
-    assert "30" in line and "12" in line        # medians: start 50, scheduler 30, imports 12
-    assert "spread within a case's repeats" in res.stdout     # spreads 0.2, 0.3, 0.7: median 0.3
+    assert "30" in line and "12" in line  # medians: start 50, scheduler 30, imports 12
+    assert "spread within a case's repeats" in res.stdout  # spreads 0.2, 0.3, 0.7: median 0.3
     assert any("tiny" in x and "0.3 " in x + " " and "│ 3 " in x for x in res.stdout.splitlines())
 
 
@@ -171,9 +195,20 @@ def test_run_on_gpu_path_shows_progress_and_records(tmp_path, monkeypatch):
     here = os.path.dirname(__file__)
     monkeypatch.setattr(cli, "_cuda_available", lambda: True)
     real = runner_mod.run_suites
-    monkeypatch.setattr(runner_mod, "run_suites", lambda suites, root, options: real(
-        suites, root, dataclasses.replace(options, gpus=1, worker_module="fake_worker",
-                                          extra_env={"PYTHONPATH": here + os.pathsep + os.environ.get("PYTHONPATH", "")})))
+    monkeypatch.setattr(
+        runner_mod,
+        "run_suites",
+        lambda suites, root, options: real(
+            suites,
+            root,
+            dataclasses.replace(
+                options,
+                gpus=1,
+                worker_module="fake_worker",
+                extra_env={"PYTHONPATH": here + os.pathsep + os.environ.get("PYTHONPATH", "")},
+            ),
+        ),
+    )
     p = tmp_path / "s.toml"
     p.write_text('[suite]\nname="g"\nrepeats=1\n[[matrix]]\nattention_backend=["triton"]\npage_size=[1,64]\ntopk=[1]\n')
     res = runner.invoke(app, ["run", str(p), "--results", str(tmp_path / "res")])
@@ -185,15 +220,15 @@ def test_run_on_gpu_path_shows_progress_and_records(tmp_path, monkeypatch):
 def _runs_at(tmp_path, levels):
     """One results file per run, each holding one case at the given tokens/s (repeats level +- 1)."""
     from records import case, record
-
     from specwatch.core.record import Metric
     from specwatch.store.jsonl import append_record
 
     files = []
     for i, level in enumerate(levels):
         r = record(case(page_size=64))
-        r.metrics["output_throughput"] = Metric(value=level, unit="tokens/s", samples=[level - 1, level, level + 1],
-                                                higher_is_better=True)
+        r.metrics["output_throughput"] = Metric(
+            value=level, unit="tokens/s", samples=[level - 1, level, level + 1], higher_is_better=True
+        )
         files.append(tmp_path / f"run{i}.jsonl")
         append_record(files[-1], r)
     return files
@@ -211,15 +246,16 @@ def test_noise_writes_budgets_and_checks_a_held_out_pair(tmp_path):
     res = runner.invoke(app, ["noise", str(files[1]), str(files[2]), "--budgets", str(budgets)])
     assert res.exit_code == 0 and "under the budgets" in res.stdout and "0 of 1 flagged" in res.stdout
     # a second pair merged in: both pairs kept, each budget covers the larger of the two spreads
-    (budgets_v1 := tmp_path / "v1.json").write_text(json.dumps({"base": "a", "head": "b", "false_positive_rate": 1.0,
-                                                                "budgets": {"other/output_throughput": 0.9}}))
+    (budgets_v1 := tmp_path / "v1.json").write_text(
+        json.dumps({"base": "a", "head": "b", "false_positive_rate": 1.0, "budgets": {"other/output_throughput": 0.9}})
+    )
     res = runner.invoke(app, ["noise", str(files[1]), str(files[2]), "-o", str(budgets_v1), "--merge"])
     assert res.exit_code == 0, res.stdout
     merged = json.loads(budgets_v1.read_text())
     assert [p["base"] for p in merged["pairs"]] == ["a", str(files[1])]
     klass = next(k for k in data["budgets"])
     assert merged["budgets"]["other/output_throughput"] == 0.9
-    assert abs(merged["budgets"][klass] - round(1.5 * (85 - 70) / 70, 4)) < 1e-9    # 0.3214: this pair's own
+    assert abs(merged["budgets"][klass] - round(1.5 * (85 - 70) / 70, 4)) < 1e-9  # 0.3214: this pair's own
     res = runner.invoke(app, ["noise", str(files[0]), str(files[1]), "-o", str(budgets_v1), "--merge"])
     assert abs(json.loads(budgets_v1.read_text())["budgets"][klass] - 0.45) < 1e-9  # the larger spread wins
     bad = tmp_path / "bad.json"
@@ -252,17 +288,31 @@ def test_import_takes_a_fetched_folder_with_records_and_run_summaries(tmp_path):
     from datetime import datetime, timezone
 
     from records import case, record
-
     from specwatch.core.record import RunSummary
     from specwatch.store.jsonl import append_record, append_run
 
     fetched = tmp_path / "fetched"
     append_record(fetched / "m" / "sglang-0.5.17" / "smoke.jsonl", record(case(page_size=64)))
     now = datetime(2026, 11, 30, tzinfo=timezone.utc)
-    append_run(fetched, RunSummary(suites=["smoke"], faults=[None], parallel_starts=8, engine_groups=8, worker_starts=8,
-                                   records={"ok": 8}, wall_s=200.0, case_s=50.0, engine_start_s=400.0,
-                                   stopped_early=False, machine="m", sglang_version="0.5.17",
-                                   started_at=now, finished_at=now))
+    append_run(
+        fetched,
+        RunSummary(
+            suites=["smoke"],
+            faults=[None],
+            parallel_starts=8,
+            engine_groups=8,
+            worker_starts=8,
+            records={"ok": 8},
+            wall_s=200.0,
+            case_s=50.0,
+            engine_start_s=400.0,
+            stopped_early=False,
+            machine="m",
+            sglang_version="0.5.17",
+            started_at=now,
+            finished_at=now,
+        ),
+    )
     res = runner.invoke(app, ["import", str(fetched), "--results", str(tmp_path / "results")])
     assert res.exit_code == 0 and "+1 records" in res.stdout and "+1 run summaries" in res.stdout
     res = runner.invoke(app, ["import", str(fetched), "--results", str(tmp_path / "results")])
@@ -277,7 +327,6 @@ def test_import_takes_a_fetched_folder_with_records_and_run_summaries(tmp_path):
 
 def test_overhead_exits_1_when_the_probe_costs_more_than_2_percent(tmp_path):
     from records import case, record
-
     from specwatch.store.jsonl import append_record, results_path
 
     def store(recs):
@@ -291,14 +340,13 @@ def test_overhead_exits_1_when_the_probe_costs_more_than_2_percent(tmp_path):
     store([record(case(page_size=1), tps=900.0), record(case(page_size=1), tps=1000.0, probe=False)])
     res = runner.invoke(app, ["overhead", "--results", str(tmp_path)])
     assert res.exit_code == 1 and "slower by more than 2%" in res.output
-    assert "geometric mean 0.9463, probed faster in 0 of 2" in res.output    # sqrt(0.995 x 0.9)
+    assert "geometric mean 0.9463, probed faster in 0 of 2" in res.output  # sqrt(0.995 x 0.9)
 
 
 def test_plan_leaves_out_known_cases_and_estimates_device_time(tmp_path):
     from datetime import datetime, timezone
 
     from records import record
-
     from specwatch.core.record import RunSummary
     from specwatch.store.jsonl import append_record, append_run
     from specwatch.suite import load_suite
@@ -309,14 +357,45 @@ def test_plan_leaves_out_known_cases_and_estimates_device_time(tmp_path):
         r = record(c, machine="m")
         append_record(tmp_path / "m" / "sglang-0.5.17" / "smoke.jsonl", r)
     now = datetime(2026, 11, 30, tzinfo=timezone.utc)
-    for wall in (200.0, 300.0, 9000.0):      # 20 and 30 s per group (4 groups: 100 s); the last was cut by SIGTERM: left out
-        append_run(tmp_path, RunSummary(suites=["smoke"], faults=[None], parallel_starts=8, engine_groups=10,
-                                        worker_starts=10, records={"ok": 10}, wall_s=wall, case_s=50.0,
-                                        engine_start_s=400.0, stopped_early=wall > 1000,
-                                        stopped_by="SIGTERM" if wall > 1000 else None, machine="m",
-                                        sglang_version="0.5.17", started_at=now, finished_at=now))
-    res = runner.invoke(app, ["plan", str(SUITES / "smoke.toml"), "--known", str(tmp_path), "--machine", "m",
-                              "--sglang-version", "0.5.17", "--json"])
+    for wall in (
+        200.0,
+        300.0,
+        9000.0,
+    ):  # 20 and 30 s per group (4 groups: 100 s); the last was cut by SIGTERM: left out
+        append_run(
+            tmp_path,
+            RunSummary(
+                suites=["smoke"],
+                faults=[None],
+                parallel_starts=8,
+                engine_groups=10,
+                worker_starts=10,
+                records={"ok": 10},
+                wall_s=wall,
+                case_s=50.0,
+                engine_start_s=400.0,
+                stopped_early=wall > 1000,
+                stopped_by="SIGTERM" if wall > 1000 else None,
+                machine="m",
+                sglang_version="0.5.17",
+                started_at=now,
+                finished_at=now,
+            ),
+        )
+    res = runner.invoke(
+        app,
+        [
+            "plan",
+            str(SUITES / "smoke.toml"),
+            "--known",
+            str(tmp_path),
+            "--machine",
+            "m",
+            "--sglang-version",
+            "0.5.17",
+            "--json",
+        ],
+    )
     assert res.exit_code == 0, res.stdout
     lines = res.stdout.splitlines()
     assert lines[0] == f"smoke: {len(done)} case(s) already recorded for m / SGLang 0.5.17; 4 left in 4 engine group(s)"
@@ -330,21 +409,24 @@ def test_plan_leaves_out_known_cases_and_estimates_device_time(tmp_path):
 SMOKE = SUITES / "smoke.toml"
 
 
-@pytest.mark.parametrize("args, names", [
-    (["model", "memory", "--page", "0"], "--page"),
-    (["model", "memory", "--page", "-4"], "--page"),
-    (["model", "simulate", "--page", "0"], "--page"),
-    (["model", "simulate", "--requests", "0"], "--requests"),
-    (["import", "{tmp}/missing.jsonl"], "missing.jsonl"),
-    (["plan", SMOKE, "--where", "page_size=abc"], "page_size"),
-    (["run", SMOKE, "--cpu-tier", "--where", "page_size=abc"], "page_size"),
-    (["plan", SMOKE, "--where", "page_size=3"], "page_size=3"),
-    (["run", SMOKE, "--cpu-tier", "--shard", "3/2"], "--shard"),
-    (["results", "{tmp}/no-such-dir"], "no-such-dir"),
-    (["plan", SMOKE, "--bogus"], "--bogus"),
-    (["noise-holdout", "{tmp}/nope.json"], "nope.json"),
-    (["model", "memory", "--json", "{tmp}/no/such/dir/m.json"], "m.json"),       # a write that fails
-])
+@pytest.mark.parametrize(
+    "args, names",
+    [
+        (["model", "memory", "--page", "0"], "--page"),
+        (["model", "memory", "--page", "-4"], "--page"),
+        (["model", "simulate", "--page", "0"], "--page"),
+        (["model", "simulate", "--requests", "0"], "--requests"),
+        (["import", "{tmp}/missing.jsonl"], "missing.jsonl"),
+        (["plan", SMOKE, "--where", "page_size=abc"], "page_size"),
+        (["run", SMOKE, "--cpu-tier", "--where", "page_size=abc"], "page_size"),
+        (["plan", SMOKE, "--where", "page_size=3"], "page_size=3"),
+        (["run", SMOKE, "--cpu-tier", "--shard", "3/2"], "--shard"),
+        (["results", "{tmp}/no-such-dir"], "no-such-dir"),
+        (["plan", SMOKE, "--bogus"], "--bogus"),
+        (["noise-holdout", "{tmp}/nope.json"], "nope.json"),
+        (["model", "memory", "--json", "{tmp}/no/such/dir/m.json"], "m.json"),  # a write that fails
+    ],
+)
 def test_bad_input_is_one_line_naming_it_exit_2(tmp_path, args, names):
     res = specwatch_cli(*(str(a).replace("{tmp}", str(tmp_path)) for a in args))
     assert res.returncode == 2, res.stdout + res.stderr
@@ -361,11 +443,15 @@ def test_inject_without_sglang_is_one_line_exit_2():
 def test_version_names_specwatch_and_sglang_without_importing_torch():
     from specwatch.core.sglang_host import sglang_version
 
-    res = specwatch_cli("--version", prelude="import atexit, sys; atexit.register(lambda: print('torch' in sys.modules)); ")
+    res = specwatch_cli(
+        "--version", prelude="import atexit, sys; atexit.register(lambda: print('torch' in sys.modules)); "
+    )
     assert res.returncode == 0, res.stderr
     sglang = sglang_version()
-    assert res.stdout.splitlines() == [f"specwatch {specwatch.__version__}, "
-                                       + (f"SGLang {sglang}" if sglang else "SGLang not installed"), "False"]
+    assert res.stdout.splitlines() == [
+        f"specwatch {specwatch.__version__}, " + (f"SGLang {sglang}" if sglang else "SGLang not installed"),
+        "False",
+    ]
 
 
 def test_console_script_is_the_one_error_handler():

@@ -1,9 +1,9 @@
 """Every table the CLI prints stays readable at 100 columns: no line longer, no header or cell cut to "…"."""
 
 import pytest
-from conftest import SUITES
 from typer.testing import CliRunner
 
+from conftest import SUITES
 from specwatch.cli import app
 
 runner = CliRunner()
@@ -23,7 +23,7 @@ def at_100(monkeypatch, args) -> str:
 @pytest.mark.parametrize("suite", sorted(p.name for p in SUITES.glob("*.toml")))
 def test_plan_fits_100_columns(monkeypatch, suite):
     out = at_100(monkeypatch, ["plan", SUITES / suite])
-    assert "case id" in out                                  # the id column keeps its header
+    assert "case id" in out  # the id column keeps its header
 
 
 def test_plan_says_shared_parameters_and_skip_reasons_once(monkeypatch):

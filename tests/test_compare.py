@@ -1,5 +1,4 @@
 from records import case, record
-
 from specwatch.analysis.compare import (
     Verdict,
     compare_records,
@@ -29,10 +28,10 @@ def verdicts(rows):
 
 def test_noise_is_not_a_regression():
     base = [rec(A, [100, 104, 97])]
-    head = [rec(A, [96, 101, 99])]              # -1%: inside threshold
+    head = [rec(A, [96, 101, 99])]  # -1%: inside threshold
     v = verdicts(compare_records(base, head))
     assert v[(A.case_id, "output_throughput")] is Verdict.unchanged
-    spread = [rec(A, [80, 120, 100])]            # -10% median but samples overlap
+    spread = [rec(A, [80, 120, 100])]  # -10% median but samples overlap
     v = verdicts(compare_records([rec(A, [110, 90, 111])], spread))
     assert v[(A.case_id, "output_throughput")] is Verdict.unchanged
 
@@ -62,11 +61,13 @@ def test_improvement_status_and_membership():
     assert v[(D.case_id, "status")] is Verdict.new
     assert not has_regression(rows)
     # a head-only ok case (the sweep grew) is folded out of the way; a head-only crash is not
-    text = markdown(compare_records(base, head + [rec(case(page_size=32), [1, 1, 1])]),
-                    "b", "h")
+    text = markdown(compare_records(base, head + [rec(case(page_size=32), [1, 1, 1])]), "b", "h")
     main, folded = text.split("<details>")
     assert f"`{D.case_id}`" in main and "| new |" in main and "SIGSEGV" not in main and "crashed" in main
-    assert "1 case(s) only in head, healthy; 3 metric(s) the base did not record" in folded and f"`{case(page_size=32).case_id}`" in folded
+    assert (
+        "1 case(s) only in head, healthy; 3 metric(s) the base did not record" in folded
+        and f"`{case(page_size=32).case_id}`" in folded
+    )
     assert f"`{case(page_size=32).case_id}`" not in main
     failing = compare_records([rec(A, [1, 1, 1])], [rec(A, [1, 1, 1], status=Status.crashed, reason="boom")])
     assert failing[0].verdict is Verdict.now_failing and has_regression(failing)
@@ -88,12 +89,15 @@ def test_aa_noise_report_and_budgets_silence_between_run_noise():
     budgets = rep.budgets(margin=1.5)
     assert abs(budgets[key] - 0.45) < 1e-9
     assert not has_regression(compare_records(run1, run2, budgets=budgets))
-    worse = [rec(A, [40, 41, 39]), rec(B, [200, 201, 199])]                   # -60%: beyond the budget
+    worse = [rec(A, [40, 41, 39]), rec(B, [200, 201, 199])]  # -60%: beyond the budget
     assert has_regression(compare_records(run1, worse, budgets=budgets))
     # budgets from A/A pairs that never measured this class leave it at the threshold, and the note says so
     other = {"8b/bs8/output_throughput": 0.1}
-    moved = [r for r in compare_records(run1, [rec(A, [100, 101, 99]), rec(B, [150, 151, 149])], budgets=other)
-             if r.verdict is Verdict.regressed]
+    moved = [
+        r
+        for r in compare_records(run1, [rec(A, [100, 101, 99]), rec(B, [150, 151, 149])], budgets=other)
+        if r.verdict is Verdict.regressed
+    ]
     assert [r.case_id for r in moved] == [B.case_id]
     assert f"no noise budget for {noise_class(B)}/output_throughput: 5% threshold" in moved[0].note
 
@@ -102,12 +106,11 @@ def test_selection_holds_clean_probed_runs_unless_it_names_fault_or_probe(tmp_pa
     from datetime import timedelta
 
     from records import T0, prov
-
     from specwatch.store.jsonl import append_record, results_path
     from specwatch.store.select import select
 
     clean, faulty, bare = rec(A, [100, 101, 99]), rec(A, [50, 51, 49]), rec(A, [103, 104, 102])
-    overlapped = rec(A, [80, 120, 95])               # --overlap-starts: timed while other engines started
+    overlapped = rec(A, [80, 120, 95])  # --overlap-starts: timed while other engines started
     faulty.provenance = prov(fault="accept-off-by-one", started_at=T0 + timedelta(hours=1))
     bare.provenance = prov(probe=False, started_at=T0 + timedelta(hours=2))
     overlapped.provenance = prov(started_at=T0 + timedelta(hours=3))
@@ -125,8 +128,11 @@ def test_a_memory_change_is_explained_by_the_versions_own_sizing():
     base, head = rec(C, [100, 100, 100]), rec(C, [100, 100, 100])
     for r, extra, width in ((base, 12, 8204), (head, 20, 8212)):
         r.metrics["req_to_token_row_width"] = Metric(value=width, unit="tokens", exact=True)
-        r.details["sglang_sizing"] = {"req_to_token_extra_context_len": extra, "req_to_token_row_width": width,
-                                      "alloc_len_per_decode": 16}
+        r.details["sglang_sizing"] = {
+            "req_to_token_extra_context_len": extra,
+            "req_to_token_row_width": width,
+            "alloc_len_per_decode": 16,
+        }
     row = {r.metric: r for r in compare_records([base], [head])}["req_to_token_row_width"]
     assert row.verdict is Verdict.changed
     assert "req_to_token_extra_context_len 12→20" in row.note and "alloc_len_per_decode" not in row.note
@@ -144,7 +150,7 @@ def test_aa_differences_name_the_conditions_that_differ():
     again = rec(A, [100, 100, 100])
     again.details["parallel_starts"] = 8
     assert aa_differences([parallel], [again]) == []
-    again.details["overlap_starts"] = True         # timed while other engines started: no A/A
+    again.details["overlap_starts"] = True  # timed while other engines started: no A/A
     assert aa_differences([parallel], [again]) == ["overlap_starts: False vs True"]
     del again.details["overlap_starts"]
     again.details["engine_kwargs"], parallel.details["engine_kwargs"] = {"sleep_on_idle": True}, {"page_size": 64}
@@ -163,8 +169,8 @@ def test_runs_are_selected_by_id_or_by_recency(tmp_path):
     from datetime import timedelta
 
     import pytest
-    from records import T0, prov
 
+    from records import T0, prov
     from specwatch.core.errors import SpecwatchInputError
     from specwatch.store.jsonl import append_record, results_path
     from specwatch.store.select import select
@@ -173,10 +179,10 @@ def test_runs_are_selected_by_id_or_by_recency(tmp_path):
     old.provenance = prov(specwatch_commit="abc")
     first.provenance = prov(specwatch_commit="def", run_id="r1", started_at=T0 + timedelta(hours=1))
     second.provenance = prov(specwatch_commit="def", run_id="r2", started_at=T0 + timedelta(hours=2))
-    for r in (second, old, first):      # file order is not run order
+    for r in (second, old, first):  # file order is not run order
         append_record(results_path(tmp_path, "m", "0.5.17", r.suite, None, True), r)
     assert select("sglang_version=0.5.17,run=-1", tmp_path) == [second]
-    assert select("run=-2,sglang_version=0.5.17", tmp_path) == [first]     # counted after the other terms
+    assert select("run=-2,sglang_version=0.5.17", tmp_path) == [first]  # counted after the other terms
     assert select("sglang_version=0.5.17,run=-3", tmp_path) == [old]
     assert select("run=commit:abc", tmp_path) == [old] and select("run=r1", tmp_path) == [first]
     assert select("run!=r2", tmp_path) == [old, first]

@@ -1,4 +1,5 @@
 """The device helpers in scripts/ (bash), driven here with a fake run script instead of specwatch."""
+
 import os
 import shutil
 import subprocess
@@ -22,19 +23,40 @@ def test_device_bg_chains_segments_in_order_and_packs_each_named_run(tmp_path):
     env = dict(os.environ, OUT=str(out), BG_SCRIPT=str(tmp_path / "fake.sh"))
     script = str(ROOT / "scripts" / "device-bg.sh")
     try:
-        subprocess.run(["bash", script, "start", "c0ffee", "suites/a.toml", "--where", "model=tiny attn",
-                        "--then", "suites/b.toml", "--known", "results"],
-                       env=dict(env, BG_NAME=names[0]), cwd=tmp_path, check=True, capture_output=True)
-        subprocess.run(["bash", script, "start", "c0ffee", "suites/c.toml"],
-                       env=dict(env, BG_NAME=names[1]), cwd=tmp_path, check=True, capture_output=True)
-        waited = subprocess.run(["bash", script, "wait", "60", *names], env=env, cwd=tmp_path,
-                                capture_output=True, text=True)
+        subprocess.run(
+            [
+                "bash",
+                script,
+                "start",
+                "c0ffee",
+                "suites/a.toml",
+                "--where",
+                "model=tiny attn",
+                "--then",
+                "suites/b.toml",
+                "--known",
+                "results",
+            ],
+            env=dict(env, BG_NAME=names[0]),
+            cwd=tmp_path,
+            check=True,
+            capture_output=True,
+        )
+        subprocess.run(
+            ["bash", script, "start", "c0ffee", "suites/c.toml"],
+            env=dict(env, BG_NAME=names[1]),
+            cwd=tmp_path,
+            check=True,
+            capture_output=True,
+        )
+        waited = subprocess.run(
+            ["bash", script, "wait", "60", *names], env=env, cwd=tmp_path, capture_output=True, text=True
+        )
         assert waited.returncode == 0, waited.stdout + waited.stderr
         with tarfile.open(out / f"{names[0]}.tgz") as t:
             runs = t.extractfile("./runs.txt").read().decode().splitlines()
         # one run per segment, in order, the commit first and a quoted argument kept whole
-        assert runs == ["c0ffee|suites/a.toml|--where|model=tiny attn|",
-                        "c0ffee|suites/b.toml|--known|results|"]
+        assert runs == ["c0ffee|suites/a.toml|--where|model=tiny attn|", "c0ffee|suites/b.toml|--known|results|"]
         assert (out / f"{names[1]}.tgz").exists() and f"{names[1]} ended, rc 0" in waited.stdout
     finally:
         for n in names:
@@ -49,12 +71,18 @@ def test_device_bg_stop_ends_the_whole_chain_also_under_job_control(tmp_path):
     script = str(ROOT / "scripts" / "device-bg.sh")
     try:
         # `set -m` as the device's shell has it: setsid forks, so $! is not the chain's pid
-        subprocess.run(["bash", "-c", f"set -m; bash {script} start c0ffee a.toml --then b.toml"],
-                       env=env, cwd=tmp_path, check=True, capture_output=True)
+        subprocess.run(
+            ["bash", "-c", f"set -m; bash {script} start c0ffee a.toml --then b.toml"],
+            env=env,
+            cwd=tmp_path,
+            check=True,
+            capture_output=True,
+        )
         pid = int(Path(f"/tmp/{name}.pid").read_text())
-        os.kill(pid, 0)                                        # the recorded pid is the running chain
-        stopped = subprocess.run(["bash", script, "stop"], env=env, cwd=tmp_path, capture_output=True, text=True,
-                                 timeout=30)
+        os.kill(pid, 0)  # the recorded pid is the running chain
+        stopped = subprocess.run(
+            ["bash", script, "stop"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=30
+        )
         assert "stopped" in stopped.stdout
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
@@ -68,27 +96,37 @@ def test_device_run_logs_each_line_as_it_comes_and_returns_the_runs_exit_code(tm
     """A detached run's log is read while it runs (`device-bg.sh wait`): device-run.sh's filter must
     not hold lines back until the run ends (grep | cut did: block-buffered into a file)."""
     import signal
+
     site, fake, results, out = (tmp_path / n for n in ("site", "bin", "results", "out"))
     for d in (site, fake, results, out):
         d.mkdir()
-    (site / "env.sh").write_text("export PYTHONPATH=${PYTHONPATH:-}\n")      # as the kit's env.sh sets it
-    (fake / "python3").write_text("#!/usr/bin/env bash\n"
-                                  '[ "$2" = specwatch.cli ] || exit 0\n'
-                                  'echo "ok case 1"; sleep "${FAKE_SLEEP:-0}"; echo "ok case 2"; exit 3\n')
+    (site / "env.sh").write_text("export PYTHONPATH=${PYTHONPATH:-}\n")  # as the kit's env.sh sets it
+    (fake / "python3").write_text(
+        "#!/usr/bin/env bash\n"
+        '[ "$2" = specwatch.cli ] || exit 0\n'
+        'echo "ok case 1"; sleep "${FAKE_SLEEP:-0}"; echo "ok case 2"; exit 3\n'
+    )
     (fake / "python3").chmod(0o755)
-    env = dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}", SPECWATCH_SITE=str(site), OUT=str(out),
-               SPECWATCH_DEVICE_RESULTS=str(results), SUMMARY_LINES="0")
+    env = dict(
+        os.environ,
+        PATH=f"{fake}:{os.environ['PATH']}",
+        SPECWATCH_SITE=str(site),
+        OUT=str(out),
+        SPECWATCH_DEVICE_RESULTS=str(results),
+        SUMMARY_LINES="0",
+    )
     cmd = ["bash", str(ROOT / "scripts" / "device-run.sh"), "0" * 40, "suites/smoke.toml"]
     log = tmp_path / "run.log"
     with open(log, "w") as f:
-        p = subprocess.Popen(cmd, env=dict(env, FAKE_SLEEP="30"), cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
-                             start_new_session=True)
+        p = subprocess.Popen(
+            cmd, env=dict(env, FAKE_SLEEP="30"), cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, start_new_session=True
+        )
     try:
         for _ in range(100):
             if "ok case 1" in log.read_text():
                 break
             subprocess.run(["sleep", "0.1"])
-        assert "ok case 1" in log.read_text() and p.poll() is None     # seen while the run goes on
+        assert "ok case 1" in log.read_text() and p.poll() is None  # seen while the run goes on
     finally:
         os.killpg(p.pid, signal.SIGKILL)
         p.wait()

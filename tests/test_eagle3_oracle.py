@@ -44,9 +44,9 @@ class Eagle3:
 
         w = {k: v.double() for k, v in load_file(str(folder / "model.safetensors")).items()}
         t = load_file(str(target_folder / "model.safetensors"))
-        self.w, self.embed = w, t["model.embed_tokens.weight"].double()   # SGLang shares the target's
+        self.w, self.embed = w, t["model.embed_tokens.weight"].double()  # SGLang shares the target's
         self.d = eagle3_shape(shape)
-        self.hot = (w["d2t"] + torch.arange(w["d2t"].shape[0])).long()      # SGLang's hot_token_id
+        self.hot = (w["d2t"] + torch.arange(w["d2t"].shape[0])).long()  # SGLang's hot_token_id
 
     def forward(self, tokens, hidden, positions, attend=None):
         """Outputs (predicted target ids, aux hidden) for ``tokens`` at ``positions`` with incoming
@@ -56,13 +56,14 @@ class Eagle3:
         if hidden.shape[-1] != d.hidden:
             hidden = hidden @ w["fc.weight"].T
         residual = hidden
-        x = torch.cat([rms(self.embed[tokens], w[p + "input_layernorm.weight"]),
-                       rms(hidden, w[p + "hidden_norm.weight"])], -1)
+        x = torch.cat(
+            [rms(self.embed[tokens], w[p + "input_layernorm.weight"]), rms(hidden, w[p + "hidden_norm.weight"])], -1
+        )
         n = len(tokens)
         q = rope((x @ w[p + "self_attn.q_proj.weight"].T).view(n, d.heads, hd), positions, hd)
         k = rope((x @ w[p + "self_attn.k_proj.weight"].T).view(n, d.kv_heads, hd), positions, hd)
         v = (x @ w[p + "self_attn.v_proj.weight"].T).view(n, d.kv_heads, hd)
-        if attend is not None:          # a faulty read: query i sees key/value attend[i] in its own slot
+        if attend is not None:  # a faulty read: query i sees key/value attend[i] in its own slot
             k, v = k.clone(), v.clone()
             k[torch.arange(n)], v[torch.arange(n)] = k[attend].clone(), v[attend].clone()
         scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(hd)
@@ -70,9 +71,10 @@ class Eagle3:
         attn = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).reshape(n, -1)
         residual = residual + attn @ w[p + "self_attn.o_proj.weight"].T
         mid = rms(residual, w[p + "post_attention_layernorm.weight"])
-        mlp = (torch.nn.functional.silu(mid @ w[p + "mlp.gate_proj.weight"].T) * (mid @ w[p + "mlp.up_proj.weight"].T)
-               ) @ w[p + "mlp.down_proj.weight"].T
-        aux = mlp + residual                                   # norm_output false: the pre-norm sum
+        mlp = (
+            torch.nn.functional.silu(mid @ w[p + "mlp.gate_proj.weight"].T) * (mid @ w[p + "mlp.up_proj.weight"].T)
+        ) @ w[p + "mlp.down_proj.weight"].T
+        aux = mlp + residual  # norm_output false: the pre-norm sum
         logits = rms(aux, w["norm.weight"]) @ w["lm_head.weight"].T
         return self.hot[logits.argmax(-1)], aux
 
@@ -92,9 +94,9 @@ def test_draft_predicts_sigma_after_the_target_and_along_its_own_chain(draft):
     chain = oracle.chain(5, 120)
     toks = torch.tensor(chain[:100])
     pos = torch.arange(100)
-    aux = torch.randn(100, 3 * oracle.shape.hidden, dtype=torch.float64)   # whatever the target sends
+    aux = torch.randn(100, 3 * oracle.shape.hidden, dtype=torch.float64)  # whatever the target sends
     pred, out = model.forward(toks, aux, pos)
-    assert pred.tolist() == chain[1:101]                                    # draft extend over the prompt
+    assert pred.tolist() == chain[1:101]  # draft extend over the prompt
     # a draft chain: each step feeds its predicted token and its own output hidden at the next
     # position, over the KV of everything before it (recomputed here; causal, so the same values)
     toks_, hids = chain[:100], [torch.zeros(100, oracle.shape.hidden, dtype=torch.float64)]
@@ -113,7 +115,7 @@ def test_a_wrong_self_read_changes_the_draft(draft):
     toks, pos = torch.tensor(chain), torch.arange(64)
     hidden = torch.zeros(64, oracle.shape.hidden, dtype=torch.float64)
     stale = torch.arange(64)
-    stale[40] = 39                        # position 40 reads the slot of position 39
+    stale[40] = 39  # position 40 reads the slot of position 39
     pred, _ = model.forward(toks, hidden, pos, attend=stale)
     assert int(pred[40]) != chain[41] and pred[:40].tolist() == chain[1:41]
 
@@ -130,8 +132,17 @@ def test_d2t_maps_a_reversed_draft_vocabulary_and_only_perfect_is_built(draft, t
 def test_eagle3_cases_are_perfect_llama_only():
     from specwatch.core.case import Backend, Case
 
-    base = dict(algorithm=Algorithm.EAGLE3, attention_backend=Backend.triton, page_size=64, topk=1, num_steps=3,
-                num_draft_tokens=4, batch_size=1, input_len=128, output_len=64)
+    base = dict(
+        algorithm=Algorithm.EAGLE3,
+        attention_backend=Backend.triton,
+        page_size=64,
+        topk=1,
+        num_steps=3,
+        num_draft_tokens=4,
+        batch_size=1,
+        input_len=128,
+        output_len=64,
+    )
     assert skip_reason(Case(model=ModelSize.tiny, **base)) is None
     assert "perfect" in skip_reason(Case(model=ModelSize.tiny, profile=Profile.q01, **base))
     assert skip_reason(Case(model=ModelSize.tiny_mla, **base)) is not None

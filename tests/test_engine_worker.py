@@ -15,14 +15,21 @@ from specwatch.worker.measure import memory_and_leaks, run_case
 class FakeEngine:
     """Greedy oracle chain with a fixed acceptance length; optional corruption and leak."""
 
-    def __init__(self, case: Case, corrupt_every: int = 0, leaked_pages: int = 0, row_width: int = None,
-                 draft_page_scaled: bool = True, backend_mentions_dcp: bool = True):
+    def __init__(
+        self,
+        case: Case,
+        corrupt_every: int = 0,
+        leaked_pages: int = 0,
+        row_width: int = None,
+        draft_page_scaled: bool = True,
+        backend_mentions_dcp: bool = True,
+    ):
         self.case, self.corrupt_every, self.leaked_pages = case, corrupt_every, leaked_pages
         self.backend_mentions_dcp = backend_mentions_dcp  # False: an attention backend with no DCP code
         self.row_width = row_width
         self.draft_page_scaled = draft_page_scaled  # False: seed 004's draft pool paged by the server page
         self.oracle = Oracle(SHAPES[case.model], 0, Profile.perfect)
-        self.cache: list[list[int]] = []   # a radix cache, crudely: sequences whose KV exists
+        self.cache: list[list[int]] = []  # a radix cache, crudely: sequences whose KV exists
 
     def cached_tokens(self, prompt):
         best = 0
@@ -44,7 +51,9 @@ class FakeEngine:
             if self.corrupt_every:
                 chain = [t + 1 if i % self.corrupt_every == 0 else t for i, t in enumerate(chain)]
             verify = -(-(n - 1) // (self.case.num_steps + 1))
-            meta = {"spec_accept_length": n / verify, "spec_verify_ct": verify, "spec_accept_rate": 0.5} if verify else {}
+            meta = (
+                {"spec_accept_length": n / verify, "spec_verify_ct": verify, "spec_accept_rate": 0.5} if verify else {}
+            )
             meta["cached_tokens"] = self.cached_tokens(prompt)
             self.cache.append(list(prompt) + chain[:-1])
             outs.append({"output_ids": chain, "meta_info": meta})
@@ -63,20 +72,41 @@ class FakeEngine:
         # SGLang 0.5.17's layout: allocator over max_total * dcp virtual slots paged p * dcp; the target
         # pool sharded per rank (max_total slots, page p); the draft pool replicated over the virtual slots.
         draft_page = p * d if self.draft_page_scaled else p
-        facts = {"req_to_token": {"row_width": row, "bytes": 9 * row * 4, "size": 8, "free_slots": 8},
-                 "allocator": {"size": pages * p * d, "page_size": p * d, "num_pages": pages,
-                               "free_pages": pages - self.leaked_pages, "unique_free_pages": pages - self.leaked_pages},
-                 "target_kv_pool": {"size": pages * p, "page_size": p, "bytes": 1 << 30, "rows": pages * p + p},
-                 "draft_kv_pool": {"size": pages * p * d, "page_size": draft_page, "bytes": 1 << 28,
-                                   "rows": pages * p * d + draft_page},
-                 "cuda": {"max_allocated": 1 << 31}, "dcp_size": d,
-                 "target_attention_backend": {"class": "Backend", "module": "m",
-                                              "mentions_dcp": self.backend_mentions_dcp}}
+        facts = {
+            "req_to_token": {"row_width": row, "bytes": 9 * row * 4, "size": 8, "free_slots": 8},
+            "allocator": {
+                "size": pages * p * d,
+                "page_size": p * d,
+                "num_pages": pages,
+                "free_pages": pages - self.leaked_pages,
+                "unique_free_pages": pages - self.leaked_pages,
+            },
+            "target_kv_pool": {"size": pages * p, "page_size": p, "bytes": 1 << 30, "rows": pages * p + p},
+            "draft_kv_pool": {
+                "size": pages * p * d,
+                "page_size": draft_page,
+                "bytes": 1 << 28,
+                "rows": pages * p * d + draft_page,
+            },
+            "cuda": {"max_allocated": 1 << 31},
+            "dcp_size": d,
+            "target_attention_backend": {"class": "Backend", "module": "m", "mentions_dcp": self.backend_mentions_dcp},
+        }
         return {"internal_states": [{"specwatch": facts}], "version": "fake"}
 
 
-CASE = Case(model=ModelSize.tiny, algorithm=Algorithm.EAGLE, attention_backend=Backend.triton, page_size=64,
-            topk=1, num_steps=3, num_draft_tokens=4, batch_size=2, input_len=32, output_len=64)
+CASE = Case(
+    model=ModelSize.tiny,
+    algorithm=Algorithm.EAGLE,
+    attention_backend=Backend.triton,
+    page_size=64,
+    topk=1,
+    num_steps=3,
+    num_draft_tokens=4,
+    batch_size=2,
+    input_len=32,
+    output_len=64,
+)
 
 
 def test_clean_case_passes_every_check():
@@ -116,7 +146,12 @@ def test_dcp_case_shares_prompts_with_its_dcp1_twin_and_records_an_output_digest
     assert a == b != c
     # the record says which prompts the digest answers, and a lossless digest is the oracle's
     from specwatch.oracle.prompts import lossless_output_digest, timed_starts
-    assert details["prompt_starts"] == timed_starts(tp2, 2) == [prompt_starts(tp2, f"timed{r}", tp2.batch_size) for r in (0, 1)]
+
+    assert (
+        details["prompt_starts"]
+        == timed_starts(tp2, 2)
+        == [prompt_starts(tp2, f"timed{r}", tp2.batch_size) for r in (0, 1)]
+    )
     assert lossless_output_digest(tp2, tp2.input_len, details["prompt_starts"]) == a
 
 
@@ -144,11 +179,12 @@ def test_a_target_backend_without_dcp_code_is_flagged_at_any_occupancy(dcp):
     metrics, checks, details = memory_and_leaks(FakeEngine(case, backend_mentions_dcp=False), case)
     assert not checks["target_pool_covers_allocator"] and checks["draft_pool_covers_allocator"]
     # slots up to the allocator's end (size + page, paged page*dcp) against one rank's size + page
-    assert metrics["target_pool_missing_rows"]["value"] == (dcp - 1) * (metrics["kv_pool_tokens"]["value"]
-                                                                        + case.page_size)
+    assert metrics["target_pool_missing_rows"]["value"] == (dcp - 1) * (
+        metrics["kv_pool_tokens"]["value"] + case.page_size
+    )
     assert details["pool_coverage"]["target"]["scale"] == 1
     assert "virtual slots" in details["pool_coverage"]["target"]["writes"]
-    one = CASE.model_copy(update={"tp": dcp})                  # dcp 1: nothing to shard, nothing flagged
+    one = CASE.model_copy(update={"tp": dcp})  # dcp 1: nothing to shard, nothing flagged
     assert memory_and_leaks(FakeEngine(one, backend_mentions_dcp=False), one)[1]["target_pool_covers_allocator"]
 
 
@@ -160,14 +196,21 @@ def test_pool_coverage_without_a_common_slot_space_is_not_judged():
 def test_engine_kwargs_map_case_fields():
     from pathlib import Path
 
-    kw = engine_kwargs(CASE.model_copy(update={"dcp": 2, "tp": 2, "profile": Profile.random}), Path("/t"), Path("/d"), 8)
+    kw = engine_kwargs(
+        CASE.model_copy(update={"dcp": 2, "tp": 2, "profile": Profile.random}), Path("/t"), Path("/d"), 8
+    )
     assert kw["speculative_algorithm"] == "EAGLE" and kw["page_size"] == 64 and kw["dcp_size"] == 2
     assert kw["speculative_draft_load_format"] == "dummy" and kw["tp_size"] == 2
     assert "dcp_size" not in engine_kwargs(CASE, Path("/t"), Path("/d"), 8)
     # near-full prefills whole prompts (a chunked one left the 16th of 16 requests waiting on the H200)
     from specwatch.core.case import Workload
-    assert engine_kwargs(CASE.model_copy(update={"workload": Workload.near_full}), Path("/t"), Path("/d"), 16
-                         )["chunked_prefill_size"] == -1
+
+    assert (
+        engine_kwargs(CASE.model_copy(update={"workload": Workload.near_full}), Path("/t"), Path("/d"), 16)[
+            "chunked_prefill_size"
+        ]
+        == -1
+    )
     assert "chunked_prefill_size" not in engine_kwargs(CASE, Path("/t"), Path("/d"), 8)
 
 
@@ -189,7 +232,7 @@ def test_acceptance_is_checked_per_repeat_against_its_own_prompts():
 
     good = run_case(OracleEngine(case), case, repeats=3, warmup=False)
     assert good["checks"]["accept_length_matches_oracle"] and good["checks"]["lossless"]
-    assert len(set(good["metrics"]["accept_length"]["samples"])) > 1      # repeats really differ
+    assert len(set(good["metrics"]["accept_length"]["samples"])) > 1  # repeats really differ
     bad = run_case(FakeEngine(case), case, repeats=3, warmup=False)
     assert not bad["checks"]["accept_length_matches_oracle"]
 
@@ -223,7 +266,7 @@ class TimedFakeEngine(FakeEngine):
 
 
 def _timed_engine(monkeypatch, prefill_s, full_s):
-    from specwatch import engine_worker
+    from specwatch.worker import measure as engine_worker
 
     clock = FakeClock()
     monkeypatch.setattr(engine_worker, "time", clock)
@@ -256,13 +299,17 @@ def test_near_full_pool_holds_the_largest_batchs_peak_in_whole_pages():
     )
 
     assert kv_pool_tokens([CASE]) == KV_TOKENS[CASE.model]
-    nf = [CASE.model_copy(update={"workload": Workload.near_full, "batch_size": b, "input_len": 6144,
-                                  "output_len": 256}) for b in (4, 16)]
+    nf = [
+        CASE.model_copy(update={"workload": Workload.near_full, "batch_size": b, "input_len": 6144, "output_len": 256})
+        for b in (4, 16)
+    ]
     assert skip_reason(nf[0]) is None
-    reserve = 2 * max(CASE.num_steps * CASE.topk, CASE.num_draft_tokens)   # chain: alloc_reserve_per_decode
-    if CASE.page_size > 1 and CASE.topk > 1:                               # tree on paged KV: whole pages per branch
-        reserve = 2 * max(CASE.topk * CASE.page_size * -(-(CASE.page_size - 1 + CASE.num_steps) // CASE.page_size),
-                          CASE.num_draft_tokens)
+    reserve = 2 * max(CASE.num_steps * CASE.topk, CASE.num_draft_tokens)  # chain: alloc_reserve_per_decode
+    if CASE.page_size > 1 and CASE.topk > 1:  # tree on paged KV: whole pages per branch
+        reserve = 2 * max(
+            CASE.topk * CASE.page_size * -(-(CASE.page_size - 1 + CASE.num_steps) // CASE.page_size),
+            CASE.num_draft_tokens,
+        )
     per_request = -(-(6144 + 256 + reserve) // CASE.page_size) * CASE.page_size
     assert near_full_request_tokens(nf[0]) == per_request
     pool = kv_pool_tokens(nf)
@@ -288,9 +335,10 @@ def test_deepseek_at_tp2_runs_without_allreduce_fusion_and_records_its_kwargs():
     mla = CASE.model_copy(update={"model": ModelSize.tiny_mla, "tp": 2, "dcp": 2})
     kw = engine_kwargs(mla, Path("/t"), None, 8)
     assert kw["enforce_disable_flashinfer_allreduce_fusion"] is True and kw["dcp_size"] == 2
-    assert kw["sleep_on_idle"] is True             # idle engines (parallel starts) must not spin a core
-    assert "enforce_disable_flashinfer_allreduce_fusion" not in engine_kwargs(CASE.model_copy(update={"tp": 2}),
-                                                                              Path("/t"), None, 8)
+    assert kw["sleep_on_idle"] is True  # idle engines (parallel starts) must not spin a core
+    assert "enforce_disable_flashinfer_allreduce_fusion" not in engine_kwargs(
+        CASE.model_copy(update={"tp": 2}), Path("/t"), None, 8
+    )
     assert "model_path" not in recorded_kwargs(kw) and recorded_kwargs(kw)["page_size"] == CASE.page_size
 
 
@@ -299,8 +347,9 @@ def test_multi_turn_resends_each_answer_and_reads_the_prefix_cache():
     from specwatch.rules.validity import skip_reason
     from specwatch.worker.measure import run_multi_turn
 
-    case = CASE.model_copy(update={"workload": Workload.long_prompt_multi_turn, "input_len": 1024, "output_len": 256,
-                                   "page_size": 256})
+    case = CASE.model_copy(
+        update={"workload": Workload.long_prompt_multi_turn, "input_len": 1024, "output_len": 256, "page_size": 256}
+    )
     assert case.prompt_lens() == [1024, 1536, 2048]
     res = run_multi_turn(FakeEngine(case), case, repeats=2, warmup=True)
     assert res["checks"] == {"lossless": True, "accept_length_matches_oracle": True}
@@ -311,12 +360,13 @@ def test_multi_turn_resends_each_answer_and_reads_the_prefix_cache():
     bad = run_multi_turn(FakeEngine(case, corrupt_every=100), case, repeats=1, warmup=False)
     assert not bad["checks"]["lossless"] and bad["details"]["output_digest"] != res["details"]["output_digest"]
     too_long = case.model_copy(update={"input_len": 7000})
-    assert "context length" in skip_reason(too_long) and skip_reason(too_long.model_copy(
-        update={"workload": Workload.standard})) is None
+    assert (
+        "context length" in skip_reason(too_long)
+        and skip_reason(too_long.model_copy(update={"workload": Workload.standard})) is None
+    )
 
 
-@pytest.mark.parametrize("workload,probe", [("standard", True), ("standard", False),
-                                            ("long-prompt-multi-turn", True)])
+@pytest.mark.parametrize("workload,probe", [("standard", True), ("standard", False), ("long-prompt-multi-turn", True)])
 def test_worker_main_end_to_end_on_a_fake_sglang(tmp_path, monkeypatch, workload, probe):
     """The worker's main as the runner starts it (spec file in, JSON lines out), with sglang.Engine
     replaced by the fake engine: the kwargs it gets, the records it writes, bare and multi-turn."""
@@ -342,8 +392,19 @@ def test_worker_main_end_to_end_on_a_fake_sglang(tmp_path, monkeypatch, workload
     monkeypatch.setattr(worker_main, "ensure_models", lambda *a, **k: (tmp_path / "t", tmp_path / "d"))
     out = tmp_path / "out.jsonl"
     spec = tmp_path / "spec.json"
-    spec.write_text(json.dumps({"cases": [case.params()], "repeats": 2, "warmup": True, "models_dir": str(tmp_path),
-                                "fault": None, "probe": probe, "results": str(out)}))
+    spec.write_text(
+        json.dumps(
+            {
+                "cases": [case.params()],
+                "repeats": 2,
+                "warmup": True,
+                "models_dir": str(tmp_path),
+                "fault": None,
+                "probe": probe,
+                "results": str(out),
+            }
+        )
+    )
     assert worker_main.main(str(spec)) == 0
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert lines[0]["event"] == "engine_started"
@@ -351,7 +412,9 @@ def test_worker_main_end_to_end_on_a_fake_sglang(tmp_path, monkeypatch, workload
     assert rec["case_id"] == case.case_id and rec["status"] == "ok", rec.get("log_tail")
     assert rec["details"]["host_load"]["before"] >= 0 and rec["details"]["host_load"]["after"] >= 0
     assert rec["checks"]["lossless"] and rec["checks"]["accept_length_matches_oracle"]
-    assert rec["details"]["engine_kwargs"]["sleep_on_idle"] is True and "model_path" not in rec["details"]["engine_kwargs"]
+    assert (
+        rec["details"]["engine_kwargs"]["sleep_on_idle"] is True and "model_path" not in rec["details"]["engine_kwargs"]
+    )
     assert got["shutdown"] and got["model_path"] == str(tmp_path / "t")
     assert ("no_kv_leak" in rec["checks"]) == probe and rec["details"].get("bare", False) == (not probe)
     assert ("prefix_cache_hit_share" in rec["metrics"]) == (workload == "long-prompt-multi-turn")
@@ -371,9 +434,15 @@ def test_every_engine_argument_is_a_server_arg_of_the_installed_sglang():
     from sglang.srt.server_args import ServerArgs
 
     names = {f.name for f in dataclasses.fields(ServerArgs)}
-    for update in ({}, {"tp": 2, "dcp": 2}, {"model": ModelSize.tiny_mla, "tp": 2, "dcp": 2},
-                   {"algorithm": Algorithm.NGRAM}, {"algorithm": Algorithm.EAGLE3}, {"profile": Profile.random},
-                   {"workload": Workload.near_full}):
+    for update in (
+        {},
+        {"tp": 2, "dcp": 2},
+        {"model": ModelSize.tiny_mla, "tp": 2, "dcp": 2},
+        {"algorithm": Algorithm.NGRAM},
+        {"algorithm": Algorithm.EAGLE3},
+        {"profile": Profile.random},
+        {"workload": Workload.near_full},
+    ):
         case = CASE.model_copy(update=update)
         kw = engine_kwargs(case, Path("/t"), Path("/d"), 8, 4096)
         assert set(kw) <= names, (update, set(kw) - names)
@@ -403,14 +472,16 @@ def test_engine_arguments_fit_older_sglang_releases():
     )
 
     kw = engine_kwargs(CASE.model_copy(update={"dcp": 2, "tp": 2}), Path("/t"), Path("/d"), 8)
-    old = set(kw) - {"cuda_graph_max_bs_decode", "disable_prefill_cuda_graph", "dcp_size", "sleep_on_idle"} \
-        | {"cuda_graph_max_bs", "disable_piecewise_cuda_graph"}
+    old = set(kw) - {"cuda_graph_max_bs_decode", "disable_prefill_cuda_graph", "dcp_size", "sleep_on_idle"} | {
+        "cuda_graph_max_bs",
+        "disable_piecewise_cuda_graph",
+    }
     fitted, dropped = fit_server_args(kw, old)
     assert fitted["cuda_graph_max_bs"] == 8 and fitted["disable_piecewise_cuda_graph"] is True
     assert "cuda_graph_max_bs_decode" not in fitted and "disable_prefill_cuda_graph" not in fitted
     assert dropped == ["sleep_on_idle"] and fitted["dcp_size"] == 2
     current = server_arg_names()
-    if current is not None:                 # the CPU tier's SGLang 0.5.17: everything fits as is
+    if current is not None:  # the CPU tier's SGLang 0.5.17: everything fits as is
         assert fit_server_args(kw, current) == (kw, [])
 
 
@@ -422,23 +493,31 @@ def test_near_full_prompts_are_calibrated_to_the_warmups_measured_peak():
     from specwatch.core.case import Workload
     from specwatch.worker.near_full import near_full_extension
 
-    nf = CASE.model_copy(update={"workload": Workload.near_full, "batch_size": 16, "input_len": 6144,
-                                 "output_len": 256, "topk": 8, "num_draft_tokens": 16})
-    for page, slots in ((64, 135168), (256, 233472)):                    # the two measured engines
+    nf = CASE.model_copy(
+        update={
+            "workload": Workload.near_full,
+            "batch_size": 16,
+            "input_len": 6144,
+            "output_len": 256,
+            "topk": 8,
+            "num_draft_tokens": 16,
+        }
+    )
+    for page, slots in ((64, 135168), (256, 233472)):  # the two measured engines
         c = nf.model_copy(update={"page_size": page})
-        for running in (16, 15):              # all 16 held less than modelled / one was retracted
+        for running in (16, 15):  # all 16 held less than modelled / one was retracted
             occ = {"peak": 0.9375, "decode_peak": 0.9375, "decode_peak_requests": running}
             ext = near_full_extension(occ, slots, c)
             assert ext % page == 0
             per_request = 0.9375 * slots / running + ext
             peak = 16 * per_request / slots
-            assert 16 * (per_request + page) <= slots < 16 * (per_request + 2 * page)   # one spare page each
-            assert peak - 256 * 16 / slots > 0.95          # prompts + reserve alone are past 0.95
+            assert 16 * (per_request + page) <= slots < 16 * (per_request + 2 * page)  # one spare page each
+            assert peak - 256 * 16 / slots > 0.95  # prompts + reserve alone are past 0.95
         assert near_full_extension({"peak": 0.9375, "decode_peak": 0.9375, "decode_peak_requests": 15}, slots, c) < 0
     # an older probe's occupancy (no decode peak): the overall peak over the whole batch
     assert near_full_extension({"peak": 0.9375}, 135168, nf.model_copy(update={"page_size": 64})) == 448
-    assert near_full_extension({"peak": 0.0}, 10 ** 9, nf) == 8192 - 6144 - 256     # never past the model's context
-    assert near_full_extension({"peak": 1.0, "decode_peak": 1.0, "decode_peak_requests": 1}, 10 ** 5, nf) == -3072
+    assert near_full_extension({"peak": 0.0}, 10**9, nf) == 8192 - 6144 - 256  # never past the model's context
+    assert near_full_extension({"peak": 1.0, "decode_peak": 1.0, "decode_peak_requests": 1}, 10**5, nf) == -3072
     # ^ one request filled the pool: never below half the planned prompt
 
     class NearFullEngine(FakeEngine):
@@ -459,12 +538,12 @@ def test_near_full_prompts_are_calibrated_to_the_warmups_measured_peak():
     OCC = {"batches": 90, "near_full": 0, "peak": 0.9375, "decode_peak": 0.9, "decode_peak_requests": 16}
     eng = NearFullEngine(nf)
     res = run_case(eng, nf, repeats=2, warmup=True, calibrate=True)
-    ext = near_full_extension(OCC, 4096 * 64, nf)                          # the fake allocator: 4096 pages
+    ext = near_full_extension(OCC, 4096 * 64, nf)  # the fake allocator: 4096 pages
     assert ext > 0 and eng.reads == 1
-    assert eng.prompt_lens == [6144] + [6144 + ext] * 4                    # warm-up, then 2 x (prefill, timed)
+    assert eng.prompt_lens == [6144] + [6144 + ext] * 4  # warm-up, then 2 x (prefill, timed)
     assert res["details"]["near_full_calibration"]["input_len"] == 6144 + ext
     assert res["checks"]["lossless"] and res["checks"]["accept_length_matches_oracle"]
-    eng = NearFullEngine(nf)                                               # a bare run has no probe to read
+    eng = NearFullEngine(nf)  # a bare run has no probe to read
     assert run_case(eng, nf, repeats=1, warmup=True)["details"]["near_full_calibration"] is None
     assert eng.prompt_lens == [6144] * 3 and eng.reads == 0
 
@@ -476,7 +555,12 @@ def test_near_full_share_is_also_counted_over_decode_steps_only():
         def get_server_info(self):
             info = super().get_server_info()
             info["internal_states"][0]["specwatch"]["occupancy"] = {
-                "batches": 100, "near_full": 60, "peak": 0.97, "decode_batches": 64, "decode_near_full": 60}
+                "batches": 100,
+                "near_full": 60,
+                "peak": 0.97,
+                "decode_batches": 64,
+                "decode_near_full": 60,
+            }
             return info
 
     metrics, _, _ = memory_and_leaks(Eng(CASE), CASE)
@@ -493,19 +577,26 @@ def _raise_from(tmp_path, rel: str, exc: str):
     exec(compile(path.read_text(), str(path), "exec"), namespace)
     try:
         namespace["check"]()
-    except Exception as e:        # noqa: BLE001 - the caught exception is the test's subject
+    except Exception as e:  # noqa: BLE001 - the caught exception is the test's subject
         return e
     raise AssertionError("check() did not raise")
 
 
-@pytest.mark.parametrize("rel,exc,where", [
-    # 0.5.12 on the H200: the tree-page cases at topk 8, page 64/256 on triton
-    ("site/sglang/srt/server_args.py", "ValueError", "sglang/srt/server_args.py:check"),
-    ("site/sglang/srt/arg_groups/speculative_hook.py", "ValueError", "sglang/srt/arg_groups/speculative_hook.py:check"),
-    ("site/sglang/srt/server_args.py", "RuntimeError", None),        # not what argument checks raise
-    ("site/sglang/srt/model_executor/model_runner.py", "ValueError", None),   # raised while starting
-    ("site/other/server_args.py", "ValueError", None),               # not SGLang's
-])
+@pytest.mark.parametrize(
+    "rel,exc,where",
+    [
+        # 0.5.12 on the H200: the tree-page cases at topk 8, page 64/256 on triton
+        ("site/sglang/srt/server_args.py", "ValueError", "sglang/srt/server_args.py:check"),
+        (
+            "site/sglang/srt/arg_groups/speculative_hook.py",
+            "ValueError",
+            "sglang/srt/arg_groups/speculative_hook.py:check",
+        ),
+        ("site/sglang/srt/server_args.py", "RuntimeError", None),  # not what argument checks raise
+        ("site/sglang/srt/model_executor/model_runner.py", "ValueError", None),  # raised while starting
+        ("site/other/server_args.py", "ValueError", None),  # not SGLang's
+    ],
+)
 def test_only_sglangs_own_argument_checks_count_as_a_refusal(tmp_path, rel, exc, where):
     assert sglang_refusal(_raise_from(tmp_path, rel, exc)) == where
 
@@ -513,13 +604,24 @@ def test_only_sglangs_own_argument_checks_count_as_a_refusal(tmp_path, rel, exc,
 def test_prompt_starts_are_distinct_within_a_batch_and_unchanged_where_they_never_collided():
     # 2xH200: this near-full case's warm-up drew start 202 twice (two requests, one prompt in the radix
     # cache), held 0.80 of its pool, and the calibration overfilled the timed batch (3 of 4 decoded)
-    nf = Case(model=ModelSize.tiny, algorithm=Algorithm.EAGLE, attention_backend=Backend.flashinfer, page_size=64,
-              topk=4, num_steps=3,
-              num_draft_tokens=8, tp=2, batch_size=4, input_len=6144, output_len=256, workload="near-full")
+    nf = Case(
+        model=ModelSize.tiny,
+        algorithm=Algorithm.EAGLE,
+        attention_backend=Backend.flashinfer,
+        page_size=64,
+        topk=4,
+        num_steps=3,
+        num_draft_tokens=8,
+        tp=2,
+        batch_size=4,
+        input_len=6144,
+        output_len=256,
+        workload="near-full",
+    )
     assert nf.case_id == "53e14508cc2f"
     warm = prompt_starts(nf, "warmup", 4)
     assert len(set(warm)) == 4 and warm[0] == warm_first_draw(nf) == 202 and warm[2:] == [827, 501]
-    assert prompt_starts(nf, "timed0", 4) == [985, 170, 808, 978]        # no collision: as before
+    assert prompt_starts(nf, "timed0", 4) == [985, 170, 808, 978]  # no collision: as before
     # the tiny-attn oracle has 256 starts: a batch of all of them is still distinct; one more cannot be
     attn = CASE.model_copy(update={"model": ModelSize.tiny_attn, "batch_size": 256})
     assert sorted(prompt_starts(attn, "timed0", 256)) == list(range(256))
@@ -529,11 +631,13 @@ def test_prompt_starts_are_distinct_within_a_batch_and_unchanged_where_they_neve
 
 def warm_first_draw(case: Case) -> int:
     import hashlib
+
     return int.from_bytes(hashlib.sha256(f"{case.dcp_twin_id()}/warmup/0".encode()).digest()[:4], "little") % 1024
 
 
 def test_every_batch_of_a_case_starts_from_an_empty_radix_cache(monkeypatch):
     from specwatch.worker import measure as engine_worker
+
     monkeypatch.setattr(engine_worker, "FLUSH_WAIT_S", 0.05)
     flushes = []
 
@@ -543,14 +647,14 @@ def test_every_batch_of_a_case_starts_from_an_empty_radix_cache(monkeypatch):
             return True
 
     res = run_case(Counting(CASE), CASE, repeats=3, warmup=True)
-    assert len(flushes) == 6 and res["details"]["cache_flush_failures"] == 0     # prefill + timed, 3 repeats
+    assert len(flushes) == 6 and res["details"]["cache_flush_failures"] == 0  # prefill + timed, 3 repeats
 
     class Refusing(FakeEngine):
         def flush_cache(self):
             return False
 
     details = run_case(Refusing(CASE), CASE, repeats=2, warmup=True)["details"]
-    assert details["cache_flush_failures"] == 4 and details["cache_flush_refusals"] > 4      # retried first
+    assert details["cache_flush_failures"] == 4 and details["cache_flush_refusals"] > 4  # retried first
 
 
 def test_sglangs_flush_answer_is_read_by_its_success_field_and_a_refusal_retried(monkeypatch):
@@ -560,7 +664,7 @@ def test_sglangs_flush_answer_is_read_by_its_success_field_and_a_refusal_retried
     from specwatch.worker import measure as engine_worker
     from specwatch.worker.measure import flush_cache
 
-    class Busy(FakeEngine):          # not idle for its first two asks (the last batch still held)
+    class Busy(FakeEngine):  # not idle for its first two asks (the last batch still held)
         asks = 0
 
         def flush_cache(self):
@@ -577,9 +681,10 @@ def test_what_an_unflushed_radix_cache_holds_is_not_a_leak_but_a_lost_page_is(mo
     import types
 
     from specwatch.worker import measure as engine_worker
+
     monkeypatch.setattr(engine_worker, "FLUSH_WAIT_S", 0.0)
 
-    class Unflushed(FakeEngine):     # the flush refused: 3 pages sit in the radix cache, evictable
+    class Unflushed(FakeEngine):  # the flush refused: 3 pages sit in the radix cache, evictable
         def flush_cache(self):
             return types.SimpleNamespace(success=False)
 
@@ -606,7 +711,7 @@ def test_the_row_check_uses_the_model_of_the_running_sglang_release():
             return {**super().get_server_info(), "version": self.version}
 
     engine = Release(tree)
-    assert memory_and_leaks(engine, tree)[1]["req_to_token_matches_model"]          # unparsed: newest rule
+    assert memory_and_leaks(engine, tree)[1]["req_to_token_matches_model"]  # unparsed: newest rule
     engine.version = "0.5.13"
     assert not memory_and_leaks(engine, tree)[1]["req_to_token_matches_model"]
     engine.version, engine.row_width = "0.5.13", SHAPES[tree.model].max_position + 2 * 2 * 64 * 8
@@ -628,10 +733,13 @@ def test_ngram_standard_cases_are_judged_against_the_corpus_model():
     want = []
     for r in range(2):
         model.flush()
-        want.append(statistics.mean(model.decode_batch(prompt_starts(ng, f"timed{r}", 4), 1152, ng.output_len,
-                                                       ng.num_draft_tokens)))
+        want.append(
+            statistics.mean(
+                model.decode_batch(prompt_starts(ng, f"timed{r}", 4), 1152, ng.output_len, ng.num_draft_tokens)
+            )
+        )
     assert res["metrics"]["accept_length"]["expected"] == statistics.median(want)
-    assert res["checks"]["accept_length_matches_oracle"] is False        # the fake engine drafts like EAGLE
+    assert res["checks"]["accept_length_matches_oracle"] is False  # the fake engine drafts like EAGLE
     near = ng.model_copy(update={"workload": Workload.near_full})
     res = run_case(FakeEngine(near), near, repeats=1, warmup=False)
     assert res["metrics"]["accept_length"]["expected"] is None and "accept_length_matches_oracle" not in res["checks"]
@@ -656,5 +764,5 @@ def test_rendezvous_port_is_below_the_ephemeral_range_and_skips_a_taken_one():
         held.listen()
         second = rendezvous_port(seed)
     assert second != first and RENDEZVOUS_PORTS_FROM <= second < floor
-    assert rendezvous_port(seed + 1000) != rendezvous_port(seed)    # parallel workers start apart
+    assert rendezvous_port(seed + 1000) != rendezvous_port(seed)  # parallel workers start apart
     assert "nccl_port" not in recorded_kwargs({"nccl_port": first, "page_size": 1})

@@ -27,10 +27,13 @@ def test_row_widen_revert_is_caught_by_the_cpu_tier():
     before = faults.HITS["row-widen-revert"]
     with faults.applied("row-widen-revert"):
         _, _, diffs = compare(x)
-        assert faults.HITS["row-widen-revert"] > before          # the edit counts its own runs
-        assert {d.field for d in diffs} == {"req_to_token_extra_context_len", "req_to_token_row_width",
-                                          "req_to_token_bytes"}
-        res = simulate(SimConfig(64, 8, 3, 16, accept=AcceptPattern.random))   # SGLang's (patched) sizing
+        assert faults.HITS["row-widen-revert"] > before  # the edit counts its own runs
+        assert {d.field for d in diffs} == {
+            "req_to_token_extra_context_len",
+            "req_to_token_row_width",
+            "req_to_token_bytes",
+        }
+        res = simulate(SimConfig(64, 8, 3, 16, accept=AcceptPattern.random))  # SGLang's (patched) sizing
         assert res.leaked_pages > 0 and res.row_violations
     assert compare(x)[2] == [] and simulate(SimConfig(64, 8, 3, 16, accept=AcceptPattern.random)).clean
 
@@ -51,7 +54,7 @@ def test_draft_page_mismatch_changes_the_draft_pool_page():
     kcc.get_schedule = lambda: SimpleNamespace(page_size=64)
     try:
         fake.loc_space_scale = kcc.KVCacheConfigurator.loc_space_scale.fget(fake)
-        assert prop.fget(fake) == 512                     # 0.5.17: the draft pool pages like the allocator
+        assert prop.fget(fake) == 512  # 0.5.17: the draft pool pages like the allocator
         before = faults.HITS["draft-page-mismatch"]
         with faults.applied("draft-page-mismatch"):
             assert kcc.KVCacheConfigurator.pool_page_size.fget(fake) == 64

@@ -1,4 +1,5 @@
 """The hardening harness's suite-level classes (bad suite files) against the real CLI: all handled."""
+
 import importlib.util
 import sys
 
@@ -26,7 +27,9 @@ def test_bad_where_values_are_refused_by_the_cli():
 
 def test_the_judge_counts_a_lax_accept_a_traceback_and_a_wrapped_line_as_not_handled():
     assert hardening.judge(2, "", "error: s.toml: matrix[0].page_size[0]: bad\n", "s.toml") == (
-        True, "error: s.toml: matrix[0].page_size[0]: bad")
+        True,
+        "error: s.toml: matrix[0].page_size[0]: bad",
+    )
     assert not hardening.judge(0, "a table", "", "s.toml")[0]
     assert not hardening.judge(2, "", "Traceback (most recent call last):\n  x\nKeyError: 1\n", "s.toml")[0]
     assert not hardening.judge(2, "", "error: s.toml: a long line\nwrapped here\n", "s.toml")[0]

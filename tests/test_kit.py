@@ -26,10 +26,14 @@ from specwatch.kit.pins import Resolver
 from specwatch.kit.trim import without_fa3
 from specwatch.kit.wheels import Wheel
 
-TEST_HOST = HostProfile(installed={
-    "torch": "2.11.0+cu130", "nvidia-cudnn-cu13": "9.19.0.56", "filelock": None,
-    "transformers": "5.17.0",
-})
+TEST_HOST = HostProfile(
+    installed={
+        "torch": "2.11.0+cu130",
+        "nvidia-cudnn-cu13": "9.19.0.56",
+        "filelock": None,
+        "transformers": "5.17.0",
+    }
+)
 
 
 def make_wheel(folder: Path, name: str, version: str, requires=(), files=None) -> Path:
@@ -37,9 +41,17 @@ def make_wheel(folder: Path, name: str, version: str, requires=(), files=None) -
     dist = name.replace("-", "_")
     info = f"{dist}-{version}.dist-info"
     files = dict(files if files is not None else {f"{dist}/__init__.py": f"__version__ = {version!r}\n"})
-    files[f"{info}/METADATA"] = "\n".join(
-        ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}",
-         *[f"Requires-Dist: {r}" for r in requires]]) + "\n"
+    files[f"{info}/METADATA"] = (
+        "\n".join(
+            [
+                "Metadata-Version: 2.1",
+                f"Name: {name}",
+                f"Version: {version}",
+                *[f"Requires-Dist: {r}" for r in requires],
+            ]
+        )
+        + "\n"
+    )
     files[f"{info}/WHEEL"] = "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
     record = []
     for path, data in files.items():
@@ -66,20 +78,48 @@ def index(tmp_path, monkeypatch) -> Path:
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
     d = tmp_path / "index"
-    serving = ["fastapi", "datasets", "flashinfer-cubin==0.6.18", "ipython",
-               "flashinfer_python[cu13]==0.6.18", "sgl-deep-gemm==0.2.0", "transformers==5.12.1"]
-    make_wheel(d, "sglang", "0.5.20", ["torch==2.13.0", "sglang-kernel==0.4.7", *serving,
-                                       'uvloop; sys_platform == "win32"'])
+    serving = [
+        "fastapi",
+        "datasets",
+        "flashinfer-cubin==0.6.18",
+        "ipython",
+        "flashinfer_python[cu13]==0.6.18",
+        "sgl-deep-gemm==0.2.0",
+        "transformers==5.12.1",
+    ]
+    make_wheel(
+        d, "sglang", "0.5.20", ["torch==2.13.0", "sglang-kernel==0.4.7", *serving, 'uvloop; sys_platform == "win32"']
+    )
     make_wheel(d, "sglang", "0.5.17", ["torch==2.11.0", "sglang-kernel==0.4.5", *serving])
-    make_wheel(d, "torch", "2.13.0", ["filelock", "nvidia-nccl-cu13==2.29.7",
-                                      'triton==3.7.1; platform_system == "Linux"',
-                                      'nvidia-cudnn-cu13==9.19.0.56; platform_system == "Linux"'])
-    make_wheel(d, "nvidia-nccl-cu13", "2.29.7", files={
-        "nvidia/nccl/lib/libnccl.so.2": noise(150_000, 1), "nvidia/nccl/__init__.py": ""})
+    make_wheel(
+        d,
+        "torch",
+        "2.13.0",
+        [
+            "filelock",
+            "nvidia-nccl-cu13==2.29.7",
+            'triton==3.7.1; platform_system == "Linux"',
+            'nvidia-cudnn-cu13==9.19.0.56; platform_system == "Linux"',
+        ],
+    )
+    make_wheel(
+        d,
+        "nvidia-nccl-cu13",
+        "2.29.7",
+        files={"nvidia/nccl/lib/libnccl.so.2": noise(150_000, 1), "nvidia/nccl/__init__.py": ""},
+    )
     make_wheel(d, "triton", "3.7.1")
-    make_wheel(d, "sglang-kernel", "0.4.7", ["torch==2.13.0"], files={
-        "sgl_kernel/__init__.py": "", "sgl_kernel/flash_ops.abi3.so": noise(200_000, 2),
-        "sgl_kernel/common_ops.abi3.so": noise(20_000, 3)})
+    make_wheel(
+        d,
+        "sglang-kernel",
+        "0.4.7",
+        ["torch==2.13.0"],
+        files={
+            "sgl_kernel/__init__.py": "",
+            "sgl_kernel/flash_ops.abi3.so": noise(200_000, 2),
+            "sgl_kernel/common_ops.abi3.so": noise(20_000, 3),
+        },
+    )
     make_wheel(d, "sglang-kernel", "0.4.5", ["torch==2.11.0"])
     make_wheel(d, "flashinfer-python", "0.6.18", ["torch", 'nvidia-cutlass-dsl; extra == "cu13"'])
     make_wheel(d, "flashinfer-cubin", "0.6.18")
@@ -94,15 +134,21 @@ def index(tmp_path, monkeypatch) -> Path:
     make_wheel(d, "typing-extensions", "5.0.0")
     make_wheel(d, "typing-extensions", "4.16.0")
     make_wheel(d, "sgl-deep-gemm", "0.2.0", ["typing-extensions<5"])
-    make_wheel(d, "ipython", "9.18.1", files={
-        "IPython/__init__.py": "", "ipy_extra.pth": "ipy_extra\n", "ipy_extra/ipy_mod.py": "X = 1\n"})
+    make_wheel(
+        d,
+        "ipython",
+        "9.18.1",
+        files={"IPython/__init__.py": "", "ipy_extra.pth": "ipy_extra\n", "ipy_extra/ipy_mod.py": "X = 1\n"},
+    )
     make_wheel(d, "datasets", "4.0.0")
+    make_wheel(d, "dill", "0.4.1")  # not in SGLang's METADATA: carried by a release rule
     return d
 
 
 def downloader(index: Path, tmp_path: Path, host=TEST_HOST) -> PipDownloader:
-    return PipDownloader(host, cache=tmp_path / "cache", index_args=("--no-index", "--find-links", str(index)),
-                         log=lambda line: None)
+    return PipDownloader(
+        host, cache=tmp_path / "cache", index_args=("--no-index", "--find-links", str(index)), log=lambda line: None
+    )
 
 
 def resolve(index, tmp_path, version, **kw):
@@ -116,10 +162,22 @@ def pinned(resolution) -> dict[str, str]:
 def test_pins_follow_requires_dist_and_carry_torch_only_where_the_host_differs(index, tmp_path):
     r = resolve(index, tmp_path, "0.5.20")
     assert pinned(r) == {
-        "sglang": "0.5.20", "torch": "2.13.0", "nvidia-nccl-cu13": "2.29.7", "triton": "3.7.1",
-        "sglang-kernel": "0.4.7", "flashinfer-python": "0.6.18", "transformers": "5.12.1",
-        "tokenizers": "0.22.2", "fastapi": "0.165.0", "starlette": "1.10.0", "pydantic": "2.14.4",
-        "typing-extensions": "4.16.0", "sgl-deep-gemm": "0.2.0", "ipython": "9.18.1"}
+        "sglang": "0.5.20",
+        "torch": "2.13.0",
+        "nvidia-nccl-cu13": "2.29.7",
+        "triton": "3.7.1",
+        "sglang-kernel": "0.4.7",
+        "flashinfer-python": "0.6.18",
+        "transformers": "5.12.1",
+        "tokenizers": "0.22.2",
+        "fastapi": "0.165.0",
+        "starlette": "1.10.0",
+        "pydantic": "2.14.4",
+        "typing-extensions": "4.16.0",
+        "sgl-deep-gemm": "0.2.0",
+        "ipython": "9.18.1",
+        "dill": "0.4.1",
+    }
     # the host's cuDNN satisfies torch's pin; filelock is the host's; datasets is off the serving path
     assert r.host_served["nvidia-cudnn-cu13"] == "nvidia-cudnn-cu13==9.19.0.56"
     assert "filelock" in r.host_served
@@ -175,14 +233,21 @@ def test_pieces_fit_and_reassemble_byte_identical(tmp_path):
     with open(blob, "rb") as f:
         data = f.read()
     for piece in pieces:
-        joined += data[piece.offset:piece.offset + piece.length]
+        joined += data[piece.offset : piece.offset + piece.length]
     assert joined == data
 
 
 def build(index, tmp_path, version="0.5.20", **kw) -> tuple[Path, KitManifest]:
     out = tmp_path / f"kit-{version}"
-    manifest = build_kit(version, out, host=TEST_HOST, downloader=downloader(index, tmp_path),
-                         cache=tmp_path / "cache", log=lambda line: None, **kw)
+    manifest = build_kit(
+        version,
+        out,
+        host=TEST_HOST,
+        downloader=downloader(index, tmp_path),
+        cache=tmp_path / "cache",
+        log=lambda line: None,
+        **kw,
+    )
     return out, manifest
 
 
@@ -224,8 +289,12 @@ def run_install(part: Path, env: dict) -> subprocess.CompletedProcess:
 
 
 def install_env(tmp_path: Path) -> dict:
-    return {**os.environ, "SPECWATCH_SITE": str(tmp_path / "site"),
-            "SPECWATCH_KIT_STASH": str(tmp_path / "stash"), "SPECWATCH_KIT_PYTHON": sys.executable}
+    return {
+        **os.environ,
+        "SPECWATCH_SITE": str(tmp_path / "site"),
+        "SPECWATCH_KIT_STASH": str(tmp_path / "stash"),
+        "SPECWATCH_KIT_PYTHON": sys.executable,
+    }
 
 
 def copy_part(out: Path, name: str, call: Path) -> Path:
@@ -250,9 +319,16 @@ def test_install_part_by_part_then_import(index, tmp_path):
     assert f"PYTHONPATH={site}:{site / 'ipy_extra'}" in env_sh
     assert "HF_HUB_OFFLINE=1" in env_sh and "NCCL_NVLS_ENABLE=0" in env_sh
     assert str(site / "nvidia" / "nccl" / "lib") in env_sh
-    check = subprocess.run(["bash", "-c", f"source {site}/env.sh && {sys.executable} -c "
-                            "'import sglang, torch, ipy_mod; print(sglang.__version__, torch.__version__)'"],
-                           capture_output=True, text=True)
+    check = subprocess.run(
+        [
+            "bash",
+            "-c",
+            f"source {site}/env.sh && {sys.executable} -c "
+            "'import sglang, torch, ipy_mod; print(sglang.__version__, torch.__version__)'",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert check.stdout.split() == ["0.5.20", "2.13.0"], check.stderr
     again = run_install(out / names[0], env)
     assert "already installed" in again.stdout
@@ -285,13 +361,19 @@ def test_install_detects_a_corrupt_part_and_recovers_when_it_is_copied_again(ind
 def cli(*args, env=None) -> subprocess.CompletedProcess:
     src = Path(__file__).resolve().parents[1] / "src"
     full_env = {**os.environ, **(env or {}), "PYTHONPATH": str(src)}
-    return subprocess.run([sys.executable, "-m", "specwatch.kit", *args], env=full_env,
-                          capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "specwatch.kit", *args], env=full_env, capture_output=True, text=True)
 
 
 def test_unknown_version_is_one_line_and_exit_2(index, tmp_path):
-    run = cli("build", "0.5.99", "--out", str(tmp_path / "k"), "--cache", str(tmp_path / "c"),
-              env={"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(index)})
+    run = cli(
+        "build",
+        "0.5.99",
+        "--out",
+        str(tmp_path / "k"),
+        "--cache",
+        str(tmp_path / "c"),
+        env={"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(index)},
+    )
     assert run.returncode == 2
     assert run.stderr.strip().count("\n") == 0 and "Traceback" not in run.stderr
     assert "sglang==0.5.99" in run.stderr
@@ -301,9 +383,21 @@ def test_unknown_version_is_one_line_and_exit_2(index, tmp_path):
 
 def test_no_network_is_one_line_and_exit_2(tmp_path):
     # an index on a closed loopback port: pip's connection is refused
-    run = cli("build", "0.5.20", "--out", str(tmp_path / "k"), "--cache", str(tmp_path / "c"),
-              env={"PIP_CONFIG_FILE": os.devnull, "PIP_INDEX_URL": "http://127.0.0.1:9/simple",
-                   "PIP_FIND_LINKS": "", "PIP_RETRIES": "0", "PIP_TIMEOUT": "2"})
+    run = cli(
+        "build",
+        "0.5.20",
+        "--out",
+        str(tmp_path / "k"),
+        "--cache",
+        str(tmp_path / "c"),
+        env={
+            "PIP_CONFIG_FILE": os.devnull,
+            "PIP_INDEX_URL": "http://127.0.0.1:9/simple",
+            "PIP_FIND_LINKS": "",
+            "PIP_RETRIES": "0",
+            "PIP_TIMEOUT": "2",
+        },
+    )
     assert run.returncode == 2, run.stderr
     assert "cannot reach the package index" in run.stderr and "Traceback" not in run.stderr
 

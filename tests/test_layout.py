@@ -9,10 +9,16 @@ PKG = Path(__file__).resolve().parents[1] / "src" / "specwatch"
 
 FLOORS = {
     "core": 1,
-    "oracle": 2, "inject": 2,
+    "oracle": 2,
+    "inject": 2,
     "rules": 3,
-    "store": 4, "worker": 4, "suite": 4, "kit": 4,
-    "run": 5, "cpu": 5, "analysis": 5,
+    "store": 4,
+    "worker": 4,
+    "suite": 4,
+    "kit": 4,
+    "run": 5,
+    "cpu": 5,
+    "analysis": 5,
     "present": 6,
     "commands": 7,
     "cli": 8,
@@ -36,8 +42,12 @@ def imports_of(path: Path) -> set[str]:
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and node.module.startswith("specwatch"):
             for alias in node.names:
                 candidate = f"{node.module}.{alias.name}"
-                out.add(candidate if (PKG.parent / (candidate.replace(".", "/") + ".py")).exists()
-                        or (PKG.parent / candidate.replace(".", "/")).is_dir() else node.module)
+                out.add(
+                    candidate
+                    if (PKG.parent / (candidate.replace(".", "/") + ".py")).exists()
+                    or (PKG.parent / candidate.replace(".", "/")).is_dir()
+                    else node.module
+                )
         elif isinstance(node, ast.Import):
             out |= {a.name for a in node.names if a.name.startswith("specwatch")}
     return out
@@ -81,7 +91,7 @@ def test_no_import_cycle():
             if d not in g:
                 continue
             if state.get(d) == 1:
-                cycles.append(" -> ".join(stack[stack.index(d):] + [d]) if d in stack else f"{m} -> {d}")
+                cycles.append(" -> ".join(stack[stack.index(d) :] + [d]) if d in stack else f"{m} -> {d}")
             elif d not in state:
                 visit(d, stack + [d])
         state[m] = 2
@@ -94,6 +104,5 @@ def test_no_import_cycle():
 
 def test_nobody_imports_the_worker():
     """The worker is a child process (``python -m specwatch.worker``), not a library."""
-    importers = sorted(m for m, deps in graph().items()
-                       if top(m) != "worker" and any(top(d) == "worker" for d in deps))
+    importers = sorted(m for m, deps in graph().items() if top(m) != "worker" and any(top(d) == "worker" for d in deps))
     assert not importers, f"modules importing specwatch.worker: {importers}"

@@ -52,15 +52,17 @@ def test_dcp_pages_in_virtual_slots():
     assert s.allocator_page_size == 512
 
 
-GRID = list(itertools.product(
-    [None, Algorithm.EAGLE, Algorithm.EAGLE3, Algorithm.STANDALONE, Algorithm.NGRAM],
-    [1, 16, 64, 256],          # page
-    [1, 2, 4, 8],              # topk
-    [1, 3, 5],                 # steps
-    [4, 16],                   # draft tokens
-    [2048, 131072],            # context
-    [1, 2],                    # dcp
-))
+GRID = list(
+    itertools.product(
+        [None, Algorithm.EAGLE, Algorithm.EAGLE3, Algorithm.STANDALONE, Algorithm.NGRAM],
+        [1, 16, 64, 256],  # page
+        [1, 2, 4, 8],  # topk
+        [1, 3, 5],  # steps
+        [4, 16],  # draft tokens
+        [2048, 131072],  # context
+        [1, 2],  # dcp
+    )
+)
 
 
 @pytest.mark.sglang
@@ -72,26 +74,41 @@ def test_reference_agrees_with_installed_sglang_on_1000_plus_configs():
         ref, sgl, diffs = compare(x)
         assert sgl is not None
         disagreements += [(x, d) for d in diffs]
-    assert not disagreements, "\n".join(f"{x}: {d.field} specwatch={d.reference} sglang={d.sglang}"
-                                        for x, d in disagreements[:20])
+    assert not disagreements, "\n".join(
+        f"{x}: {d.field} specwatch={d.reference} sglang={d.sglang}" for x, d in disagreements[:20]
+    )
     assert set(COMPARED_FIELDS) >= {"alloc_len_per_decode", "req_to_token_row_width", "req_to_token_bytes"}
 
 
-@pytest.mark.parametrize("version,page,row", [
-    # req_to_token rows measured on the H200 (tiny, context 8192, topk 8, 3 steps, 8 draft tokens)
-    ("0.5.13", 64, 10240), ("0.5.15", 256, 16384), ("0.5.16", 64, 10303), ("0.5.17", 256, 16639),
-    (None, 64, 10303), ("0.5.17.post1", 64, 10303), ("0.5.15rc2", 64, 10240),
-])
+@pytest.mark.parametrize(
+    "version,page,row",
+    [
+        # req_to_token rows measured on the H200 (tiny, context 8192, topk 8, 3 steps, 8 draft tokens)
+        ("0.5.13", 64, 10240),
+        ("0.5.15", 256, 16384),
+        ("0.5.16", 64, 10303),
+        ("0.5.17", 256, 16639),
+        (None, 64, 10303),
+        ("0.5.17.post1", 64, 10303),
+        ("0.5.15rc2", 64, 10240),
+    ],
+)
 def test_the_row_rule_follows_the_sglang_release(version, page, row):
     x = SizingInput(Algorithm.EAGLE, page, 8, 3, 8, 8192, 8)
     assert reference_sizing(x, version).req_to_token_row_width == row
 
 
-@pytest.mark.parametrize("version,page,topk,draft,row", [
-    # smoke's flashinfer rows measured on the H200 (tiny, context 8192, 3 steps)
-    ("0.5.12", 64, 4, 8, 8204), ("0.5.12", 64, 1, 4, 8200), ("0.5.12", 1, 4, 8, 8204),
-    ("0.5.13", 64, 4, 8, 9216), ("0.5.15", 64, 4, 8, 9216),
-])
+@pytest.mark.parametrize(
+    "version,page,topk,draft,row",
+    [
+        # smoke's flashinfer rows measured on the H200 (tiny, context 8192, 3 steps)
+        ("0.5.12", 64, 4, 8, 8204),
+        ("0.5.12", 64, 1, 4, 8200),
+        ("0.5.12", 1, 4, 8, 8204),
+        ("0.5.13", 64, 4, 8, 9216),
+        ("0.5.15", 64, 4, 8, 9216),
+    ],
+)
 def test_0_5_12_rows_ignore_the_decode_reserve(version, page, topk, draft, row):
     x = SizingInput(Algorithm.EAGLE, page, topk, 3, draft, 8192, 1)
     sizing = reference_sizing(x, version)

@@ -56,27 +56,41 @@ def test_mtp_layer_predicts_sigma_of_the_next_token(checkpoint):
     succ = oracle.successor_index()
     for j in (0, 17, 500):
         e = w["model.embed_tokens.weight"][FIRST_ACTIVE + j].float()
-        hidden = torch.randn(e.shape)                                   # any target hidden state
+        hidden = torch.randn(e.shape)  # any target hidden state
         x = w[p + "eh_proj.weight"].float() @ torch.cat([rms(e), rms(hidden)])
         logits = w["lm_head.weight"].float() @ rms(x)
         assert int(logits.argmax()) == FIRST_ACTIVE + succ[j]
 
 
 def test_mla_cases_get_sglangs_rules_and_share_one_checkpoint(tmp_path):
-    base = dict(model=ModelSize.tiny_mla, algorithm=Algorithm.EAGLE, topk=1, num_steps=3, num_draft_tokens=4,
-                batch_size=1, input_len=128, output_len=64)
+    base = dict(
+        model=ModelSize.tiny_mla,
+        algorithm=Algorithm.EAGLE,
+        topk=1,
+        num_steps=3,
+        num_draft_tokens=4,
+        batch_size=1,
+        input_len=128,
+        output_len=64,
+    )
     assert skip_reason(Case(**base, attention_backend=Backend.flashmla, page_size=64)) is None
     assert "page_size of 64" in skip_reason(Case(**base, attention_backend=Backend.flashmla, page_size=1))
-    assert "MLA backend" in skip_reason(Case(**{**base, "model": ModelSize.tiny}, attention_backend=Backend.flashmla,
-                                              page_size=64))
-    assert "perfect" in skip_reason(Case(**base, attention_backend=Backend.triton, page_size=64,
-                                         profile=Profile.second_choice))
+    assert "MLA backend" in skip_reason(
+        Case(**{**base, "model": ModelSize.tiny}, attention_backend=Backend.flashmla, page_size=64)
+    )
+    assert "perfect" in skip_reason(
+        Case(**base, attention_backend=Backend.triton, page_size=64, profile=Profile.second_choice)
+    )
     # SGLang 0.5.17 raised this at engine start on 2xH200 (FlashInferMLAMultiStepDraftBackend); topk 1 ran
     tree = {**base, "topk": 4, "num_draft_tokens": 8}
-    assert skip_reason(Case(**tree, attention_backend=Backend.flashinfer, page_size=1)) == \
-        "mla-backend: Currently Flashinfer MLA only supports topk=1 for speculative decoding"
+    assert (
+        skip_reason(Case(**tree, attention_backend=Backend.flashinfer, page_size=1))
+        == "mla-backend: Currently Flashinfer MLA only supports topk=1 for speculative decoding"
+    )
     assert skip_reason(Case(**base, attention_backend=Backend.flashinfer, page_size=1)) is None
-    assert skip_reason(Case(**{**tree, "model": ModelSize.tiny}, attention_backend=Backend.flashinfer,
-                            page_size=1)) is None
+    assert (
+        skip_reason(Case(**{**tree, "model": ModelSize.tiny}, attention_backend=Backend.flashinfer, page_size=1))
+        is None
+    )
     target, draft = model_dirs(tmp_path, ModelSize.tiny_mla, Profile.perfect, Algorithm.EAGLE)
     assert draft == target

@@ -1,8 +1,8 @@
 import json
 
 import pytest
-from conftest import SUITES
 
+from conftest import SUITES
 from specwatch.analysis.noise import AAPair, BudgetFile
 from specwatch.core.errors import SpecwatchInputError
 
@@ -16,15 +16,18 @@ def test_committed_budget_file_saves_back_byte_for_byte(tmp_path):
 
 def test_single_pair_file_reads_as_one_pair_and_merges_the_larger_budget(tmp_path):
     old = tmp_path / "old.json"
-    old.write_text(json.dumps({"base": "a", "head": "b", "false_positive_rate": 1.0,
-                               "budgets": {"x/m": 0.2, "y/m": 0.9}}))
+    old.write_text(
+        json.dumps({"base": "a", "head": "b", "false_positive_rate": 1.0, "budgets": {"x/m": 0.2, "y/m": 0.9}})
+    )
     f = BudgetFile.load(old)
     assert [(p.base, p.head) for p in f.pairs] == [("a", "b")]
     merged = f.merged(AAPair(base="c", head="d", margin=1.5), {"x/m": 0.3, "z/m": 0.1})
     assert merged.budgets == {"x/m": 0.3, "y/m": 0.9, "z/m": 0.1}
     merged.save(old)
-    assert json.loads(old.read_text())["pairs"] == [{"base": "a", "head": "b", "false_positive_rate": 1.0},
-                                                    {"base": "c", "head": "d", "margin": 1.5}]
+    assert json.loads(old.read_text())["pairs"] == [
+        {"base": "a", "head": "b", "false_positive_rate": 1.0},
+        {"base": "c", "head": "d", "margin": 1.5},
+    ]
 
 
 @pytest.mark.parametrize("text", ["[]", "{", '{"budgets": {"x": "big"}}'])

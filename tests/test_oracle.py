@@ -19,9 +19,9 @@ def test_sigma_is_one_cycle():
 
 def test_expected_verifies():
     perfect = Oracle(SHAPES[ModelSize.tiny], 0, Profile.perfect)
-    assert perfect.expected_chain_verifies(FIRST_ACTIVE + 5, 256, 3) == 64   # ceil(255 / 4)
+    assert perfect.expected_chain_verifies(FIRST_ACTIVE + 5, 256, 3) == 64  # ceil(255 / 4)
     second = Oracle(SHAPES[ModelSize.tiny], 0, Profile.second_choice)
-    assert second.expected_chain_verifies(FIRST_ACTIVE + 5, 256, 3) == 255   # nothing accepted
+    assert second.expected_chain_verifies(FIRST_ACTIVE + 5, 256, 3) == 255  # nothing accepted
     q = Oracle(SHAPES[ModelSize.tiny], 0, Profile.q03)
     assert q.wrong_set().sum() == round(0.3 * 1024)
     assert 64 < q.expected_chain_verifies(FIRST_ACTIVE + 5, 256, 3) < 255
@@ -68,10 +68,10 @@ def test_eagle_draft_ranks(tiny):
 
 def test_tree_simulation_perfect_and_second_choice():
     perfect = Oracle(SHAPES[ModelSize.tiny], 0, Profile.perfect)
-    assert perfect.expected_verifies(FIRST_ACTIVE + 5, 256, 3, 8, 8) == 64          # steps + 1 per verify
+    assert perfect.expected_verifies(FIRST_ACTIVE + 5, 256, 3, 8, 8) == 64  # steps + 1 per verify
     second = Oracle(SHAPES[ModelSize.tiny], 0, Profile.second_choice)
-    assert second.expected_verifies(FIRST_ACTIVE + 5, 256, 3, 1, 4) == 255          # chain: nothing accepted
-    assert second.expected_verifies(FIRST_ACTIVE + 5, 256, 3, 8, 8) < 255           # the tree recovers
+    assert second.expected_verifies(FIRST_ACTIVE + 5, 256, 3, 1, 4) == 255  # chain: nothing accepted
+    assert second.expected_verifies(FIRST_ACTIVE + 5, 256, 3, 8, 8) < 255  # the tree recovers
 
 
 def test_tree_simulation_matches_committed_h200_measurements():
@@ -79,22 +79,33 @@ def test_tree_simulation_matches_committed_h200_measurements():
     import statistics
 
     from conftest import ROOT
-
     from specwatch.oracle.prompts import prompt_starts
     from specwatch.store.jsonl import load_records, result_files
 
-    recs = [r for r in load_records(result_files(ROOT / "results")) if r.status.value == "ok"
-            and r.provenance.fault is None and r.case.topk > 1 and r.case.algorithm is Algorithm.EAGLE and r.case.profile is not Profile.random]
+    recs = [
+        r
+        for r in load_records(result_files(ROOT / "results"))
+        if r.status.value == "ok"
+        and r.provenance.fault is None
+        and r.case.topk > 1
+        and r.case.algorithm is Algorithm.EAGLE
+        and r.case.profile is not Profile.random
+    ]
     assert any(r.case.profile is Profile.second_choice for r in recs)
     for r in recs:
         c = r.case
         o = Oracle(SHAPES[c.model], 0, c.profile)
         per_repeat = []
         for rep in range(len(r.metrics["accept_length"].samples)):
-            per_repeat.append(statistics.mean(
-                c.output_len / o.expected_verifies(o.chain(start, c.input_len + 1)[-1], c.output_len,
-                                                   c.num_steps, c.topk, c.num_draft_tokens)
-                for start in prompt_starts(c, f"timed{rep}", c.batch_size)))
+            per_repeat.append(
+                statistics.mean(
+                    c.output_len
+                    / o.expected_verifies(
+                        o.chain(start, c.input_len + 1)[-1], c.output_len, c.num_steps, c.topk, c.num_draft_tokens
+                    )
+                    for start in prompt_starts(c, f"timed{rep}", c.batch_size)
+                )
+            )
         assert per_repeat == r.metrics["accept_length"].samples, c.label()
 
 
@@ -106,15 +117,19 @@ def test_ngram_corpus_model_replays_every_standard_ngram_record_exactly():
     import statistics
 
     from conftest import ROOT
-
     from specwatch.core.case import Workload
     from specwatch.oracle.predict import NgramCorpusModel
     from specwatch.oracle.prompts import prompt_starts
     from specwatch.store.jsonl import load_records, result_files
 
-    recs = [r for r in load_records(result_files(ROOT / "results")) if r.status.value == "ok"
-            and r.case.algorithm is Algorithm.NGRAM and r.case.workload is Workload.standard
-            and "accept_length_matches_oracle" not in r.checks]          # made before the flush
+    recs = [
+        r
+        for r in load_records(result_files(ROOT / "results"))
+        if r.status.value == "ok"
+        and r.case.algorithm is Algorithm.NGRAM
+        and r.case.workload is Workload.standard
+        and "accept_length_matches_oracle" not in r.checks
+    ]  # made before the flush
     assert len(recs) >= 7 and {r.case.dcp for r in recs} == {1, 2}
     for r in recs:
         c = r.case
@@ -123,8 +138,13 @@ def test_ngram_corpus_model_replays_every_standard_ngram_record_exactly():
         replay = []
         for rep in range(len(r.metrics["accept_length"].samples)):
             model.prefill_only(prompt_starts(c, f"prefill{rep}", c.batch_size), c.input_len)
-            replay.append(statistics.mean(model.decode_batch(
-                prompt_starts(c, f"timed{rep}", c.batch_size), c.input_len, c.output_len, c.num_draft_tokens)))
+            replay.append(
+                statistics.mean(
+                    model.decode_batch(
+                        prompt_starts(c, f"timed{rep}", c.batch_size), c.input_len, c.output_len, c.num_draft_tokens
+                    )
+                )
+            )
         assert replay == pytest.approx(r.metrics["accept_length"].samples, rel=1e-9), c.label()
 
 

@@ -12,9 +12,19 @@ from specwatch.inject.overlay import COMMIT_ENV, VERSION_ENV, build, load
 
 
 def _git(repo, *args):
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True,
-                          env={**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
-                               "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}).stdout.strip()
+    return subprocess.run(
+        ["git", "-C", str(repo), *args],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={
+            **os.environ,
+            "GIT_AUTHOR_NAME": "t",
+            "GIT_AUTHOR_EMAIL": "t@t",
+            "GIT_COMMITTER_NAME": "t",
+            "GIT_COMMITTER_EMAIL": "t@t",
+        },
+    ).stdout.strip()
 
 
 @pytest.fixture
@@ -40,8 +50,12 @@ def test_overlay_exports_the_commits_python_code_only(repo, tmp_path):
     assert load(ov.root) == ov
     env = ov.env(pythonpath="/elsewhere")
     assert env[COMMIT_ENV] == fix and env[VERSION_ENV] == ov.recorded_version
-    out = subprocess.run([sys.executable, "-c", "import sglang; print(sglang.MARKER)"], capture_output=True,
-                         text=True, env={**os.environ, **env}).stdout.strip()
+    out = subprocess.run(
+        [sys.executable, "-c", "import sglang; print(sglang.MARKER)"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+    ).stdout.strip()
     assert out == "fix"
 
 

@@ -27,8 +27,9 @@ class Allocator:
 class Scheduler:
     def __init__(self):
         self.token_to_kv_pool_allocator = Allocator()
-        self.req_to_token_pool = types.SimpleNamespace(req_to_token=torch.zeros(4, 8, dtype=torch.int32), size=4,
-                                                       free_slots=[0, 1, 2, 3])
+        self.req_to_token_pool = types.SimpleNamespace(
+            req_to_token=torch.zeros(4, 8, dtype=torch.int32), size=4, free_slots=[0, 1, 2, 3]
+        )
         self.tree_cache = None
 
     def run_batch(self, batch):
@@ -45,27 +46,40 @@ def test_occupancy_is_sampled_per_batch_and_reset_on_read():
     decode = types.SimpleNamespace(forward_mode=types.SimpleNamespace(is_decode=lambda: True), reqs=[1, 2, 3])
     decode2 = types.SimpleNamespace(forward_mode=types.SimpleNamespace(is_decode=lambda: True), reqs=[1, 2])
     prefill = types.SimpleNamespace(forward_mode=types.SimpleNamespace(is_decode=lambda: False))
-    for used, batch in ((100, prefill), (960, decode), (990, prefill), (500, decode), (970, "no mode"),
-                        (700, decode2)):
+    for used, batch in ((100, prefill), (960, decode), (990, prefill), (500, decode), (970, "no mode"), (700, decode2)):
         s.token_to_kv_pool_allocator.used = used
         assert s.run_batch(batch) is batch
     facts = s.get_internal_state(None)["specwatch"]
-    assert 0 < facts["occupancy"].pop("probe_s") < 0.1          # its own cost, six samples
-    assert facts["occupancy"] == {"batches": 6, "near_full": 3, "peak": 0.99, "decode_batches": 3, "decode_near_full": 1,
-                                  "decode_peak": 0.96, "decode_peak_requests": 3, "max_decode_requests": 3,
-                                  "decode_waiting_max": 0, "retracted_requests": 0}
-    assert facts["scheduler_limits"] == {"max_running_requests": None, "chunked_prefill_size": None,
-                                         "max_prefill_tokens": None}
+    assert 0 < facts["occupancy"].pop("probe_s") < 0.1  # its own cost, six samples
+    assert facts["occupancy"] == {
+        "batches": 6,
+        "near_full": 3,
+        "peak": 0.99,
+        "decode_batches": 3,
+        "decode_near_full": 1,
+        "decode_peak": 0.96,
+        "decode_peak_requests": 3,
+        "max_decode_requests": 3,
+        "decode_waiting_max": 0,
+        "retracted_requests": 0,
+    }
+    assert facts["scheduler_limits"] == {
+        "max_running_requests": None,
+        "chunked_prefill_size": None,
+        "max_prefill_tokens": None,
+    }
     assert facts["req_to_token"]["row_width"] == 8 and facts["allocator"]["available"] == 300
-    assert s.get_internal_state(None)["specwatch"]["occupancy"] is None     # reset: a new case starts
+    assert s.get_internal_state(None)["specwatch"]["occupancy"] is None  # reset: a new case starts
 
 
 def test_the_target_attention_backend_is_named_with_whether_its_source_knows_dcp(monkeypatch, tmp_path):
     import sys
 
     probe = load_probe()
-    for name, body, knows in (("sw_backend_plain", "class Backend:\n    pass\n", False),
-                              ("sw_backend_dcp", "class Backend:\n    dcp_size = 2\n", True)):
+    for name, body, knows in (
+        ("sw_backend_plain", "class Backend:\n    pass\n", False),
+        ("sw_backend_dcp", "class Backend:\n    dcp_size = 2\n", True),
+    ):
         (tmp_path / f"{name}.py").write_text(body)
         monkeypatch.syspath_prepend(str(tmp_path))
         module = __import__(name)
@@ -74,7 +88,7 @@ def test_the_target_attention_backend_is_named_with_whether_its_source_knows_dcp
         facts = probe.scheduler_facts(s)
         assert facts["target_attention_backend"] == {"class": "Backend", "module": name, "mentions_dcp": knows}
         del sys.modules[name]
-    assert probe.scheduler_facts(Scheduler())["target_attention_backend"] is None   # no tp_worker: not judged
+    assert probe.scheduler_facts(Scheduler())["target_attention_backend"] is None  # no tp_worker: not judged
 
 
 def test_start_breakdown_reads_sglangs_own_startup_timing():
@@ -83,14 +97,23 @@ def test_start_breakdown_reads_sglangs_own_startup_timing():
     import time
 
     probe = load_probe()
-    assert probe.scheduler_facts(Scheduler())["startup"] is None          # an SGLang without either
+    assert probe.scheduler_facts(Scheduler())["startup"] is None  # an SGLang without either
     s = Scheduler()
     s.scheduler_startup_begin = probe._PROCESS_T0 + 12.5
-    s.startup_time = {"load_weight": 1.25, "kv_cache_allocation": 0.5, "scheduler_e2e": 20.0,
-                      "cuda_graph": {"decode": 3.0}}
+    s.startup_time = {
+        "load_weight": 1.25,
+        "kv_cache_allocation": 0.5,
+        "scheduler_e2e": 20.0,
+        "cuda_graph": {"decode": 3.0},
+    }
     facts = probe.scheduler_facts(s)["startup"]
-    assert facts == {"load_weight": 1.25, "kv_cache_allocation": 0.5, "scheduler_e2e": 20.0,
-                     "cuda_graph": {"decode": 3.0}, "process_to_scheduler_init": 12.5}
+    assert facts == {
+        "load_weight": 1.25,
+        "kv_cache_allocation": 0.5,
+        "scheduler_e2e": 20.0,
+        "cuda_graph": {"decode": 3.0},
+        "process_to_scheduler_init": 12.5,
+    }
     assert probe._PROCESS_T0 <= time.perf_counter()
 
 
@@ -99,7 +122,7 @@ def test_requests_retracted_from_decode_are_counted_until_the_next_read():
     first; the probe counts them into the case's occupancy and starts again from 0."""
     probe = load_probe()
 
-    class Sched(Scheduler):           # unpatched methods of its own (another test patched Scheduler's)
+    class Sched(Scheduler):  # unpatched methods of its own (another test patched Scheduler's)
         def run_batch(self, batch):
             return batch
 
@@ -152,7 +175,7 @@ def test_a_fault_runs_edited_code_is_counted_per_case(monkeypatch):
 
     probe._patch_scheduler(types.SimpleNamespace(Scheduler=Sched))
     s = Sched()
-    assert "fault_code_runs" not in s.get_internal_state(None)["specwatch"]      # a clean run
+    assert "fault_code_runs" not in s.get_internal_state(None)["specwatch"]  # a clean run
     monkeypatch.setenv("SPECWATCH_FAULT", "accept-off-by-one")
     monkeypatch.setattr(faults, "HITS", faults.Counter())
     faults.hit("accept-off-by-one"), faults.hit("accept-off-by-one")
@@ -160,4 +183,4 @@ def test_a_fault_runs_edited_code_is_counted_per_case(monkeypatch):
     faults.hit("accept-off-by-one")
     assert s.get_internal_state(None)["specwatch"]["fault_code_runs"] == 3
     monkeypatch.setenv("SPECWATCH_FAULT", "unaligned-watermark")
-    assert s.get_internal_state(None)["specwatch"]["fault_code_runs"] == 0     # never ran
+    assert s.get_internal_state(None)["specwatch"]["fault_code_runs"] == 0  # never ran

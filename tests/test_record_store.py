@@ -2,8 +2,8 @@ import json
 import warnings
 
 import pytest
-from records import case, record
 
+from records import case, record
 from specwatch.core.errors import NewerSchemaError, SpecwatchInputError
 from specwatch.core.record import SCHEMA_VERSION, CaseRecord, Status, parse_record
 from specwatch.store.frame import records_frame
@@ -50,13 +50,13 @@ def test_durable_append_and_torn_line(tmp_path):
     path = results_path(tmp_path, "m", "0.5.17", "smoke")
     a, b = record(case(topk=1, num_draft_tokens=4)), record(case(topk=8, num_draft_tokens=16), tps=50.0)
     append_record(path, a)
-    with open(path, "ab") as f:           # a writer killed mid-record
+    with open(path, "ab") as f:  # a writer killed mid-record
         f.write(b.model_dump_json().encode()[:40])
     with pytest.warns(TornLineWarning, match=r"smoke.jsonl:2"):
         assert [r.case_id for r in read_records(path)] == [a.case_id]
-    append_record(path, b)                # the next append must not merge with the torn bytes
+    append_record(path, b)  # the next append must not merge with the torn bytes
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", InvalidRecordWarning)   # the sealed torn line, now mid-file
+        warnings.simplefilter("ignore", InvalidRecordWarning)  # the sealed torn line, now mid-file
         assert [r.case_id for r in read_records(path)] == [a.case_id, b.case_id]
     assert path.read_bytes().count(b"\n") == 3
 
@@ -84,13 +84,12 @@ def test_latest_rows_keep_the_newest_record_whole():
     from datetime import timedelta
 
     from records import T0
-
     from specwatch.store.frame import latest_rows
 
     c = case()
     df = records_frame([record(c), record(c, status=Status.crashed, reason="boom", started_at=T0 + timedelta(hours=1))])
     (row,) = latest_rows(df, ["sglang_version", "case_id"]).to_dict("records")
-    assert row["status"] == "crashed" and row["output_throughput"] != row["output_throughput"]   # NaN
+    assert row["status"] == "crashed" and row["output_throughput"] != row["output_throughput"]  # NaN
 
 
 def test_import_places_records_and_skips_repeats(tmp_path):
@@ -113,17 +112,21 @@ def test_import_keeps_fault_runs_apart_from_clean_runs(tmp_path):
     base = results_path(tmp_path / "results", "m", clean.provenance.sglang_version, "smoke")
     assert [r.provenance.fault for r in read_records(base)] == [None]
     assert [r.provenance.fault for r in read_records(base.with_name("smoke+fault-unaligned-watermark.jsonl"))] == [
-        "unaligned-watermark"]
+        "unaligned-watermark"
+    ]
 
 
 def test_a_lost_rendezvous_port_is_host_interference_and_runs_again(tmp_path):
     from specwatch.rules.crashlog import host_interference
     from specwatch.store.jsonl import recorded_case_ids
 
-    lost = record(status=Status.crashed, reason="worker exited with code -9 before finishing this case: "
-                      "torch.distributed.DistNetworkError: The server socket has failed to listen on any local "
-                      "network address. port: 45377, useIpv6: false, code: -98, name: EADDRINUSE, message: "
-                      "address already in use")
+    lost = record(
+        status=Status.crashed,
+        reason="worker exited with code -9 before finishing this case: "
+        "torch.distributed.DistNetworkError: The server socket has failed to listen on any local "
+        "network address. port: 45377, useIpv6: false, code: -98, name: EADDRINUSE, message: "
+        "address already in use",
+    )
     assert "rendezvous" in host_interference(lost)
     path = results_path(tmp_path, "m", "0.5.17", "dcp")
     append_record(path, lost)
@@ -132,14 +135,19 @@ def test_a_lost_rendezvous_port_is_host_interference_and_runs_again(tmp_path):
 
 def test_a_cause_recorded_as_a_cpp_frame_is_read_again_from_the_log_tail():
     frame = "frame #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x9d (0x7f in libc10.so)"
-    log = ("  File \"eagle.py\", line 47, in fill_bonus_tokens_func\n"
-           "RuntimeError: Triton Error [CUDA]: an illegal memory access was encountered\n"
-           "[rank0]: terminate called after throwing an instance of 'c10::Error'\n" + frame + "\n")
+    log = (
+        '  File "eagle.py", line 47, in fill_bonus_tokens_func\n'
+        "RuntimeError: Triton Error [CUDA]: an illegal memory access was encountered\n"
+        "[rank0]: terminate called after throwing an instance of 'c10::Error'\n" + frame + "\n"
+    )
     died = "worker exited with code -9 before finishing this case: "
     r = record(status=Status.crashed, reason=died + frame)
     r.log_tail = log
-    assert records_frame([r]).reason.item() == died + "RuntimeError: Triton Error [CUDA]: an illegal memory access was encountered"
-    assert r.reason == died + frame                                     # the record keeps its words
+    assert (
+        records_frame([r]).reason.item()
+        == died + "RuntimeError: Triton Error [CUDA]: an illegal memory access was encountered"
+    )
+    assert r.reason == died + frame  # the record keeps its words
     r2 = record(status=Status.crashed, reason=died + "ValueError: boom")
     r2.log_tail = log
-    assert records_frame([r2]).reason.item() == died + "ValueError: boom"   # a Python cause stands
+    assert records_frame([r2]).reason.item() == died + "ValueError: boom"  # a Python cause stands

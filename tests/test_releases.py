@@ -40,6 +40,7 @@ CACHE = Path(os.environ.get("SPECWATCH_SGLANG_SRC", ROOT / ".cache" / "sglang-sr
 
 # ---------------------------------------------------------------- the subprocess (one release)
 
+
 def _stub_sglang_package(root: str) -> None:
     """``sglang`` as a bare package rooted at the unpacked release: submodules import from there,
     the package ``__init__`` (engine, serving stack) never runs."""
@@ -88,7 +89,7 @@ def _occurrences(source: str, match: str) -> int:
     """How often ``match``'s lines occur in ``source`` compared stripped (the source patcher's rule)."""
     src = [line.strip() for line in source.splitlines()]
     m = [line.strip() for line in match.strip().splitlines()]
-    return sum(src[i:i + len(m)] == m for i in range(len(src) - len(m) + 1))
+    return sum(src[i : i + len(m)] == m for i in range(len(src) - len(m) + 1))
 
 
 class NeedsServingStack(Exception):
@@ -120,8 +121,11 @@ def _static_source(root: str, dotted: str, missing: str) -> str:
     text = path.read_text()
     node: ast.AST = ast.parse(text)
     for name in parts[i:]:
-        node = next(n for n in ast.iter_child_nodes(node)
-                    if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == name)
+        node = next(
+            n
+            for n in ast.iter_child_nodes(node)
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == name
+        )
     raise NeedsServingStack(missing, ast.get_source_segment(text, node))
 
 
@@ -150,8 +154,7 @@ def check_release(root: str, version: str, specwatch_args: list[str]) -> list[st
         if ok is not True:
             failures.append(f"{what}: {ok}")
 
-    for cls in (_sizing_checks, _pool_checks, _watermark_checks, _server_arg_checks, _probe_checks,
-                _fault_checks):
+    for cls in (_sizing_checks, _pool_checks, _watermark_checks, _server_arg_checks, _probe_checks, _fault_checks):
         for what, fn in cls(a, srt, root, specwatch_args):
             check(what, fn)
     return failures
@@ -170,6 +173,7 @@ def _absent(module: str, name: str):
         except ModuleNotFoundError:
             return True
         return True if not hasattr(mod, name) else f"{module}.{name} exists"
+
     return fn
 
 
@@ -177,11 +181,13 @@ def _sizing_checks(a, srt, root, _args):
     from specwatch.rules.releases import SizingArgs  # noqa: PLC0415 (one release per process)
 
     takes_args = a.sizing_args is SizingArgs.server_args
-    want = (lambda p: (len(p) >= 1) == takes_args or f"parameters {p} for {a.sizing_args.value}")
+    want = lambda p: (len(p) >= 1) == takes_args or f"parameters {p} for {a.sizing_args.value}"
     yield "alloc_len_fn", lambda: want(_params(a.alloc_len_fn))
-    for field, name in (("alloc_reserve_fn", "get_alloc_reserve_per_decode"),
-                        ("extra_context_len_fn", "get_req_to_token_extra_context_len"),
-                        ("alloc_page_size_fn", "get_alloc_page_size")):
+    for field, name in (
+        ("alloc_reserve_fn", "get_alloc_reserve_per_decode"),
+        ("extra_context_len_fn", "get_req_to_token_extra_context_len"),
+        ("alloc_page_size_fn", "get_alloc_page_size"),
+    ):
         dotted = getattr(a, field)
         if dotted is None:
             yield f"{field} is None", _absent(a.sizing_module, name)
@@ -200,22 +206,37 @@ def _sizing_checks(a, srt, root, _args):
 
 
 def _pool_checks(a, srt, _root, _args):
-    yield "req_to_token_pool_class", lambda: _params(a.req_to_token_pool_class + ".__init__")[1:] == [
-        "size", "max_context_len", "device", "enable_memory_saver"] or "other constructor parameters"
-    yield "paged_allocator_module", lambda: all(
-        hasattr(_resolve(a.paged_allocator_module), n) for n in ("PagedTokenToKVPoolAllocator", "alloc_extend_naive"))
+    yield (
+        "req_to_token_pool_class",
+        lambda: (
+            _params(a.req_to_token_pool_class + ".__init__")[1:]
+            == ["size", "max_context_len", "device", "enable_memory_saver"]
+            or "other constructor parameters"
+        ),
+    )
+    yield (
+        "paged_allocator_module",
+        lambda: all(
+            hasattr(_resolve(a.paged_allocator_module), n)
+            for n in ("PagedTokenToKVPoolAllocator", "alloc_extend_naive")
+        ),
+    )
     yield "token_allocator_class", lambda: isinstance(_resolve(a.token_allocator_class), type)
     yield "num_new_pages_fn", lambda: "page_size" in _params(a.num_new_pages_fn)
     if a.kv_cache_configurator_class is None:
-        yield "kv_cache_configurator_class is None", lambda: not (srt / "mem_cache" / "kv_cache_configurator.py").exists() \
-            or "kv_cache_configurator.py exists"
+        yield (
+            "kv_cache_configurator_class is None",
+            lambda: not (srt / "mem_cache" / "kv_cache_configurator.py").exists() or "kv_cache_configurator.py exists",
+        )
     else:
+
         def page_property():
             cls = _resolve(a.kv_cache_configurator_class)
             is_prop = isinstance(cls.__dict__.get("pool_page_size"), property)
             if is_prop != a.draft_pool_page_size_property:
                 return f"pool_page_size property: {is_prop}"
             return not is_prop or hasattr(_resolve(cls.__module__), "get_schedule") or "no get_schedule"
+
         yield "draft_pool_page_size_property", page_property
 
 
@@ -228,11 +249,16 @@ def _watermark_checks(a, _srt, _root, _args):
         if a.watermark is WatermarkSite.inline_unaligned:
             return (not rounds and "nxt = max(cur, r.kv_committed_len + double_alloc)" in src) or "not unaligned"
         return rounds or "no round-up to a page"
+
     yield "watermark", shape
     for caller in a.watermark_callers:
         name = a.watermark_function.rsplit(".", 1)[-1]
-        yield f"watermark caller {caller}", lambda c=caller, n=name: (
-            c == a.watermark_function or f"{n}(" in _function_source(c) or f"does not call {n}")
+        yield (
+            f"watermark caller {caller}",
+            lambda c=caller, n=name: (
+                c == a.watermark_function or f"{n}(" in _function_source(c) or f"does not call {n}"
+            ),
+        )
 
 
 def _server_arg_checks(a, srt, root, specwatch_args):
@@ -264,6 +290,7 @@ def _server_arg_checks(a, srt, root, specwatch_args):
             if not ok:
                 wrong.append(arg)
         return not wrong or f"not as the adapter says: {wrong}"
+
     yield "server args", args
     for f in a.arg_validation_files:
         yield f"arg_validation_files {f}", lambda f=f: (Path(root) / "sglang" / f).exists() or "missing"
@@ -276,6 +303,7 @@ def _server_arg_checks(a, srt, root, specwatch_args):
         tree = ast.parse((srt / path).read_text())
         fn = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == func)
         return "_PAGE_TREE_SPEC_BACKENDS" in ast.unparse(fn) or f"not in {func}"
+
     yield "page_tree_spec_backends_site", tree_backends
 
 
@@ -289,8 +317,16 @@ def _probe_checks(a, srt, _root, _args):
     managers = "\n".join(p.read_text() for p in (srt / "managers").rglob("*.py"))
     checker = srt / "managers" / "scheduler_components" / "invariant_checker.py"
     on_checker = checker.exists() and "count_memory_leak_warnings" in checker.read_text()
-    yield "leak_counters_on", lambda: (a.leak_counters_on == ("invariant_checker" if on_checker else "scheduler")
-                                       and "count_memory_leak_warnings" in managers) or "elsewhere"
+    yield (
+        "leak_counters_on",
+        lambda: (
+            (
+                a.leak_counters_on == ("invariant_checker" if on_checker else "scheduler")
+                and "count_memory_leak_warnings" in managers
+            )
+            or "elsewhere"
+        ),
+    )
     has_startup = "self.startup_time" in managers and "scheduler_startup_begin" in managers
     yield "scheduler_startup_time", lambda: has_startup == a.scheduler_startup_time or f"found: {has_startup}"
 
@@ -307,19 +343,28 @@ def _fault_checks(a, _srt, root, _args):
     from specwatch.inject.faults import FAULTS, _hit
 
     edits = {n for n, f in FAULTS.items() if f.yaml is not None}
-    yield "faults cover the source-patcher faults", lambda: (
-        set(a.faults) | set(a.faults_absent) == edits and not set(a.faults) & set(a.faults_absent)
-        or f"faults {sorted(a.faults)}, absent {sorted(a.faults_absent)}")
+    yield (
+        "faults cover the source-patcher faults",
+        lambda: (
+            set(a.faults) | set(a.faults_absent) == edits
+            and not set(a.faults) & set(a.faults_absent)
+            or f"faults {sorted(a.faults)}, absent {sorted(a.faults_absent)}"
+        ),
+    )
     for name, site in a.faults.items():
         yield f"fault {name}: target in module", lambda s=site: s.target.startswith(s.module + ".") or "no"
+
         def matches(s=site):
             try:
                 src = _function_source(s.target, root)
             except NeedsServingStack as e:
-                NOTES.append(f"{s.target}: module needs {e.args[0]} (not installed): match text checked "
-                             f"in its file, the source patcher not run")
+                NOTES.append(
+                    f"{s.target}: module needs {e.args[0]} (not installed): match text checked "
+                    f"in its file, the source patcher not run"
+                )
                 src = e.args[1]
             return _occurrences(src, s.match) == 1 or "not exactly once"
+
         yield f"fault {name}: match text", matches
 
         def applies(s=site, n=name):
@@ -328,7 +373,7 @@ def _fault_checks(a, _srt, root, _args):
             except ModuleNotFoundError as e:
                 if (e.name or "").startswith("sglang"):
                     raise
-                return True     # noted by the match-text check
+                return True  # noted by the match-text check
             from sglang.srt.debug_utils.source_patcher import apply_patches_from_config
 
             edit = {"match": s.match + "\n", "replacement": s.replacement.format(hit=_hit(n)) + "\n"}
@@ -336,6 +381,7 @@ def _fault_checks(a, _srt, root, _args):
             for st in reversed(states):
                 st.restore()
             return True
+
         yield f"fault {name}: the release's source patcher applies it", applies
 
 
@@ -348,16 +394,22 @@ def main(argv: list[str]) -> None:
 # ---------------------------------------------------------------- the tests
 
 
-
 def specwatch_engine_args() -> list[str]:
     """Every engine argument ``worker.engine_args.engine_kwargs`` can pass, read from its source
     (the ``dict(...)`` keywords and ``kw["..."]`` keys), plus the older names it renames to."""
     tree = ast.parse((SRC / "specwatch" / "worker" / "engine_args.py").read_text())
     fn = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "engine_kwargs")
-    names = {k.arg for n in ast.walk(fn) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "dict"
-             for k in n.keywords}
-    names |= {n.slice.value for n in ast.walk(fn) if isinstance(n, ast.Subscript)
-              and isinstance(n.slice, ast.Constant) and getattr(n.value, "id", "") == "kw"}
+    names = {
+        k.arg
+        for n in ast.walk(fn)
+        if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "dict"
+        for k in n.keywords
+    }
+    names |= {
+        n.slice.value
+        for n in ast.walk(fn)
+        if isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Constant) and getattr(n.value, "id", "") == "kw"
+    }
     return sorted(names | {"nccl_port"})
 
 
@@ -377,12 +429,15 @@ def test_ranges_are_ordered_contiguous_and_disjoint():
     vs = releases()
     assert vs == [f"0.5.{x}" for x in range(12, 24)]
     assert len(vs) == len(set(vs))
-    assert [adapter_for(v) for v in vs] == [a for a in ADAPTERS for _ in
-                                             range(int(a.first.split(".")[-1]), int(a.last.split(".")[-1]) + 1)]
+    assert [adapter_for(v) for v in vs] == [
+        a for a in ADAPTERS for _ in range(int(a.first.split(".")[-1]), int(a.last.split(".")[-1]) + 1)
+    ]
 
 
-@pytest.mark.parametrize("version,release", [("0.5.17.post1", "0.5.17"), ("0.5.19rc2", "0.5.19"),
-                                             ("0.5.17+g0123456789ab", "0.5.17"), ("0.5.23", "0.5.23")])
+@pytest.mark.parametrize(
+    "version,release",
+    [("0.5.17.post1", "0.5.17"), ("0.5.19rc2", "0.5.19"), ("0.5.17+g0123456789ab", "0.5.17"), ("0.5.23", "0.5.23")],
+)
 def test_suffixed_versions_read_as_their_release(version, release):
     assert adapter_for(version) is adapter_for(release)
 
@@ -434,14 +489,23 @@ def _cached(version: str) -> Path | None:
 def test_adapter_matches_the_release_source(version):
     root = _cached(version)
     if root is None and os.environ.get("SPECWATCH_REQUIRE_SGLANG_SRC") == "1":
-        pytest.fail(f"SPECWATCH_REQUIRE_SGLANG_SRC=1 but {CACHE / version} is not unpacked "
-                    f"(scripts/fetch_sglang_sources.sh)")
+        pytest.fail(
+            f"SPECWATCH_REQUIRE_SGLANG_SRC=1 but {CACHE / version} is not unpacked (scripts/fetch_sglang_sources.sh)"
+        )
     if root is None:
-        pytest.skip(f"no unpacked SGLang {version} in {CACHE}: run scripts/fetch_sglang_sources.sh "
-                    f"(downloads the wheels, needs network)")
+        pytest.skip(
+            f"no unpacked SGLang {version} in {CACHE}: run scripts/fetch_sglang_sources.sh "
+            f"(downloads the wheels, needs network)"
+        )
     env = {**os.environ, "PYTHONPATH": str(SRC), "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.run([sys.executable, __file__, str(root), version, json.dumps(specwatch_engine_args())],
-                          capture_output=True, text=True, env=env, timeout=900, cwd=str(root))
+    proc = subprocess.run(
+        [sys.executable, __file__, str(root), version, json.dumps(specwatch_engine_args())],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+        cwd=str(root),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     for note in out["notes"]:

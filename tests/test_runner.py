@@ -1,7 +1,6 @@
 import os
 
 from conftest import SUITES
-
 from specwatch.core.record import Status
 from specwatch.run.runner import RunOptions, Shard, engine_groups, run_suite
 from specwatch.store.jsonl import read_records
@@ -38,7 +37,7 @@ def _run(tmp_path, suite, **kw):
 def test_engine_groups_share_an_engine_across_batch_sizes():
     plan = load_suite(SUITES / "tree-page.toml").plan()
     groups = engine_groups(p.case for p in plan)
-    assert len(groups) == len(plan) // 2           # batch sizes 1 and 8 share one engine
+    assert len(groups) == len(plan) // 2  # batch sizes 1 and 8 share one engine
     assert all({c.batch_size for c in g} == {1, 8} for g in groups)
 
 
@@ -63,7 +62,7 @@ def test_crash_at_engine_start_fails_the_group_once(tmp_path):
     recs = list(read_records(out))
     assert len(recs) == 4 and all(r.status is Status.crashed for r in recs)
     assert recs[0].reason.startswith("engine start: worker exited with code -3")
-    assert starts == 2                            # one start per group, not one per case
+    assert starts == 2  # one start per group, not one per case
 
 
 def test_resume_reruns_only_unfinished(tmp_path):
@@ -73,37 +72,48 @@ def test_resume_reruns_only_unfinished(tmp_path):
     out2, starts = _run(tmp_path, suite, resume=True)
     assert out2 == out
     recs = list(read_records(out))
-    assert len(recs) == 12                        # the 4 crashed cases ran (and crashed) again
-    assert starts == 2 * 2                        # chain groups were not restarted
+    assert len(recs) == 12  # the 4 crashed cases ran (and crashed) again
+    assert starts == 2 * 2  # chain groups were not restarted
 
 
 def test_known_results_leave_their_cases_out_whatever_their_status(tmp_path):
     suite = _suite(tmp_path, topks="[1, 4]")
-    first, _ = _run(tmp_path, suite)                       # 4 ok, 4 crashed, in tmp_path/results
+    first, _ = _run(tmp_path, suite)  # 4 ok, 4 crashed, in tmp_path/results
     (tmp_path / "starts").unlink()
     starts = tmp_path / "starts"
     env = {"PYTHONPATH": HERE + os.pathsep + os.environ.get("PYTHONPATH", ""), "FAKE_WORKER_STARTS": str(starts)}
-    again = run_suite(suite, tmp_path / "device", RunOptions(gpus=1, worker_module="fake_worker", extra_env=env,
-                                                             known_root=tmp_path / "results"))
-    assert not starts.exists() and not again.exists()      # nothing started, nothing recorded
-    more = _suite(tmp_path, topks="[1, 2, 4]")             # a new topk: only its cases run
-    again = run_suite(more, tmp_path / "device", RunOptions(gpus=1, worker_module="fake_worker", extra_env=env,
-                                                            known_root=tmp_path / "results"))
+    again = run_suite(
+        suite,
+        tmp_path / "device",
+        RunOptions(gpus=1, worker_module="fake_worker", extra_env=env, known_root=tmp_path / "results"),
+    )
+    assert not starts.exists() and not again.exists()  # nothing started, nothing recorded
+    more = _suite(tmp_path, topks="[1, 2, 4]")  # a new topk: only its cases run
+    again = run_suite(
+        more,
+        tmp_path / "device",
+        RunOptions(gpus=1, worker_module="fake_worker", extra_env=env, known_root=tmp_path / "results"),
+    )
     assert {r.case.topk for r in read_records(again)} == {2}
 
 
 def test_timeout_is_recorded_and_finished_cases_land_while_the_worker_runs(tmp_path):
     import time
 
-    suite = _suite(tmp_path, topks="[8]", timeout_s=900)   # --group-timeout 10 overrides the suite's 900 s
+    suite = _suite(tmp_path, topks="[8]", timeout_s=900)  # --group-timeout 10 overrides the suite's 900 s
     arrivals = {}
     t0 = time.monotonic()
-    out, _ = _run(tmp_path, suite, max_groups=1, group_timeout_s=10,
-                  progress=lambda r: arrivals.setdefault((r.case.batch_size, r.status), time.monotonic() - t0))
+    out, _ = _run(
+        tmp_path,
+        suite,
+        max_groups=1,
+        group_timeout_s=10,
+        progress=lambda r: arrivals.setdefault((r.case.batch_size, r.status), time.monotonic() - t0),
+    )
     recs = {r.case.batch_size: r for r in read_records(out)}
     assert recs[1].status is Status.ok
     assert recs[8].status is Status.timeout and "past 10 s" in recs[8].reason
-    assert arrivals[(1, Status.ok)] < 8          # recorded before the hung case was killed at 10 s
+    assert arrivals[(1, Status.ok)] < 8  # recorded before the hung case was killed at 10 s
     assert arrivals[(8, Status.timeout)] >= 10
 
 
@@ -113,7 +123,8 @@ def test_a_device_side_assertion_is_named_as_the_cause(tmp_path):
     crashed = [r for r in read_records(out) if r.status is Status.crashed]
     assert crashed and crashed[0].reason.startswith(
         "worker exited with code -9 before finishing this case: device-side assertion in kvcache.cuh:209 "
-        "store_kvcache: `index >= 0 && index < size_limit` failed (3 lines of it in the log)")
+        "store_kvcache: `index >= 0 && index < size_limit` failed (3 lines of it in the log)"
+    )
     assert "surfaced as: RuntimeError: CUDA error: CUBLAS_STATUS_EXECUTION_FAILED" in crashed[0].reason
     # the engine's pool checks, read at its start, stay on the crash record (a crash keeps the why)
     assert crashed[0].checks == {"target_pool_covers_allocator": False}
@@ -137,13 +148,13 @@ def test_a_run_stopped_by_sigterm_still_leaves_its_summary(tmp_path):
 
     from specwatch.store.jsonl import RUNS_FILE, read_runs
 
-    _suite(tmp_path, topks="[8]", timeout_s=900)   # batch 1 finishes, batch 8 hangs
+    _suite(tmp_path, topks="[8]", timeout_s=900)  # batch 1 finishes, batch 8 hangs
     script = f"""
 import os, sys
 sys.path.insert(0, {HERE!r})
 from specwatch.run.runner import RunOptions, run_suite
 from specwatch.suite import load_suite
-run_suite(load_suite({str(tmp_path / 's.toml')!r}), {str(tmp_path / 'results')!r}, RunOptions(gpus=1,
+run_suite(load_suite({str(tmp_path / "s.toml")!r}), {str(tmp_path / "results")!r}, RunOptions(gpus=1,
           worker_module="fake_worker", max_groups=1,
           extra_env={{"PYTHONPATH": {HERE!r} + os.pathsep + os.environ.get("PYTHONPATH", "")}}))
 """
@@ -169,7 +180,7 @@ def test_a_sigterm_while_a_record_is_written_still_counts_it_in_the_summary(tmp_
 
     from specwatch.store.jsonl import RUNS_FILE, read_records, read_runs
 
-    _suite(tmp_path, topks="[8]", timeout_s=900)   # batch 1 finishes, batch 8 hangs
+    _suite(tmp_path, topks="[8]", timeout_s=900)  # batch 1 finishes, batch 8 hangs
     script = f"""
 import os, signal, sys
 sys.path.insert(0, {HERE!r})
@@ -180,7 +191,7 @@ def append_then_sigterm(path, rec):
     append(path, rec)
     os.kill(os.getpid(), signal.SIGTERM)
 runner.append_record = append_then_sigterm
-runner.run_suite(load_suite({str(tmp_path / 's.toml')!r}), {str(tmp_path / 'results')!r}, runner.RunOptions(gpus=1,
+runner.run_suite(load_suite({str(tmp_path / "s.toml")!r}), {str(tmp_path / "results")!r}, runner.RunOptions(gpus=1,
                  worker_module="fake_worker", max_groups=1,
                  extra_env={{"PYTHONPATH": {HERE!r} + os.pathsep + os.environ.get("PYTHONPATH", "")}}))
 """
@@ -242,8 +253,11 @@ def _timed_run(tmp_path, **kw):
     recs = list(read_records(out))
     assert len(recs) == 8 and all(r.status is Status.ok for r in recs) and starts == 4
     spans = [json.loads(x) for x in intervals.read_text().splitlines()]
-    return (out, [s for s in spans if s["kind"] == "start"],
-            sorted((s for s in spans if s["kind"] == "timing"), key=lambda s: s["t0"]))
+    return (
+        out,
+        [s for s in spans if s["kind"] == "start"],
+        sorted((s for s in spans if s["kind"] == "timing"), key=lambda s: s["t0"]),
+    )
 
 
 def test_parallel_starts_overlap_each_other_but_never_a_timed_batch(tmp_path):
@@ -255,10 +269,10 @@ def test_parallel_starts_overlap_each_other_but_never_a_timed_batch(tmp_path):
     out, st, tm = _timed_run(tmp_path, parallel_starts=4)
     wall = time.monotonic() - t0
     assert len(st) == 4 and len(tm) == 4
-    assert max(s["t0"] for s in st) < min(s["t1"] for s in st)     # the starts overlapped
-    assert min(t["t0"] for t in tm) >= max(s["t1"] for s in st)    # no timing before all starts ended
-    assert all(a["t1"] <= b["t0"] for a, b in zip(tm, tm[1:]))     # timed parts one at a time
-    assert wall < 4 * 0.6 + 8 * 0.2                                # cheaper than starting one by one
+    assert max(s["t0"] for s in st) < min(s["t1"] for s in st)  # the starts overlapped
+    assert min(t["t0"] for t in tm) >= max(s["t1"] for s in st)  # no timing before all starts ended
+    assert all(a["t1"] <= b["t0"] for a, b in zip(tm, tm[1:]))  # timed parts one at a time
+    assert wall < 4 * 0.6 + 8 * 0.2  # cheaper than starting one by one
 
 
 def test_overlapping_starts_keep_k_groups_in_flight_and_timed_parts_apart(tmp_path):
@@ -268,17 +282,18 @@ def test_overlapping_starts_keep_k_groups_in_flight_and_timed_parts_apart(tmp_pa
     from specwatch.store.jsonl import RUNS_FILE, read_runs
 
     out, st, tm = _timed_run(tmp_path, parallel_starts=2, overlap_starts=True)
-    assert all(a["t1"] <= b["t0"] for a, b in zip(tm, tm[1:]))     # timed parts one at a time
-    assert any(s["t0"] < t["t1"] and t["t0"] < s["t1"] for s in st for t in tm)   # a start overlapped a timing
+    assert all(a["t1"] <= b["t0"] for a, b in zip(tm, tm[1:]))  # timed parts one at a time
+    assert any(s["t0"] < t["t1"] and t["t0"] < s["t1"] for s in st for t in tm)  # a start overlapped a timing
     group = {s["pid"]: [s["t0"], s["t0"]] for s in st}
     for t in tm:
         group[t["pid"]][1] = t["t1"]
     edges = sorted([(a, 1) for a, _ in group.values()] + [(b, -1) for _, b in group.values()])
-    in_flight = [sum(d for _, d in edges[:i + 1]) for i in range(len(edges))]
+    in_flight = [sum(d for _, d in edges[: i + 1]) for i in range(len(edges))]
     assert max(in_flight) == 2
     (run,) = read_runs(out.parent / RUNS_FILE)
     assert run.overlap_starts and run.parallel_starts == 2 and run.engine_groups == 4
     import pytest
+
     with pytest.raises(ValueError, match="--parallel-starts K with K > 1"):
         _run(tmp_path, _suite(tmp_path, topks="[1]"), overlap_starts=True)
 
@@ -298,11 +313,14 @@ def test_runs_that_share_a_timing_lock_never_time_at_once(tmp_path):
     os.environ.update(FAKE_WORKER_INTERVALS=str(intervals), FAKE_START_S="0.3", FAKE_TIME_S="0.2")
     outs = {}
     try:
+
         def one(name):
             root = tmp_path / name
             root.mkdir()
-            outs[name] = _run(root, _suite(root, topks="[1, 2]"), parallel_starts=2, overlap_starts=True,
-                              timing_lock=lock)[0]
+            outs[name] = _run(
+                root, _suite(root, topks="[1, 2]"), parallel_starts=2, overlap_starts=True, timing_lock=lock
+            )[0]
+
         threads = [threading.Thread(target=one, args=(n,)) for n in ("a", "b")]
         for t in threads:
             t.start()
@@ -313,7 +331,7 @@ def test_runs_that_share_a_timing_lock_never_time_at_once(tmp_path):
             os.environ.pop(k)
     spans = [json.loads(x) for x in intervals.read_text().splitlines()]
     tm = sorted((x for x in spans if x["kind"] == "timing"), key=lambda x: x["t0"])
-    assert len(tm) == 8 and all(a["t1"] <= b["t0"] for a, b in zip(tm, tm[1:]))    # a span per group
+    assert len(tm) == 8 and all(a["t1"] <= b["t0"] for a, b in zip(tm, tm[1:]))  # a span per group
     for out in outs.values():
         (run,) = read_runs(out.parent / RUNS_FILE)
         assert run.timing_lock_shared and run.records == {"ok": 8}
@@ -337,11 +355,11 @@ def test_every_run_leaves_a_summary_of_its_cost(tmp_path):
     out, starts = _run(tmp_path, suite, parallel_starts=2)
     (run,) = read_runs(out.parent / RUNS_FILE)
     assert run.suites == ["harness"] and run.faults == [None] and run.parallel_starts == 2
-    assert run.engine_groups == 4 and run.worker_starts == starts == 6      # 2 topk-4 groups crash once more
+    assert run.engine_groups == 4 and run.worker_starts == starts == 6  # 2 topk-4 groups crash once more
     assert run.records == {"ok": 4, "crashed": 4} and not run.stopped_early
     assert run.wall_s > 0 and run.case_s >= 0 and run.cost_ratio is None or run.cost_ratio > 0
     assert run.run_id and {r.provenance.run_id for r in read_records(out)} == {run.run_id}
-    _run(tmp_path, suite)                                   # a second run of the same checkout
+    _run(tmp_path, suite)  # a second run of the same checkout
     ids = [r.provenance.run_id for r in read_records(out)]
     assert len(set(ids)) == 2 and ids.count(run.run_id) == 8
 
@@ -363,7 +381,6 @@ def test_bare_run_turns_the_probe_off_and_files_its_records_apart(tmp_path):
 
 def test_waves_keep_slow_starters_together():
     from records import case
-
     from specwatch.core.case import Backend, ModelSize
     from specwatch.run.group import GroupJob
     from specwatch.run.schedule import wave_order
@@ -371,35 +388,50 @@ def test_waves_keep_slow_starters_together():
     def job(**kw):
         return GroupJob(suite=None, fault=None, cases=[case(**kw)], emit=print)
 
-    jobs = [job(model=ModelSize.llama_8b), job(attention_backend=Backend.flashinfer, topk=8, num_draft_tokens=16),
-            job(attention_backend=Backend.triton), job(attention_backend=Backend.flashinfer, topk=1,
-                                                       num_draft_tokens=4),
-            job(attention_backend=Backend.fa3), job(tp=2)]
-    order = [(j.cases[0].model.value, j.cases[0].attention_backend.value, j.cases[0].topk, j.cases[0].tp)
-             for j in wave_order(jobs)]
-    assert order == [("tiny", "triton", 4, 1), ("tiny", "fa3", 4, 1), ("tiny", "flashinfer", 1, 1),
-                     ("tiny", "flashinfer", 8, 1), ("tiny", "triton", 4, 2), ("8b", "triton", 4, 1)]
+    jobs = [
+        job(model=ModelSize.llama_8b),
+        job(attention_backend=Backend.flashinfer, topk=8, num_draft_tokens=16),
+        job(attention_backend=Backend.triton),
+        job(attention_backend=Backend.flashinfer, topk=1, num_draft_tokens=4),
+        job(attention_backend=Backend.fa3),
+        job(tp=2),
+    ]
+    order = [
+        (j.cases[0].model.value, j.cases[0].attention_backend.value, j.cases[0].topk, j.cases[0].tp)
+        for j in wave_order(jobs)
+    ]
+    assert order == [
+        ("tiny", "triton", 4, 1),
+        ("tiny", "fa3", 4, 1),
+        ("tiny", "flashinfer", 1, 1),
+        ("tiny", "flashinfer", 8, 1),
+        ("tiny", "triton", 4, 2),
+        ("8b", "triton", 4, 1),
+    ]
 
 
 def test_rolling_queue_spreads_slow_starters_and_opens_with_one_of_each():
     from records import case
-
     from specwatch.core.case import Backend
     from specwatch.run.group import GroupJob
     from specwatch.run.schedule import rolling_order
 
     def job(backend, page):
         topk = 4 if backend is Backend.flashinfer else 1
-        return GroupJob(suite=None, fault=None, cases=[case(attention_backend=backend, page_size=page, topk=topk,
-                                                            num_draft_tokens=8)], emit=print)
+        return GroupJob(
+            suite=None,
+            fault=None,
+            cases=[case(attention_backend=backend, page_size=page, topk=topk, num_draft_tokens=8)],
+            emit=print,
+        )
 
     fast = [job(Backend.triton, p) for p in (1, 16, 64, 256)] + [job(Backend.fa3, p) for p in (1, 16, 64, 256)]
     slow = [job(Backend.flashinfer, p) for p in (1, 64)]
     order = rolling_order(fast + slow)
-    assert sorted(map(id, order)) == sorted(map(id, fast + slow))             # nothing lost or repeated
-    assert order[0] is slow[0] and order[1] is fast[0]                        # one of each, slowest first
-    assert order.index(slow[1]) == 5                                          # then spread: 2 slow in 10
-    assert [j for j in order if j in fast] == fast                            # suite order within a class
+    assert sorted(map(id, order)) == sorted(map(id, fast + slow))  # nothing lost or repeated
+    assert order[0] is slow[0] and order[1] is fast[0]  # one of each, slowest first
+    assert order.index(slow[1]) == 5  # then spread: 2 slow in 10
+    assert [j for j in order if j in fast] == fast  # suite order within a class
 
 
 def test_group_clock_does_not_run_while_queued_for_the_timing_lock():
@@ -410,7 +442,7 @@ def test_group_clock_does_not_run_while_queued_for_the_timing_lock():
     clock = GroupClock(100, now=lambda: now[0])
     now[0] = 60
     clock.on_event("engine_started")
-    now[0] = 200                                   # 140 s queued behind other groups' timed batches
+    now[0] = 200  # 140 s queued behind other groups' timed batches
     assert clock.elapsed() == 60 and not clock.expired() and clock.queued_s == 140
     clock.on_event(TIMING_EVENT)
     now[0] = 239
@@ -430,8 +462,9 @@ def test_a_group_queued_behind_a_wave_is_not_timed_out_for_waiting(tmp_path):
         for k in ("FAKE_START_S", "FAKE_TIME_S"):
             os.environ.pop(k)
     recs = list(read_records(out))
-    assert starts == 2 and len(recs) == 4 and all(r.status is Status.ok for r in recs), \
-        [(r.status, r.reason) for r in recs]
+    assert starts == 2 and len(recs) == 4 and all(r.status is Status.ok for r in recs), [
+        (r.status, r.reason) for r in recs
+    ]
 
 
 def test_kit_env_adds_the_folders_a_kits_pth_files_name(tmp_path):
@@ -443,12 +476,17 @@ def test_kit_env_adds_the_folders_a_kits_pth_files_name(tmp_path):
     pkg = site / "nvidia_cutlass_dsl" / "python_packages" / "cutlass"
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text("FOUND = 1\n")
-    (site / "nvidia_cutlass_dsl.pth").write_text("# c\nimport os\nnvidia_cutlass_dsl/python_packages")  # no final newline, as shipped
+    (site / "nvidia_cutlass_dsl.pth").write_text(
+        "# c\nimport os\nnvidia_cutlass_dsl/python_packages"
+    )  # no final newline, as shipped
     (site / "env.sh").write_text(f"export PYTHONPATH={site}\n")
     script = Path(__file__).resolve().parents[1] / "scripts" / "kit-env.sh"
     probe = "import cutlass, sys; print(cutlass.FOUND)"
-    out = subprocess.run(["bash", "-c", f"source {script} {site} && python3 -c '{probe}'"],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        ["bash", "-c", f"source {script} {site} && python3 -c '{probe}'"], capture_output=True, text=True
+    )
     assert out.returncode == 0 and out.stdout.strip() == "1", out.stderr
-    bare = subprocess.run(["bash", "-c", f"source {site}/env.sh && python3 -c '{probe}'"], capture_output=True, text=True)
+    bare = subprocess.run(
+        ["bash", "-c", f"source {site}/env.sh && python3 -c '{probe}'"], capture_output=True, text=True
+    )
     assert bare.returncode != 0 and "No module named 'cutlass'" in bare.stderr

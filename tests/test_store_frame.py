@@ -1,20 +1,22 @@
 """Old records migrate, details are typed, one rule picks a case's latest record, and the Parquet
 frame cache follows its JSONL."""
+
 import json
 import os
 import warnings
 from datetime import timedelta
 
 import pytest
-from records import T0, case, record
 
-from specwatch.core.record import SCHEMA_VERSION, Details, HostLoad, parse_record
-from specwatch.core.record import Status
+from records import T0, case, record
+from specwatch.core.record import SCHEMA_VERSION, Details, HostLoad, Status, parse_record
 from specwatch.store.jsonl import InvalidRecordWarning, append_record, load_records, result_files
 
-LOST_PORT = ("worker exited with code -9 before finishing this case: torch.distributed.DistNetworkError: The "
-             "server socket has failed to listen on any local network address. port: 45377, useIpv6: false, "
-             "code: -98, name: EADDRINUSE, message: address already in use")
+LOST_PORT = (
+    "worker exited with code -9 before finishing this case: torch.distributed.DistNetworkError: The "
+    "server socket has failed to listen on any local network address. port: 45377, useIpv6: false, "
+    "code: -98, name: EADDRINUSE, message: address already in use"
+)
 
 
 def test_a_version_1_record_migrates_and_reads_unchanged():
@@ -33,7 +35,7 @@ def test_an_old_records_details_keep_every_key_and_gain_types():
     r = parse_record(d)
     assert r.details.host_load == HostLoad(before=0.5) and r.details.output_digest == "ab"
     assert r.details["an_unknown_key"] == [1] and r.details.prompt_starts is None
-    assert json.loads(r.model_dump_json())["details"] == d["details"]        # only the keys it holds
+    assert json.loads(r.model_dump_json())["details"] == d["details"]  # only the keys it holds
 
 
 def test_every_committed_record_loads_without_quarantine():
@@ -47,10 +49,14 @@ def test_every_committed_record_loads_without_quarantine():
 
 
 def _interfered_later(c):
-    measured = record(c, status=Status.crashed, reason="worker exited: ValueError: real", started_at=T0,
-                      finished_at=T0)
-    lost = record(c, status=Status.crashed, reason=LOST_PORT, started_at=T0 + timedelta(hours=1),
-                  finished_at=T0 + timedelta(hours=1))
+    measured = record(c, status=Status.crashed, reason="worker exited: ValueError: real", started_at=T0, finished_at=T0)
+    lost = record(
+        c,
+        status=Status.crashed,
+        reason=LOST_PORT,
+        started_at=T0 + timedelta(hours=1),
+        finished_at=T0 + timedelta(hours=1),
+    )
     return measured, lost
 
 
@@ -72,11 +78,11 @@ def test_the_newest_by_finish_wins_and_ties_are_deterministic():
 
     c = case()
     early = record(c, tps=1.0, started_at=T0 + timedelta(minutes=5), finished_at=T0 + timedelta(minutes=6))
-    late = record(c, tps=2.0, started_at=T0, finished_at=T0 + timedelta(minutes=9))   # started first, ended last
+    late = record(c, tps=2.0, started_at=T0, finished_at=T0 + timedelta(minutes=9))  # started first, ended last
     for order in ([early, late], [late, early]):
         assert latest_by_case(order)[c.case_id] is late
         assert latest_rows(records_frame(order), ["case_id"]).output_throughput.item() == 2.0
-    a, b = record(c, tps=3.0, run_id="b"), record(c, tps=4.0, run_id="a")      # same times: the run id decides
+    a, b = record(c, tps=3.0, run_id="b"), record(c, tps=4.0, run_id="a")  # same times: the run id decides
     assert latest_by_case([a, b])[c.case_id] is a and latest_by_case([b, a])[c.case_id] is a
 
 
@@ -86,11 +92,16 @@ def test_compare_does_not_call_a_case_failing_from_host_interference():
     c = case()
     base = [record(c)]
     head_ok = record(c, started_at=T0, finished_at=T0)
-    lost = record(c, status=Status.crashed, reason=LOST_PORT, started_at=T0 + timedelta(hours=1),
-                  finished_at=T0 + timedelta(hours=1))
+    lost = record(
+        c,
+        status=Status.crashed,
+        reason=LOST_PORT,
+        started_at=T0 + timedelta(hours=1),
+        finished_at=T0 + timedelta(hours=1),
+    )
     from specwatch.analysis.compare import Verdict
 
-    assert any(r.verdict is Verdict.now_failing for r in compare_records(base, [lost]))   # alone, it stands
+    assert any(r.verdict is Verdict.now_failing for r in compare_records(base, [lost]))  # alone, it stands
     assert not any(r.verdict is Verdict.now_failing for r in compare_records(base, [head_ok, lost]))
 
 
@@ -108,13 +119,14 @@ def test_the_cached_frame_equals_the_frame_built_from_records(tmp_path):
 
     from specwatch.store.frame import files_frame, records_frame
 
-    root = tmp_path / "results"              # the caches are written beside a copy, not the checkout
-    shutil.copytree(Path(__file__).resolve().parents[1] / "results", root,
-                    ignore=shutil.ignore_patterns("*.parquet", "*.lock"))
+    root = tmp_path / "results"  # the caches are written beside a copy, not the checkout
+    shutil.copytree(
+        Path(__file__).resolve().parents[1] / "results", root, ignore=shutil.ignore_patterns("*.parquet", "*.lock")
+    )
     files = result_files(root)
-    norm = lambda df: df.astype(object).where(df.notna(), None)   # noqa: E731
+    norm = lambda df: df.astype(object).where(df.notna(), None)  # noqa: E731
     direct = records_frame(load_records(files))
-    for _ in range(2):                                     # building the caches, then reading them
+    for _ in range(2):  # building the caches, then reading them
         cached = files_frame(files)
         assert_frame_equal(norm(direct), norm(cached[direct.columns.tolist()]))
 
@@ -126,10 +138,10 @@ def test_the_frame_cache_is_rebuilt_when_its_jsonl_changes(tmp_path):
     path = _frame_store(tmp_path)
     assert files_frame([path]).output_throughput.tolist() == [10.0]
     assert cache_path(path).exists()
-    append_record(path, record(case(page_size=16), tps=20.0))            # grows: size and mtime change
+    append_record(path, record(case(page_size=16), tps=20.0))  # grows: size and mtime change
     assert files_frame([path]).output_throughput.tolist() == [10.0, 20.0]
     st = os.stat(path)
-    text = path.read_text().replace('"value":20.0', '"value":30.0')     # same size, same mtime: the hash
+    text = path.read_text().replace('"value":20.0', '"value":30.0')  # same size, same mtime: the hash
     path.write_text(text)
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert os.stat(path).st_size == st.st_size

@@ -1,5 +1,6 @@
 """The store is strict on the way in (safe names, whole-file import, one writer, failed writes
 rolled back) and forgiving on the way out (bad lines quarantined, strict mode on request)."""
+
 import errno
 import json
 import os
@@ -8,8 +9,8 @@ import sys
 import warnings
 
 import pytest
-from records import case, record
 
+from records import case, record
 from specwatch.core.errors import SpecwatchInputError
 from specwatch.core.record import parse_record
 from specwatch.store.jsonl import (
@@ -48,8 +49,17 @@ def test_a_record_field_that_would_escape_the_store_is_refused_at_the_schema(fie
         parse_record(json.loads(_line(record(), **{field: value})))
 
 
-@pytest.mark.parametrize("kw", [dict(machine="/x/escape"), dict(machine=".."), dict(sglang_version="../../x"),
-                                dict(suite="../../etc"), dict(suite="a/b"), dict(fault="../x")])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(machine="/x/escape"),
+        dict(machine=".."),
+        dict(sglang_version="../../x"),
+        dict(suite="../../etc"),
+        dict(suite="a/b"),
+        dict(fault="../x"),
+    ],
+)
 def test_results_path_refuses_names_that_leave_the_root(tmp_path, kw):
     args = dict(machine="m", sglang_version="0.5.17", suite="smoke", fault=None)
     args.update(kw)
@@ -103,8 +113,8 @@ def test_a_bad_line_mid_file_is_quarantined_and_the_rest_loads(tmp_path, kind):
         warnings.simplefilter("always")
         assert [r.case_id for r in load_records([path], quarantine=q)] == [a.case_id, b.case_id]
     assert len(q) == 1 and q.entries[0].startswith(f"{path}:2: ")
-    assert [w.category for w in seen] == [InvalidRecordWarning]        # mid-file: never "interrupted write"
-    with pytest.raises(SpecwatchInputError, match=rf"r.jsonl:2: "):
+    assert [w.category for w in seen] == [InvalidRecordWarning]  # mid-file: never "interrupted write"
+    with pytest.raises(SpecwatchInputError, match=r"r.jsonl:2: "):
         load_records([path], strict=True)
 
 
@@ -134,9 +144,21 @@ def test_a_torn_runs_file_warns_and_keeps_its_good_summaries(tmp_path):
     from specwatch.core.record import RunSummary
 
     t = datetime(2026, 11, 30, tzinfo=timezone.utc)
-    run = RunSummary(suites=["smoke"], faults=[None], parallel_starts=1, engine_groups=1, worker_starts=1,
-                     records={"ok": 1}, wall_s=1, case_s=1, engine_start_s=1, stopped_early=False, machine="m",
-                     started_at=t, finished_at=t)
+    run = RunSummary(
+        suites=["smoke"],
+        faults=[None],
+        parallel_starts=1,
+        engine_groups=1,
+        worker_starts=1,
+        records={"ok": 1},
+        wall_s=1,
+        case_s=1,
+        engine_start_s=1,
+        stopped_early=False,
+        machine="m",
+        started_at=t,
+        finished_at=t,
+    )
     path = tmp_path / "runs.ndjson"
     path.write_text(run.model_dump_json() + "\n" + run.model_dump_json()[:30])
     with pytest.warns(TornLineWarning):
@@ -150,7 +172,7 @@ def test_a_null_metric_value_reads_as_not_measured(tmp_path):
 
     path = tmp_path / "r.jsonl"
     r = record()
-    r.metrics["output_throughput"].value = float("nan")         # JSON writes NaN as null
+    r.metrics["output_throughput"].value = float("nan")  # JSON writes NaN as null
     append_record(path, r)
     assert '"value":null' in path.read_text()
     (again,) = read_records(path, strict=True)
@@ -160,8 +182,10 @@ def test_a_null_metric_value_reads_as_not_measured(tmp_path):
 
 def test_a_second_writer_is_refused_naming_the_holder(tmp_path):
     path = tmp_path / "r.jsonl"
-    code = ("import sys, time; from specwatch.store.jsonl import WriterLock\n"
-            "with WriterLock(sys.argv[1]):\n    print('held', flush=True); time.sleep(30)\n")
+    code = (
+        "import sys, time; from specwatch.store.jsonl import WriterLock\n"
+        "with WriterLock(sys.argv[1]):\n    print('held', flush=True); time.sleep(30)\n"
+    )
     holder = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
@@ -171,7 +195,7 @@ def test_a_second_writer_is_refused_naming_the_holder(tmp_path):
     finally:
         holder.kill()
         holder.wait()
-    with WriterLock(path):            # released with its holder
+    with WriterLock(path):  # released with its holder
         append_record(path, record())
 
 
@@ -192,7 +216,7 @@ def test_a_full_disk_is_one_line_naming_the_file_and_leaves_the_file_as_it_was(t
     real_write = os.write
 
     def full(fd, data):
-        real_write(fd, bytes(data[:10]))      # part of the record lands, then the disk is full
+        real_write(fd, bytes(data[:10]))  # part of the record lands, then the disk is full
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(os, "write", full)
@@ -246,10 +270,12 @@ def test_a_second_runner_on_the_same_results_file_is_refused_before_writing(tmp_
     monkeypatch.setenv("SPECWATCH_MACHINE", "m")
     monkeypatch.setenv("SPECWATCH_SGLANG_VERSION", "0.5.17")
     suite_file = tmp_path / "s.toml"
-    suite_file.write_text('[suite]\nname = "harness"\nrepeats = 1\n[[matrix]]\nattention_backend = ["triton"]\n'
-                          'page_size = [1]\ntopk = [1]\nnum_draft_tokens = [2]\nbatch_size = [1]\n')
+    suite_file.write_text(
+        '[suite]\nname = "harness"\nrepeats = 1\n[[matrix]]\nattention_backend = ["triton"]\n'
+        "page_size = [1]\ntopk = [1]\nnum_draft_tokens = [2]\nbatch_size = [1]\n"
+    )
     out = results_path(tmp_path / "results", "m", "0.5.17", "harness")
-    with WriterLock(out):                     # the other runner
+    with WriterLock(out):  # the other runner
         with pytest.raises(SpecwatchInputError, match=rf"another writer \(pid {os.getpid()}\)"):
             run_suite(load_suite(suite_file), tmp_path / "results", RunOptions(gpus=1, worker_module="fake_worker"))
     assert not out.exists()

@@ -1,6 +1,6 @@
 import pytest
-from conftest import SUITES
 
+from conftest import SUITES
 from specwatch.core.case import Algorithm, Backend, Case, ModelSize
 from specwatch.core.errors import SpecwatchInputError
 from specwatch.suite import load_suite
@@ -31,7 +31,7 @@ def test_shipped_suites_expand():
     # 4 pages x 4 topk x 3 backends x 2 batch sizes x 2 profiles
     assert counts["tree-page"] == (192, 192)
     # 3 algos x 3 backends x 2 pages x 2 topk x 2 dcp x 2 workloads; NGRAM topk>1 page>1 off flashinfer
-    assert counts["dcp"][0] == 144 + 64 + 48              # Llama (MHA) cases + the MLA matrix + tiny-attn
+    assert counts["dcp"][0] == 144 + 64 + 48  # Llama (MHA) cases + the MLA matrix + tiny-attn
     # NGRAM tree on paged KV (8); FlashMLA page 1 and tree on paged KV (12); flashinfer MLA topk 4 (8)
     assert counts["dcp"][0] - counts["dcp"][1] == 8 + 12 + 8
 
@@ -49,8 +49,13 @@ def test_ngram_skip_reason_is_sglangs():
     plan = load_suite(SUITES / "dcp.toml").plan()
     skipped = [p for p in plan if p.skip and p.case.algorithm is Algorithm.NGRAM]
     assert len(skipped) == 8
-    assert all(p.case.algorithm is Algorithm.NGRAM and p.case.page_size > 1 and p.case.topk > 1
-               and p.case.attention_backend is not Backend.flashinfer for p in skipped)
+    assert all(
+        p.case.algorithm is Algorithm.NGRAM
+        and p.case.page_size > 1
+        and p.case.topk > 1
+        and p.case.attention_backend is not Backend.flashinfer
+        for p in skipped
+    )
     assert "only supported for the 'flashinfer' backend" in skipped[0].skip
 
 
@@ -65,8 +70,13 @@ def test_draft_tokens_bound_by_tree(tmp_path):
 
 
 def test_topk1_normalizes_draft_tokens_and_lists_duplicate(tmp_path):
-    plan = load_suite(write(tmp_path, BASE.replace("topk = [1, 4]", "topk = [1]").replace(
-        "page_size = [1, 64]", "page_size = [1]") + "num_draft_tokens = [4, 8]\n")).plan()
+    plan = load_suite(
+        write(
+            tmp_path,
+            BASE.replace("topk = [1, 4]", "topk = [1]").replace("page_size = [1, 64]", "page_size = [1]")
+            + "num_draft_tokens = [4, 8]\n",
+        )
+    ).plan()
     assert len(plan) == 2
     assert plan[0].case.num_draft_tokens == 4 and plan[0].skip is None
     assert plan[1].duplicate and plan[1].case.case_id == plan[0].case.case_id
@@ -75,18 +85,35 @@ def test_topk1_normalizes_draft_tokens_and_lists_duplicate(tmp_path):
 
 def test_case_id_is_stable():
     # Pinned: a change here orphans every stored result. Append new pins, never edit old ones.
-    c = Case(model=ModelSize.tiny, algorithm=Algorithm.EAGLE, attention_backend=Backend.triton, page_size=64,
-             topk=4, num_steps=3, num_draft_tokens=8, batch_size=1, input_len=128, output_len=256)
+    c = Case(
+        model=ModelSize.tiny,
+        algorithm=Algorithm.EAGLE,
+        attention_backend=Backend.triton,
+        page_size=64,
+        topk=4,
+        num_steps=3,
+        num_draft_tokens=8,
+        batch_size=1,
+        input_len=128,
+        output_len=256,
+    )
     assert c.case_id == "b014b982811c"
     assert c.case_id == Case(**c.params()).case_id
 
 
-@pytest.mark.parametrize("text,field,msg", [
-    (BASE.replace('"triton"', '"cutlass"'), "matrix[0].attention_backend[0]", "'triton', 'flashinfer', 'fa3' or 'flashmla'"),
-    (BASE + "bogus = [1]\n", "matrix[0].bogus", "Extra inputs are not permitted"),
-    (BASE.replace("page_size = [1, 64]", "page_size = [0]"), "matrix[0].page_size[0]", ">= 1"),
-    ("[suite]\nname = \"t\"\n", "matrix", "Field required"),
-])
+@pytest.mark.parametrize(
+    "text,field,msg",
+    [
+        (
+            BASE.replace('"triton"', '"cutlass"'),
+            "matrix[0].attention_backend[0]",
+            "'triton', 'flashinfer', 'fa3' or 'flashmla'",
+        ),
+        (BASE + "bogus = [1]\n", "matrix[0].bogus", "Extra inputs are not permitted"),
+        (BASE.replace("page_size = [1, 64]", "page_size = [0]"), "matrix[0].page_size[0]", ">= 1"),
+        ('[suite]\nname = "t"\n', "matrix", "Field required"),
+    ],
+)
 def test_bad_suite_names_file_and_field(tmp_path, text, field, msg):
     p = write(tmp_path, text)
     with pytest.raises(SpecwatchInputError) as e:
@@ -103,7 +130,6 @@ def test_malformed_toml(tmp_path):
 
 def test_context_limit_rule_matches_sglangs_refusal():
     from conftest import ROOT
-
     from specwatch.store.jsonl import load_records, result_files
 
     plan = {p.case.case_id: p for p in load_suite(SUITES / "context-limit.toml").plan()}
@@ -139,14 +165,17 @@ def test_where_case_id_selects_exactly_the_named_cases():
         parse_where(["case=abc"])
 
 
-@pytest.mark.parametrize("line,field,got", [
-    ("page_size = [true]", "matrix[0].page_size[0]", "True"),
-    ('page_size = ["64"]', "matrix[0].page_size[0]", "'64'"),
-    ("page_size = [8.0]", "matrix[0].page_size[0]", "8.0"),
-    ('cuda_graph = ["yes"]', "matrix[0].cuda_graph[0]", "'yes'"),
-    ("cuda_graph = [1]", "matrix[0].cuda_graph[0]", "1"),
-    ("topk = [1.0]", "matrix[0].topk[0]", "1.0"),
-])
+@pytest.mark.parametrize(
+    "line,field,got",
+    [
+        ("page_size = [true]", "matrix[0].page_size[0]", "True"),
+        ('page_size = ["64"]', "matrix[0].page_size[0]", "'64'"),
+        ("page_size = [8.0]", "matrix[0].page_size[0]", "8.0"),
+        ('cuda_graph = ["yes"]', "matrix[0].cuda_graph[0]", "'yes'"),
+        ("cuda_graph = [1]", "matrix[0].cuda_graph[0]", "1"),
+        ("topk = [1.0]", "matrix[0].topk[0]", "1.0"),
+    ],
+)
 def test_suite_values_are_strictly_typed(tmp_path, line, field, got):
     key = line.split(" ")[0]
     text = "\n".join(ln for ln in BASE.splitlines() if not ln.startswith(key + " ")) + "\n" + line + "\n"
@@ -158,17 +187,30 @@ def test_suite_values_are_strictly_typed(tmp_path, line, field, got):
 
 @pytest.mark.parametrize("header", ['repeats = "3"', "warmup = 1", "timeout_s = 900.5", "name = 1"])
 def test_suite_header_is_strictly_typed(tmp_path, header):
-    text = BASE.replace('name = "t"', header) if header.startswith("name") else BASE.replace(
-        '[suite]\nname = "t"', f'[suite]\nname = "t"\n{header}')
+    text = (
+        BASE.replace('name = "t"', header)
+        if header.startswith("name")
+        else BASE.replace('[suite]\nname = "t"', f'[suite]\nname = "t"\n{header}')
+    )
     with pytest.raises(SpecwatchInputError, match=f"suite.{header.split()[0]}: "):
         load_suite(write(tmp_path, text))
 
 
-@pytest.mark.parametrize("key,value,reason", [
-    ("page_size", 10**23, "chunked_prefill_size"), ("page_size", 8192, "<= 4096"), ("topk", 0, ">= 1"),
-    ("num_steps", 0, ">= 1"), ("num_draft_tokens", 0, ">= 1"), ("batch_size", 0, ">= 1"),
-    ("input_len", 8193, "context length"), ("output_len", 0, ">= 1"), ("tp", 0, ">= 1"), ("dcp", 65, "<= 64"),
-])
+@pytest.mark.parametrize(
+    "key,value,reason",
+    [
+        ("page_size", 10**23, "chunked_prefill_size"),
+        ("page_size", 8192, "<= 4096"),
+        ("topk", 0, ">= 1"),
+        ("num_steps", 0, ">= 1"),
+        ("num_draft_tokens", 0, ">= 1"),
+        ("batch_size", 0, ">= 1"),
+        ("input_len", 8193, "context length"),
+        ("output_len", 0, ">= 1"),
+        ("tp", 0, ">= 1"),
+        ("dcp", 65, "<= 64"),
+    ],
+)
 def test_every_numeric_axis_is_bounded(tmp_path, key, value, reason):
     text = "\n".join(ln for ln in BASE.splitlines() if not ln.startswith(key + " ")) + f"\n{key} = [{value}]\n"
     with pytest.raises(SpecwatchInputError) as e:
@@ -176,8 +218,15 @@ def test_every_numeric_axis_is_bounded(tmp_path, key, value, reason):
     assert f"matrix[0].{key}[0]: " in str(e.value) and "out of bounds" in str(e.value) and reason in str(e.value)
 
 
-@pytest.mark.parametrize("header,reason", [("repeats = 1000000000", "<= 1000"), ("repeats = 0", ">= 1"),
-                                           ("timeout_s = 0", ">= 10"), ("max_cases = 10000000", "<= 1000000")])
+@pytest.mark.parametrize(
+    "header,reason",
+    [
+        ("repeats = 1000000000", "<= 1000"),
+        ("repeats = 0", ">= 1"),
+        ("timeout_s = 0", ">= 10"),
+        ("max_cases = 10000000", "<= 1000000"),
+    ],
+)
 def test_header_numbers_are_bounded(tmp_path, header, reason):
     with pytest.raises(SpecwatchInputError, match=f"suite.{header.split()[0]}: .*{reason}"):
         load_suite(write(tmp_path, BASE.replace('name = "t"', f'name = "t"\n{header}')))

@@ -1,8 +1,8 @@
 """The release verdict the dashboard opens with (analysis.verdict)."""
+
 import json
 
 from records import case, record
-
 from specwatch.analysis.verdict import release_verdict
 from specwatch.core.record import Metric, Status
 from specwatch.store.jsonl import append_record, results_path
@@ -17,8 +17,11 @@ def _two_releases(root):
     """0.5.16 and 0.5.17 of smoke: one exact regression, one improvement, one new failure, one failing check."""
     a, b, c = case(page_size=1), case(page_size=16), case(page_size=64)
     base = [record(x, sglang_version="0.5.16") for x in (a, b, c)]
-    head = [record(a, sglang_version="0.5.17"), record(b, sglang_version="0.5.17"),
-            record(c, status=Status.crashed, reason="boom", sglang_version="0.5.17")]
+    head = [
+        record(a, sglang_version="0.5.17"),
+        record(b, sglang_version="0.5.17"),
+        record(c, status=Status.crashed, reason="boom", sglang_version="0.5.17"),
+    ]
     for r, accept in zip(base[:2] + head[:2], (4.0, 3.0, 3.5, 3.5)):
         r.metrics["accept_length"] = Metric(value=accept, unit="tokens/verify", exact=True, higher_is_better=True)
     head[0].checks["lossless"] = False
@@ -57,7 +60,10 @@ def test_health_counts_the_cases_of_overlapped_runs(tmp_path):
     """A run with --overlap-starts contends only timing: its statuses are the case's latest."""
     ok = record(case(page_size=1), sglang_version="0.5.17")
     ok.details["overlap_starts"] = True
-    _store(tmp_path, "0.5.17", [ok, record(case(page_size=16), status=Status.crashed, reason="boom",
-                                           sglang_version="0.5.17")])
+    _store(
+        tmp_path,
+        "0.5.17",
+        [ok, record(case(page_size=16), status=Status.crashed, reason="boom", sglang_version="0.5.17")],
+    )
     (health,) = release_verdict(tmp_path).health
     assert health.statuses["ok"] == 1 and health.statuses["crashed"] == 1

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-from records import case
 
+from records import case
 from specwatch.core import lifeline
 from specwatch.core.protocol import (
     CaseLine,
@@ -76,12 +76,17 @@ def test_every_wire_line_parses_to_its_type_and_a_bad_one_to_malformed_without_r
     assert isinstance(parse_line('{"event": "engine_facts", "checks": {"x": true}}'), EngineFacts)
     ok = parse_line('{"case_id": "c", "status": "ok", "metrics": {"t": {"value": 1, "unit": "s"}}}')
     assert isinstance(ok, CaseLine) and ok.status is Status.ok and ok.metrics["t"].value == 1.0
-    bad = {"not json": "{", "a list": "[1]", "bad status": '{"case_id": "c", "status": "great"}',
-           "no unit": '{"case_id": "c", "status": "ok", "metrics": {"t": {"value": 1}}}',
-           "not a number": '{"case_id": "c", "status": "ok", "metrics": {"t": {"value": "fast", "unit": "s"}}}',
-           "nan": '{"case_id": "c", "status": "ok", "metrics": {"t": {"value": NaN, "unit": "s"}}}',
-           "failed without reason": '{"case_id": "c", "status": "failed"}',
-           "unknown event": '{"event": "lunch"}', "unknown field": '{"case_id": "c", "status": "ok", "speed": 3}'}
+    bad = {
+        "not json": "{",
+        "a list": "[1]",
+        "bad status": '{"case_id": "c", "status": "great"}',
+        "no unit": '{"case_id": "c", "status": "ok", "metrics": {"t": {"value": 1}}}',
+        "not a number": '{"case_id": "c", "status": "ok", "metrics": {"t": {"value": "fast", "unit": "s"}}}',
+        "nan": '{"case_id": "c", "status": "ok", "metrics": {"t": {"value": NaN, "unit": "s"}}}',
+        "failed without reason": '{"case_id": "c", "status": "failed"}',
+        "unknown event": '{"event": "lunch"}',
+        "unknown field": '{"case_id": "c", "status": "ok", "speed": 3}',
+    }
     for what, raw in bad.items():
         line = parse_line(raw)
         assert isinstance(line, MalformedLine) and line.raw == raw and line.error, what
@@ -94,7 +99,9 @@ def test_event_names_are_one_enum_shared_by_the_timing_lock_and_the_runner():
     from specwatch.run import group
 
     assert timing_lock.HELD_EVENT is Event.start_lock_held and timing_lock.TIMING_EVENT is Event.timing_lock_held
-    assert group.STARTED_EVENT is Event.worker_started and json.dumps({"e": Event.engine_facts}) == '{"e": "engine_facts"}'
+    assert (
+        group.STARTED_EVENT is Event.worker_started and json.dumps({"e": Event.engine_facts}) == '{"e": "engine_facts"}'
+    )
 
 
 def test_a_metric_refuses_nan_and_infinity():
@@ -112,23 +119,27 @@ def test_the_spec_is_a_typed_model_the_runner_writes_and_the_worker_reads(tmp_pa
         WorkerSpec.model_validate({**json.loads(spec.model_dump_json()), "repeat": 3})
 
 
-@pytest.mark.parametrize("bad", [
-    '{"case_id": "CASE_ID", "status": "splendid"}',
-    '{"case_id": "CASE_ID", "status": "ok", "metrics": {"output_throughput": {"value": 1.0}}}',
-    '{"case_id": "CASE_ID", "status": "ok", "metrics": {"output_throughput": {"value": "fast", "unit": "tokens/s"}}}',
-    '{"case_id": "CASE_ID", "status": "ok", "metrics": {"output_throughput": {"value": NaN, "unit": "tokens/s"}}}',
-    '{"case_id": "CASE_ID", "status": "ok", "speed": 3}',
-    'Traceback (most recent call last):',
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        '{"case_id": "CASE_ID", "status": "splendid"}',
+        '{"case_id": "CASE_ID", "status": "ok", "metrics": {"output_throughput": {"value": 1.0}}}',
+        '{"case_id": "CASE_ID", "status": "ok", "metrics": {"output_throughput": {"value": "fast", "unit": "tokens/s"}}}',
+        '{"case_id": "CASE_ID", "status": "ok", "metrics": {"output_throughput": {"value": NaN, "unit": "tokens/s"}}}',
+        '{"case_id": "CASE_ID", "status": "ok", "speed": 3}',
+        "Traceback (most recent call last):",
+    ],
+)
 def test_a_malformed_worker_line_fails_its_case_only_and_the_sweep_goes_on(tmp_path, bad):
     pids = tmp_path / "pids"
     env = dict(FAKE_ENV, FAKE_BAD_LINE=bad, FAKE_WORKER_PIDS=str(pids))
-    out = run_suite(_suite(tmp_path), tmp_path / "results", RunOptions(gpus=1, worker_module="fake_worker",
-                                                                      extra_env=env))
-    recs = list(read_records(out))                    # every record readable
+    out = run_suite(
+        _suite(tmp_path), tmp_path / "results", RunOptions(gpus=1, worker_module="fake_worker", extra_env=env)
+    )
+    recs = list(read_records(out))  # every record readable
     assert len(recs) == 4
     failed = [r for r in recs if r.status is Status.failed]
-    assert [r.case.batch_size for r in failed] == [1, 1]          # each group's first case, nothing else
+    assert [r.case.batch_size for r in failed] == [1, 1]  # each group's first case, nothing else
     assert all(r.reason.startswith(MALFORMED) for r in failed)
     assert all(bad.replace("CASE_ID", r.case_id) in r.log_tail for r in failed)
     assert {r.status for r in recs if r.case.batch_size == 8} == {Status.ok}
@@ -138,11 +149,10 @@ def test_a_malformed_worker_line_fails_its_case_only_and_the_sweep_goes_on(tmp_p
 def test_a_nan_metric_becomes_a_failed_finite_metrics_check_and_the_record_reads_back(tmp_path, monkeypatch):
     import types
 
-    from test_engine_worker import CASE, FakeEngine
-
     from specwatch.run.group import record_from_worker
     from specwatch.store.jsonl import append_record
     from specwatch.worker import main as worker_main
+    from test_engine_worker import CASE, FakeEngine
 
     class Engine(FakeEngine):
         def __init__(self, **kw):
@@ -161,8 +171,11 @@ def test_a_nan_metric_becomes_a_failed_finite_metrics_check_and_the_record_reads
     monkeypatch.setattr(worker_main, "ensure_models", lambda *a, **k: (tmp_path / "t", tmp_path / "d"))
     results = tmp_path / "out.jsonl"
     spec = tmp_path / "spec.json"
-    spec.write_text(WorkerSpec(cases=[CASE], repeats=2, warmup=False, models_dir=str(tmp_path),
-                               results=str(results)).model_dump_json())
+    spec.write_text(
+        WorkerSpec(
+            cases=[CASE], repeats=2, warmup=False, models_dir=str(tmp_path), results=str(results)
+        ).model_dump_json()
+    )
     assert worker_main.main(str(spec)) == 0
     line = parse_line(results.read_text().splitlines()[-1])
     assert isinstance(line, CaseLine) and line.status is Status.ok
@@ -176,9 +189,16 @@ def test_a_nan_metric_becomes_a_failed_finite_metrics_check_and_the_record_reads
 
 def _hanging_spec(tmp_path, timeout_s=None) -> Path:
     spec = tmp_path / "spec.json"
-    spec.write_text(WorkerSpec(cases=[case(topk=8, batch_size=8, num_draft_tokens=16)], repeats=1, warmup=False,
-                               models_dir=str(tmp_path), results=str(tmp_path / "out.jsonl"),
-                               timeout_s=timeout_s).model_dump_json())
+    spec.write_text(
+        WorkerSpec(
+            cases=[case(topk=8, batch_size=8, num_draft_tokens=16)],
+            repeats=1,
+            warmup=False,
+            models_dir=str(tmp_path),
+            results=str(tmp_path / "out.jsonl"),
+            timeout_s=timeout_s,
+        ).model_dump_json()
+    )
     return spec
 
 
@@ -190,14 +210,14 @@ def _wait_for_line(path: Path, seconds: float = 20) -> None:
 
 
 def test_a_worker_whose_runner_is_sigkilled_mid_sweep_is_gone_within_seconds(tmp_path):
-    _suite(tmp_path, topks="[8]", timeout_s=900)          # batch 1 finishes, batch 8 hangs
+    _suite(tmp_path, topks="[8]", timeout_s=900)  # batch 1 finishes, batch 8 hangs
     pids = tmp_path / "pids"
     script = f"""
 import os, sys
 sys.path.insert(0, {HERE!r})
 from specwatch.run.runner import RunOptions, run_suite
 from specwatch.suite import load_suite
-run_suite(load_suite({str(tmp_path / 's.toml')!r}), {str(tmp_path / 'results')!r}, RunOptions(gpus=1,
+run_suite(load_suite({str(tmp_path / "s.toml")!r}), {str(tmp_path / "results")!r}, RunOptions(gpus=1,
           worker_module="fake_worker", max_groups=1,
           extra_env={{"PYTHONPATH": {HERE!r} + os.pathsep + os.environ.get("PYTHONPATH", ""),
                       "FAKE_WORKER_PIDS": {str(pids)!r}}}))
@@ -205,7 +225,7 @@ run_suite(load_suite({str(tmp_path / 's.toml')!r}), {str(tmp_path / 'results')!r
     runner = subprocess.Popen([sys.executable, "-c", script])
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not list((tmp_path / "results").rglob("wire.jsonl")):
-        time.sleep(0.1)                                   # the first case is recorded: batch 8 hangs now
+        time.sleep(0.1)  # the first case is recorded: batch 8 hangs now
     worker = [int(p) for p in pids.read_text().split()]
     assert worker and all(_alive(p) for p in worker)
     runner.send_signal(signal.SIGKILL)
@@ -216,12 +236,16 @@ run_suite(load_suite({str(tmp_path / 's.toml')!r}), {str(tmp_path / 'results')!r
 def test_a_worker_dies_when_its_runners_lifeline_pipe_closes(tmp_path):
     pipe = lifeline.Pipe()
     spec = _hanging_spec(tmp_path)
-    proc = subprocess.Popen([sys.executable, os.path.join(HERE, "fake_worker.py"), str(spec)],
-                            env=dict(os.environ, **FAKE_ENV, **pipe.env()), pass_fds=(pipe.read_fd,),
-                            start_new_session=True, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, os.path.join(HERE, "fake_worker.py"), str(spec)],
+        env=dict(os.environ, **FAKE_ENV, **pipe.env()),
+        pass_fds=(pipe.read_fd,),
+        start_new_session=True,
+        stderr=subprocess.PIPE,
+    )
     pipe.started()
     _wait_for_line(tmp_path / "out.jsonl")
-    assert proc.poll() is None                           # hanging in its case while the pipe is open
+    assert proc.poll() is None  # hanging in its case while the pipe is open
     pipe.close()
     assert proc.wait(timeout=5) == -signal.SIGKILL
     assert b"its runner is gone" in proc.stderr.read()
@@ -230,9 +254,13 @@ def test_a_worker_dies_when_its_runners_lifeline_pipe_closes(tmp_path):
 def test_a_worker_kills_itself_past_its_own_timeout(tmp_path):
     spec = _hanging_spec(tmp_path, timeout_s=2)
     t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, os.path.join(HERE, "fake_worker.py"), str(spec)],
-                            env=dict(os.environ, **FAKE_ENV), start_new_session=True, stderr=subprocess.PIPE)
-    assert proc.wait(timeout=20) == -signal.SIGKILL and time.monotonic() - t0 < 10   # the case sleeps 60 s
+    proc = subprocess.Popen(
+        [sys.executable, os.path.join(HERE, "fake_worker.py"), str(spec)],
+        env=dict(os.environ, **FAKE_ENV),
+        start_new_session=True,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.wait(timeout=20) == -signal.SIGKILL and time.monotonic() - t0 < 10  # the case sleeps 60 s
     assert b"past its own timeout of 2 s" in proc.stderr.read()
 
 
@@ -242,7 +270,7 @@ def test_a_worker_dies_with_its_parent_without_any_pipe(tmp_path):
     pid_file = tmp_path / "pid"
     parent = f"""
 import subprocess, sys, time
-p = subprocess.Popen([sys.executable, {os.path.join(HERE, 'fake_worker.py')!r}, {str(spec)!r}], start_new_session=True)
+p = subprocess.Popen([sys.executable, {os.path.join(HERE, "fake_worker.py")!r}, {str(spec)!r}], start_new_session=True)
 open({str(pid_file)!r}, "w").write(str(p.pid))
 time.sleep(120)
 """
@@ -261,7 +289,7 @@ def test_the_lifeline_deadline_does_not_run_while_paused():
     line = lifeline.Lifeline(None, 20, on_expiry=fired.append, now=lambda: now[0])
     now[0] = 4
     with line.paused():
-        now[0] = 100                                     # 96 s queued for the timing lock
+        now[0] = 100  # 96 s queued for the timing lock
     now[0] = 109
     assert line.check() is None and line.elapsed() == 13
     now[0] = 117

@@ -69,13 +69,17 @@ class Bound:
 
     def check(self, name: str):
         """An ``AfterValidator`` function refusing values outside ``lo..hi`` with ``why``."""
+
         def _check(v: int) -> int:
             if not self.lo <= v <= self.hi:
                 shown = f"{v:.3g}" if abs(v) >= 10**9 else str(v)
                 raise PydanticCustomError(
-                    "out_of_bounds", "{shown} out of bounds: {name} must be >= {lo} and <= {hi} ({why})",
-                    {"shown": shown, "name": name, "lo": self.lo, "hi": self.hi, "why": self.why})
+                    "out_of_bounds",
+                    "{shown} out of bounds: {name} must be >= {lo} and <= {hi} ({why})",
+                    {"shown": shown, "name": name, "lo": self.lo, "hi": self.hi, "why": self.why},
+                )
             return v
+
         return _check
 
 
@@ -107,16 +111,16 @@ def _suite_name(v: str) -> str:
     if not re.fullmatch(SUITE_NAME_PATTERN, v) or len(v) > 100:
         shown = repr(v)
         raise PydanticCustomError(
-            "suite_name", "{value} is no plain name (it names result files): must match {pattern}, "
-            "at most 100 characters", {"value": shown if len(shown) <= 40 else shown[:37] + "...",
-                                       "pattern": SUITE_NAME_PATTERN})
+            "suite_name",
+            "{value} is no plain name (it names result files): must match {pattern}, at most 100 characters",
+            {"value": shown if len(shown) <= 40 else shown[:37] + "...", "pattern": SUITE_NAME_PATTERN},
+        )
     return v
 
 
 def _axis(name: str) -> object:
     """List type of one numeric axis: strict integers within ``AXIS_BOUNDS[name]``, at least one."""
-    return Annotated[list[Annotated[StrictInt, AfterValidator(AXIS_BOUNDS[name].check(name))]],
-                     Field(min_length=1)]
+    return Annotated[list[Annotated[StrictInt, AfterValidator(AXIS_BOUNDS[name].check(name))]], Field(min_length=1)]
 
 
 def _header_int(name: str) -> object:
@@ -272,8 +276,12 @@ def parse_where(terms: list[str]) -> dict[str, set[str]]:
     for term in terms:
         key, sep, values = term.partition("=")
         if not sep or key not in CASE_FIELDS + WHERE_FIELDS:
-            raise SpecwatchInputError(None, "--where takes FIELD=V1[,V2], FIELD a case parameter as "
-                                      "`plan --json` prints them (page_size, topk, ...) or case_id", field=term)
+            raise SpecwatchInputError(
+                None,
+                "--where takes FIELD=V1[,V2], FIELD a case parameter as "
+                "`plan --json` prints them (page_size, topk, ...) or case_id",
+                field=term,
+            )
         for v in (v.strip().lower() for v in values.split(",")):
             why = _where_value_error(key, v)
             if why:
@@ -299,8 +307,11 @@ def _error_line(err: dict) -> str:
     """Pydantic's message for one error, with the offending scalar value when it is not in the message."""
     msg = err["msg"]
     value = err.get("input")
-    if err["type"] != "out_of_bounds" and isinstance(value, (bool, int, float, str)) \
-            and not isinstance(err.get("ctx", {}).get("value"), str):
+    if (
+        err["type"] != "out_of_bounds"
+        and isinstance(value, (bool, int, float, str))
+        and not isinstance(err.get("ctx", {}).get("value"), str)
+    ):
         shown = repr(value)
         msg += f" (got {shown if len(shown) <= 40 else shown[:37] + '...'})"
     return msg
@@ -336,8 +347,10 @@ def check_case_count(spec: SuiteSpec, path: str | Path | None = None) -> int:
     i, m = max(enumerate(spec.matrix), key=lambda im: im[1].case_count())
     axes = " x ".join(f"{f} {n}" for f, n in m.axis_sizes().items() if n > 1)
     raise SpecwatchInputError(
-        path, f"{total:,} cases > max_cases {limit:,} (suite.max_cases, up to {MAX_CASES_CEILING:,}); "
-        f"matrix[{i}]: {axes}", field="matrix")
+        path,
+        f"{total:,} cases > max_cases {limit:,} (suite.max_cases, up to {MAX_CASES_CEILING:,}); matrix[{i}]: {axes}",
+        field="matrix",
+    )
 
 
 def iter_expand(spec: SuiteSpec) -> Iterator[PlannedCase]:
@@ -349,15 +362,16 @@ def iter_expand(spec: SuiteSpec) -> Iterator[PlannedCase]:
         for values in itertools.product(*(getattr(m, f) for f in fields)):
             p = dict(zip(fields, values))
             requested = p["num_draft_tokens"]
-            p["num_draft_tokens"] = normalize_draft_tokens(
-                p["algorithm"], p["topk"], p["num_steps"], requested)
+            p["num_draft_tokens"] = normalize_draft_tokens(p["algorithm"], p["topk"], p["num_steps"], requested)
             case = Case(**p)
             cid = case.case_id
             if cid in seen:
                 why = f"duplicate of case {cid}"
                 if requested != case.num_draft_tokens:
-                    why += (f" (SGLang adjusts speculative_num_draft_tokens={requested} to "
-                            f"speculative_num_steps + 1 = {case.num_draft_tokens} when topk == 1)")
+                    why += (
+                        f" (SGLang adjusts speculative_num_draft_tokens={requested} to "
+                        f"speculative_num_steps + 1 = {case.num_draft_tokens} when topk == 1)"
+                    )
                 yield PlannedCase(case, why, duplicate=True)
                 continue
             seen.add(cid)

@@ -105,8 +105,9 @@ def budget_for(budgets: Optional[dict], klass: str, metric: str, threshold: floa
     return threshold if key is None else max(threshold, budgets[key])
 
 
-SIZING_EXPLAINED = frozenset({"req_to_token_bytes", "req_to_token_row_width", "sglang_alloc_len_per_decode",
-                              "model_req_to_token_bytes"})
+SIZING_EXPLAINED = frozenset(
+    {"req_to_token_bytes", "req_to_token_row_width", "sglang_alloc_len_per_decode", "model_req_to_token_bytes"}
+)
 """Memory metrics whose change the two SGLang versions' own sizing functions can explain."""
 
 
@@ -120,20 +121,45 @@ def sizing_change(base: CaseRecord, head: CaseRecord) -> str:
     return ("SGLang's sizing: " + ", ".join(moved)) if moved else "SGLang's sizing unchanged: look elsewhere"
 
 
-def compare_records(base: Iterable[CaseRecord], head: Iterable[CaseRecord], threshold: float = 0.05,
-                    alpha: float = 0.1, budgets: Optional[dict] = None) -> list[Row]:
+def compare_records(
+    base: Iterable[CaseRecord],
+    head: Iterable[CaseRecord],
+    threshold: float = 0.05,
+    alpha: float = 0.1,
+    budgets: Optional[dict] = None,
+) -> list[Row]:
     b_by, h_by = latest_by_case(base), latest_by_case(head)
     rows: list[Row] = []
     for cid in sorted(set(b_by) | set(h_by)):
         b, h = b_by.get(cid), h_by.get(cid)
         label = (h or b).case.label()
         if b is None or h is None:
-            rows.append(Row(cid, label, "status", None, None, "", Verdict.new if b is None else Verdict.gone,
-                            (h or b).status.value))
+            rows.append(
+                Row(
+                    cid,
+                    label,
+                    "status",
+                    None,
+                    None,
+                    "",
+                    Verdict.new if b is None else Verdict.gone,
+                    (h or b).status.value,
+                )
+            )
             continue
         if b.status is Status.ok and h.status is not Status.ok:
-            rows.append(Row(cid, label, "status", None, None, "", Verdict.now_failing,
-                            f"{h.status.value}: {(h.reason or '')[:200]}"))
+            rows.append(
+                Row(
+                    cid,
+                    label,
+                    "status",
+                    None,
+                    None,
+                    "",
+                    Verdict.now_failing,
+                    f"{h.status.value}: {(h.reason or '')[:200]}",
+                )
+            )
             continue
         if b.status is not Status.ok and h.status is Status.ok:
             rows.append(Row(cid, label, "status", None, None, "", Verdict.now_fixed, f"was {b.status.value}"))
@@ -183,7 +209,7 @@ def markdown(rows: list[Row], base_name: str, head_name: str, show_unchanged: bo
     folded = [r for r in shown if _is_benign_new(r)]
     if main := [r for r in shown if not _is_benign_new(r)]:
         lines += _table(main)
-    if folded:   # coverage added by the head (a sweep that grew): listed, but out of the reviewer's way
+    if folded:  # coverage added by the head (a sweep that grew): listed, but out of the reviewer's way
         cases = sum(r.metric == "status" for r in folded)
         what = f"{cases} case(s) only in head, healthy; {len(folded) - cases} metric(s) the base did not record"
         lines += ["", f"<details><summary>{what}</summary>", ""]
@@ -201,8 +227,10 @@ def _table(rows: list[Row]) -> list[str]:
     out = ["| verdict | case | metric | base | head | ratio | note |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         ratio = "" if r.ratio is None else f"{r.ratio:.3f}"
-        out.append(f"| {r.verdict.value} | `{r.case_id}` {r.label} | {r.metric} | {_fmt(r.base)} | "
-                   f"{_fmt(r.head)} {r.unit} | {ratio} | {r.note} |")
+        out.append(
+            f"| {r.verdict.value} | `{r.case_id}` {r.label} | {r.metric} | {_fmt(r.base)} | "
+            f"{_fmt(r.head)} {r.unit} | {ratio} | {r.note} |"
+        )
     return out
 
 

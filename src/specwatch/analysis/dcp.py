@@ -29,8 +29,9 @@ def dcp_matrix(df: pd.DataFrame, suite: str = "dcp") -> pd.DataFrame:
     if d.empty:
         return pd.DataFrame()
     d = latest_rows(d, ["sglang_version", "case_id"])
-    recs = d.sort_values(["model", "algorithm", "attention_backend", "page_size", "topk", "workload", "dcp"]) \
-        .to_dict("records")                    # dicts: check.* columns are not attribute names
+    recs = d.sort_values(["model", "algorithm", "attention_backend", "page_size", "topk", "workload", "dcp"]).to_dict(
+        "records"
+    )  # dicts: check.* columns are not attribute names
     by_id = {(r["sglang_version"], r["case_id"]): r for r in recs}
 
     rows = []
@@ -46,8 +47,11 @@ def dcp_matrix(df: pd.DataFrame, suite: str = "dcp") -> pd.DataFrame:
         equiv = ""
         if r["dcp"] > 1 and r["status"] == "ok":
             twin = by_id.get((r["sglang_version"], case.dcp_twin_id()))
-            equiv = ("no dcp 1 run" if twin is None else f"dcp 1 {twin['status']}") \
-                if twin is None or twin["status"] != "ok" else twin_outputs(r, twin)
+            equiv = (
+                ("no dcp 1 run" if twin is None else f"dcp 1 {twin['status']}")
+                if twin is None or twin["status"] != "ok"
+                else twin_outputs(r, twin)
+            )
         covers = [cell(r, c) for c in ("check.target_pool_covers_allocator", "check.draft_pool_covers_allocator")]
         cover_text = ", ".join("yes" if c else "NO" for c in covers if c is not None)
         if cover_text and r["dcp"] > 1 and cell(r, "probe_read_attention_backend") is False:
@@ -55,22 +59,35 @@ def dcp_matrix(df: pd.DataFrame, suite: str = "dcp") -> pd.DataFrame:
             cover_text += " (target judged as sharded: probe predates the backend check)"
         al = cell(r, "accept_length")
         mismatch = cell(r, "draft_pool_page_mismatch")
-        rows.append({
-            "sglang": r["sglang_version"], "model": r["model"], "algo": r["algorithm"],
-            "backend": r["attention_backend"], "page": r["page_size"], "topk": r["topk"], "tp": r["tp"], "dcp": r["dcp"],
-            "workload": r["workload"], "lengths": f"{r['input_len']}→{r['output_len']}", "outcome": outcome,
-            "accept length": "" if al is None else f"{al:.3f}" + {True: " (= oracle)", False: " (≠ oracle)"}.get(
-                cell(r, "check.accept_length_matches_oracle"), ""),
-            "lossless mismatches": cell(r, "lossless_mismatches"),
-            "peak token usage": cell(r, "peak_token_usage"),
-            "pools cover allocator": cover_text,
-            "allocator page": cell(r, "allocator_page_size"),
-            "target pool": pool_text(r, "target"), "draft pool": pool_text(r, "draft"),
-            # seed 004's flag: the draft pool paged other than the allocator (in the pool's slot space)
-            "draft_pool_page_mismatch": "" if mismatch is None else ("YES" if mismatch else "no"),
-            "draft pool missing rows": cell(r, "draft_pool_missing_rows"),
-            "same outputs as dcp 1": equiv,
-        })
+        rows.append(
+            {
+                "sglang": r["sglang_version"],
+                "model": r["model"],
+                "algo": r["algorithm"],
+                "backend": r["attention_backend"],
+                "page": r["page_size"],
+                "topk": r["topk"],
+                "tp": r["tp"],
+                "dcp": r["dcp"],
+                "workload": r["workload"],
+                "lengths": f"{r['input_len']}→{r['output_len']}",
+                "outcome": outcome,
+                "accept length": ""
+                if al is None
+                else f"{al:.3f}"
+                + {True: " (= oracle)", False: " (≠ oracle)"}.get(cell(r, "check.accept_length_matches_oracle"), ""),
+                "lossless mismatches": cell(r, "lossless_mismatches"),
+                "peak token usage": cell(r, "peak_token_usage"),
+                "pools cover allocator": cover_text,
+                "allocator page": cell(r, "allocator_page_size"),
+                "target pool": pool_text(r, "target"),
+                "draft pool": pool_text(r, "draft"),
+                # seed 004's flag: the draft pool paged other than the allocator (in the pool's slot space)
+                "draft_pool_page_mismatch": "" if mismatch is None else ("YES" if mismatch else "no"),
+                "draft pool missing rows": cell(r, "draft_pool_missing_rows"),
+                "same outputs as dcp 1": equiv,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -122,7 +139,7 @@ def twin_outputs(r: dict, twin: dict) -> str:
     return "DIFFERENT"
 
 
-ASSERTION_LINES_RE = re.compile(r"(failed) \(\d+ l.*$")   # "... failed (288 lines of it in the log); surfaced as ..."
+ASSERTION_LINES_RE = re.compile(r"(failed) \(\d+ l.*$")  # "... failed (288 lines of it in the log); surfaced as ..."
 
 
 def crash_cause(outcome: str) -> str:
@@ -152,9 +169,12 @@ def dcp_summary(matrix: pd.DataFrame) -> pd.DataFrame:
             ok = int((ran.outcome == "ok").sum())
             causes = sorted({crash_cause(o) for o in ran.outcome if o != "ok"})
             skipped = int(h.outcome.str.startswith("skipped").sum())
-            row[col] = f"{ok}/{len(ran)} ok" + "".join(f"; {c}" for c in causes) + (
-                f"; {unmeasured} more not measured (host interference)" if unmeasured else "") + (
-                f"; {skipped} more skipped by rule" if skipped else "")
+            row[col] = (
+                f"{ok}/{len(ran)} ok"
+                + "".join(f"; {c}" for c in causes)
+                + (f"; {unmeasured} more not measured (host interference)" if unmeasured else "")
+                + (f"; {skipped} more skipped by rule" if skipped else "")
+            )
         same = g.loc[g.dcp > 1, "same outputs as dcp 1"]
         compared = same[same.isin(["identical", "DIFFERENT"])]
         apart = int(same.str.startswith("prompts drawn apart").sum())
@@ -163,22 +183,32 @@ def dcp_summary(matrix: pd.DataFrame) -> pd.DataFrame:
         row["outputs = dcp 1"] = "; ".join(parts) or ("no ok dcp-1 twin" if (same != "").any() else "")
         rows.append(row)
     out = pd.DataFrame(rows)
-    return out[lead + sorted(c for c in out.columns if c not in lead and c != "outputs = dcp 1")
-               + ["outputs = dcp 1"]].fillna("not run")
+    return out[
+        lead + sorted(c for c in out.columns if c not in lead and c != "outputs = dcp 1") + ["outputs = dcp 1"]
+    ].fillna("not run")
 
 
 def dcp_markdown(tables: dict[str, tuple[pd.DataFrame, pd.DataFrame]]) -> str:
     """The DCP support summaries and matrices (suite -> (summary, matrix)) as markdown
     (``dashboards/dcp-support.md``, readable where the HTML dashboard is not served): generated from
     the store, so no count in it is typed by hand."""
+
     def md(t: pd.DataFrame) -> str:
-        return t.astype(str).replace({r"\|": r"\\|", "\n": " ", "^nan$": "", "^None$": ""}, regex=True) \
+        return (
+            t.astype(str)
+            .replace({r"\|": r"\\|", "\n": " ", "^nan$": "", "^None$": ""}, regex=True)
             .to_markdown(index=False)
+        )
+
     names = ", ".join(f"`suites/{suite}.toml`" for suite in tables)
     versions = ", ".join(sorted({v for _, m in tables.values() for v in m.sglang.unique()}))
-    parts = [f"# DCP support ({names})\n\nWritten by `specwatch dashboard` from `results/` "
-             f"(SGLang {versions}); each case's latest record.\n"]
+    parts = [
+        f"# DCP support ({names})\n\nWritten by `specwatch dashboard` from `results/` "
+        f"(SGLang {versions}); each case's latest record.\n"
+    ]
     for suite, (summary, matrix) in tables.items():
-        parts.append(f"\n## Summary, folded over page size and topk (`suites/{suite}.toml`)\n\n{md(summary)}\n"
-                     f"\n## Matrix (`suites/{suite}.toml`)\n\n{md(matrix)}\n")
+        parts.append(
+            f"\n## Summary, folded over page size and topk (`suites/{suite}.toml`)\n\n{md(summary)}\n"
+            f"\n## Matrix (`suites/{suite}.toml`)\n\n{md(matrix)}\n"
+        )
     return "".join(parts)

@@ -12,7 +12,10 @@ from specwatch.store.frame import latest_rows
 
 RELABELS = {
     "check.no_kv_leak": ("leak_is_unflushed_cache", "radix cache left by a refused flush, not a leak"),
-    "check.req_to_token_matches_model": ("row_matches_model_now", "match today's model: the model's rule, not SGLang's row"),
+    "check.req_to_token_matches_model": (
+        "row_matches_model_now",
+        "match today's model: the model's rule, not SGLang's row",
+    ),
 }
 """Failed checks a later finding explains: check -> (records-frame column that is True for such a
 record, what it was). The recorded verdicts stay (``store.leak_is_unflushed_cache``,
@@ -36,7 +39,7 @@ def fault_table(df: pd.DataFrame) -> pd.DataFrame:
     checks = [c for c in df.columns if c.startswith("check.")]
 
     def verdict(row) -> str:
-        bad = [c[len("check."):] for c in checks if row.get(c) == False]  # noqa: E712 (numpy bools, NaN)
+        bad = [c[len("check.") :] for c in checks if row.get(c) == False]  # noqa: E712 (numpy bools, NaN)
         if row.status != "ok":
             return f"{row.status}: {str(row.reason)[:140]}"
         return "failed: " + ", ".join(bad) if bad else "all checks pass"
@@ -47,11 +50,20 @@ def fault_table(df: pd.DataFrame) -> pd.DataFrame:
     for _, r in faulty.sort_values(["fault", "page_size", "batch_size"]).iterrows():
         c = clean[(clean.case_id == r.case_id) & (clean.sglang_version == r.sglang_version)]
         runs = r.get("fault_code_runs")
-        rows.append({"fault": r.fault, "sglang": r.sglang_version, "case": f"{r.attention_backend} p{r.page_size} "
-                     f"k{r.topk} bs{r.batch_size} {r.input_len}->{r.output_len}", "fault run": verdict(r),
-                     # an edit that never ran cannot be caught (records before the count say "not counted")
-                     "faulted code ran": "not counted" if runs is None or pd.isna(runs) else f"{int(runs)} times in its engine",
-                     "clean run": verdict(c.iloc[-1]) if len(c) else "no clean run"})
+        rows.append(
+            {
+                "fault": r.fault,
+                "sglang": r.sglang_version,
+                "case": f"{r.attention_backend} p{r.page_size} "
+                f"k{r.topk} bs{r.batch_size} {r.input_len}->{r.output_len}",
+                "fault run": verdict(r),
+                # an edit that never ran cannot be caught (records before the count say "not counted")
+                "faulted code ran": "not counted"
+                if runs is None or pd.isna(runs)
+                else f"{int(runs)} times in its engine",
+                "clean run": verdict(c.iloc[-1]) if len(c) else "no clean run",
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -78,14 +90,24 @@ def health_matrix(df: pd.DataFrame, suites_dir: Optional[Path] = Path("suites"))
     rows = []
     for (machine, version, suite), g in latest.groupby(["machine", "sglang_version", "suite"], sort=True):
         path = suites_dir / f"{suite}.toml" if suites_dir else None
-        planned = pd.DataFrame([{**p.case.params(), "case_id": p.case.case_id} for p in load_suite(path).plan()
-                                if not p.skip and not p.duplicate]) \
-            if path and path.exists() else g[key + ["topk", "case_id"]]
+        planned = (
+            pd.DataFrame(
+                [
+                    {**p.case.params(), "case_id": p.case.case_id}
+                    for p in load_suite(path).plan()
+                    if not p.skip and not p.duplicate
+                ]
+            )
+            if path and path.exists()
+            else g[key + ["topk", "case_id"]]
+        )
         for k, plan in planned.groupby(key, sort=True):
-            row = dict(zip(("machine", "sglang", "suite", "model", "algo", "backend", "page"), (machine, version, suite, *k)))
+            row = dict(
+                zip(("machine", "sglang", "suite", "model", "algo", "backend", "page"), (machine, version, suite, *k))
+            )
             rec = g[(g[key] == pd.Series(dict(zip(key, k)))).all(axis=1)]
             for topk, want in plan.groupby("topk"):
-                got = rec[rec.case_id.isin(want.case_id)]     # records of cases the suite no longer plans: out
+                got = rec[rec.case_id.isin(want.case_id)]  # records of cases the suite no longer plans: out
                 if got.empty:
                     row[f"topk {topk}"] = "not run"
                     continue
@@ -93,10 +115,13 @@ def health_matrix(df: pd.DataFrame, suites_dir: Optional[Path] = Path("suites"))
                 issues = [f"{n} {st}" for st, n in got[got.status != "ok"].status.value_counts().items()]
                 if (missing := len(want) - len(got)) > 0:
                     issues.append(f"{missing} not run")
-                issues += [f"{c[len('check.'):]} ✗ {n}" + relabel_note(ok, c)
-                           for c in checks if (n := int((ok[c] == False).sum()))]  # noqa: E712
+                issues += [
+                    f"{c[len('check.') :]} ✗ {n}" + relabel_note(ok, c)
+                    for c in checks
+                    if (n := int((ok[c] == False).sum()))  # noqa: E712 (numpy bools, NaN)
+                ]
                 row[f"topk {topk}"] = f"{len(ok)}/{len(want)} ok" + "".join(f"; {i}" for i in issues)
-            if not rec.empty:         # a row with no record at all (e.g. a reduced run of an old version): left out
+            if not rec.empty:  # a row with no record at all (e.g. a reduced run of an old version): left out
                 rows.append(row)
     out = pd.DataFrame(rows)
     if out.empty:
@@ -117,9 +142,15 @@ def throughput_spread(df: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     clean = df.decode_throughput_spread.notna() & df.fault.isna() & (df.probe != False)  # noqa: E712
     spread = df[clean].groupby(["machine", "sglang_version", "suite", "model", "batch_size"])
-    return spread.agg(cases=("decode_throughput_spread", "size"),
-                      median=("decode_throughput_spread", "median"),
-                      p90=("decode_throughput_spread", lambda v: v.quantile(0.9))).round(3).reset_index()
+    return (
+        spread.agg(
+            cases=("decode_throughput_spread", "size"),
+            median=("decode_throughput_spread", "median"),
+            p90=("decode_throughput_spread", lambda v: v.quantile(0.9)),
+        )
+        .round(3)
+        .reset_index()
+    )
 
 
 def start_breakdown(df: pd.DataFrame) -> pd.DataFrame:
@@ -129,8 +160,12 @@ def start_breakdown(df: pd.DataFrame) -> pd.DataFrame:
     if not phases or "engine_start_time" not in df:
         return pd.DataFrame()
     started = df[df[phases].notna().any(axis=1)]
-    table = (started.groupby(["machine", "sglang_version", "attention_backend"])[["engine_start_time"] + phases]
-             .median().round(1).reset_index())
+    table = (
+        started.groupby(["machine", "sglang_version", "attention_backend"])[["engine_start_time"] + phases]
+        .median()
+        .round(1)
+        .reset_index()
+    )
     table.columns = [c.removeprefix("start.") for c in table.columns]
     return table
 
@@ -143,10 +178,16 @@ def failed_checks(df: pd.DataFrame) -> pd.DataFrame:
     failing = df[df[checks].eq(False).any(axis=1)] if checks else df.iloc[0:0]
     rows = []
     for _, row in failing.iterrows():
-        bad = [c[len("check."):] for c in checks if row[c] == False]  # noqa: E712 (numpy bools, NaN)
+        bad = [c[len("check.") :] for c in checks if row[c] == False]  # noqa: E712 (numpy bools, NaN)
         note = " (the radix cache a refused flush left, not a leak)" if row.get("leak_is_unflushed_cache") else ""
         if "req_to_token_matches_model" in bad and row.get("row_matches_model_now") is True:
             note += " (the row matches today's model: the model's rule was learned later)"
-        rows.append({"case_id": row.case_id, "where": f"{row.suite} {row.attention_backend} p{row.page_size} "
-                     f"k{row.topk} bs{row.batch_size}", "failed": bad, "note": note})
+        rows.append(
+            {
+                "case_id": row.case_id,
+                "where": f"{row.suite} {row.attention_backend} p{row.page_size} k{row.topk} bs{row.batch_size}",
+                "failed": bad,
+                "note": note,
+            }
+        )
     return pd.DataFrame(rows, columns=["case_id", "where", "failed", "note"])

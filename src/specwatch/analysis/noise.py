@@ -45,6 +45,7 @@ def pair_selections(pair: dict) -> tuple[str, str]:
     """The base and head selections of an A/A pair as a budget file records it, with a relative
     ``run=-N`` term replaced by the run id it meant when the pair was measured (newer runs must not
     move an old pair)."""
+
     def pinned(spec: str, runs: list) -> str:
         terms = spec.split(",")
         if len(runs or []) == 1 and any(t.startswith("run=-") for t in terms):
@@ -69,8 +70,12 @@ class HeldOut:
     """Timed metrics whose class/metric no other pair measured (judged at the plain threshold)."""
 
 
-def held_out(pairs: list[tuple[list[CaseRecord], list[CaseRecord]]], threshold: float = 0.05,
-             alpha: float = 0.1, margin: float = 1.5) -> list[HeldOut]:
+def held_out(
+    pairs: list[tuple[list[CaseRecord], list[CaseRecord]]],
+    threshold: float = 0.05,
+    alpha: float = 0.1,
+    margin: float = 1.5,
+) -> list[HeldOut]:
     """The false-positive rate of ``compare --budgets`` measured honestly: each A/A pair against
     budgets derived (``NoiseReport.budgets``, merged) from the other pairs only."""
     plain = [noise_report(compare_records(b, h, threshold=threshold, alpha=alpha)) for b, h in pairs]
@@ -82,8 +87,15 @@ def held_out(pairs: list[tuple[list[CaseRecord], list[CaseRecord]]], threshold: 
             if j != i:
                 budgets = merge_budgets(budgets, bj)
         judged = [r for r in compare_records(b, h, threshold=threshold, alpha=alpha, budgets=budgets) if r.timed]
-        out.append(HeldOut(i, len(judged), plain[i].flagged, noise_report(judged).flagged,
-                           sum(budget_key(budgets, r.noise_class, r.metric) is None for r in judged)))
+        out.append(
+            HeldOut(
+                i,
+                len(judged),
+                plain[i].flagged,
+                noise_report(judged).flagged,
+                sum(budget_key(budgets, r.noise_class, r.metric) is None for r in judged),
+            )
+        )
     return out
 
 
@@ -93,25 +105,32 @@ HOST_LOAD_GAP = 1.0
 
 def host_load(recs: list[CaseRecord]) -> Optional[float]:
     """Median over records of the host's load average around each case (``details.host_load``)."""
-    vals = [statistics.mean(v for v in (d.before, d.after) if v is not None)
-            for d in (r.details.host_load for r in recs)
-            if d is not None and (d.before is not None or d.after is not None)]
+    vals = [
+        statistics.mean(v for v in (d.before, d.after) if v is not None)
+        for d in (r.details.host_load for r in recs)
+        if d is not None and (d.before is not None or d.after is not None)
+    ]
     return statistics.median(vals) if vals else None
 
 
 def aa_differences(base: Iterable[CaseRecord], head: Iterable[CaseRecord]) -> list[str]:
     """What makes two runs not an A/A pair: run conditions that differ between them (SGLang version,
     machine, GPU, driver, probe on/off, parallel starts, engine arguments), each as one line."""
+
     def conditions(recs) -> dict[str, set]:
         out: dict[str, set] = {}
         for r in recs:
             p, d = r.provenance, r.details
-            for key, value in (("sglang_version", p.sglang_version), ("machine", p.machine),
-                               ("gpu_name", p.gpu_name), ("driver_version", p.driver_version),
-                               ("probe", p.probe), ("parallel_starts", d.parallel_starts or 1),
-                               ("overlap_starts", r.overlap_starts),
-                               ("engine_kwargs", json.dumps(d.engine_kwargs, sort_keys=True)
-                                if d.engine_kwargs is not None else None)):
+            for key, value in (
+                ("sglang_version", p.sglang_version),
+                ("machine", p.machine),
+                ("gpu_name", p.gpu_name),
+                ("driver_version", p.driver_version),
+                ("probe", p.probe),
+                ("parallel_starts", d.parallel_starts or 1),
+                ("overlap_starts", r.overlap_starts),
+                ("engine_kwargs", json.dumps(d.engine_kwargs, sort_keys=True) if d.engine_kwargs is not None else None),
+            ):
                 out.setdefault(key, set()).add(value)
         return out
 
@@ -184,12 +203,16 @@ class BudgetFile(BaseModel):
         try:
             data = json.loads(Path(path).read_text())
             if isinstance(data, dict) and "pairs" not in data and "base" in data:
-                data = {"pairs": [{k: data[k] for k in AAPair.model_fields if k in data}], "budgets": data.get("budgets")}
+                data = {
+                    "pairs": [{k: data[k] for k in AAPair.model_fields if k in data}],
+                    "budgets": data.get("budgets"),
+                }
             return cls.model_validate(data)
         except (OSError, ValueError) as e:
             why = f"{e.error_count()} error(s), first: {e.errors()[0]['msg']}" if isinstance(e, ValidationError) else e
-            raise SpecwatchInputError(path, f"not a noise-budget file ({type(e).__name__}: {why})",
-                                      field="budgets") from None
+            raise SpecwatchInputError(
+                path, f"not a noise-budget file ({type(e).__name__}: {why})", field="budgets"
+            ) from None
 
     def merged(self, pair: AAPair, budgets: dict[str, float]) -> "BudgetFile":
         """This file with one more pair: its pairs kept, per class/metric the larger budget."""
@@ -199,15 +222,19 @@ class BudgetFile(BaseModel):
         Path(path).write_text(json.dumps(self.model_dump(exclude_none=True), indent=1) + "\n")
 
 
-def aa_pair(base: str, head: str, b: list[CaseRecord], h: list[CaseRecord], rep: NoiseReport,
-            margin: float) -> AAPair:
+def aa_pair(base: str, head: str, b: list[CaseRecord], h: list[CaseRecord], rep: NoiseReport, margin: float) -> AAPair:
     """The budget file's entry for one A/A comparison. ``run=-N`` is relative to the store's newest
     run: the run ids it meant are kept beside it."""
-    return AAPair(base=base, head=head,
-                  base_runs=sorted({r.provenance.run_id for r in b if r.provenance.run_id}),
-                  head_runs=sorted({r.provenance.run_id for r in h if r.provenance.run_id}),
-                  timed_metrics=rep.timed, flagged=rep.flagged, false_positive_rate=rep.false_positive_rate,
-                  margin=margin)
+    return AAPair(
+        base=base,
+        head=head,
+        base_runs=sorted({r.provenance.run_id for r in b if r.provenance.run_id}),
+        head_runs=sorted({r.provenance.run_id for r in h if r.provenance.run_id}),
+        timed_metrics=rep.timed,
+        flagged=rep.flagged,
+        false_positive_rate=rep.false_positive_rate,
+        margin=margin,
+    )
 
 
 def spread_table(rep: NoiseReport) -> pd.DataFrame:
@@ -228,15 +255,21 @@ class HoldoutReport:
 
     def markdown(self, budget_file: Path, threshold: float) -> str:
         table = self.pairs.assign(pair=self.pairs.pair.str.replace("|", "\\|", regex=False)).to_markdown(index=False)
-        return (f"# Held-out A/A check of {budget_file}\n\n{self.summary}\n\n{table}\n\n"
-                "## Smallest change called a regression\n\n"
-                "Per noise class and timed metric, the budget `compare --budgets` applies (all pairs "
-                "merged): a change below it is noise by the A/A pairs' measure. Classes not listed "
-                f"use the plain {threshold:.0%} threshold.\n\n{self.price.to_markdown(index=False)}\n")
+        return (
+            f"# Held-out A/A check of {budget_file}\n\n{self.summary}\n\n{table}\n\n"
+            "## Smallest change called a regression\n\n"
+            "Per noise class and timed metric, the budget `compare --budgets` applies (all pairs "
+            "merged): a change below it is noise by the A/A pairs' measure. Classes not listed "
+            f"use the plain {threshold:.0%} threshold.\n\n{self.price.to_markdown(index=False)}\n"
+        )
 
 
-def holdout_report(budgets: BudgetFile, selected: list[tuple[list[CaseRecord], list[CaseRecord]]],
-                   threshold: float = 0.05, alpha: float = 0.1) -> HoldoutReport:
+def holdout_report(
+    budgets: BudgetFile,
+    selected: list[tuple[list[CaseRecord], list[CaseRecord]]],
+    threshold: float = 0.05,
+    alpha: float = 0.1,
+) -> HoldoutReport:
     """Each A/A pair of a budget file (``selected``: its records, in the file's order) judged under
     the budgets of the other pairs only (``held_out``), at the first pair's margin. A pair whose runs
     differ (``aa_differences``) is no A/A: its budgets count (larger, as compare uses them), its own
@@ -247,20 +280,29 @@ def holdout_report(budgets: BudgetFile, selected: list[tuple[list[CaseRecord], l
         base, head = budgets.pairs[h.pair].selections()
         differ = aa_differences(*selected[h.pair])
         clean.append(not differ)
-        rows.append({"pair": f"{base} -> {head}",
-                     "conditions": "not clean, not counted: " + "; ".join(differ) if differ else "clean",
-                     "timed metrics": h.timed, f"flagged at {threshold:.0%}": h.flagged_plain,
-                     "flagged under the other pairs' budgets": h.flagged,
-                     "held-out false-positive rate": f"{h.flagged / h.timed:.1%}" if h.timed else "-",
-                     "no budget from another pair": h.unbudgeted})
+        rows.append(
+            {
+                "pair": f"{base} -> {head}",
+                "conditions": "not clean, not counted: " + "; ".join(differ) if differ else "clean",
+                "timed metrics": h.timed,
+                f"flagged at {threshold:.0%}": h.flagged_plain,
+                "flagged under the other pairs' budgets": h.flagged,
+                "held-out false-positive rate": f"{h.flagged / h.timed:.1%}" if h.timed else "-",
+                "no budget from another pair": h.unbudgeted,
+            }
+        )
     t = pd.DataFrame(rows)
     counted = t[clean]
     total, flagged = int(counted["timed metrics"].sum()), int(counted["flagged under the other pairs' budgets"].sum())
-    summary = (f"held out, clean pairs: {flagged} of {total} timed metrics flagged ({flagged / max(total, 1):.1%}; "
-               f"goal <= 1%)")
+    summary = (
+        f"held out, clean pairs: {flagged} of {total} timed metrics flagged ({flagged / max(total, 1):.1%}; goal <= 1%)"
+    )
     # a class without a budget gets the plain threshold
     price = pd.Series(budgets.budgets, name="budget").rename_axis("key").reset_index()
     price[["class", "metric"]] = price.key.str.rsplit("/", n=1, expand=True)
-    price = price.pivot(index="class", columns="metric", values="budget").apply(lambda col: col.map(
-        lambda v: f"{v:.0%}" if v == v else "-")).reset_index()
+    price = (
+        price.pivot(index="class", columns="metric", values="budget")
+        .apply(lambda col: col.map(lambda v: f"{v:.0%}" if v == v else "-"))
+        .reset_index()
+    )
     return HoldoutReport(t, summary, price)

@@ -37,16 +37,16 @@ def overhead_table(df: pd.DataFrame, metric: str = "output_throughput") -> pd.Da
         return pd.DataFrame()
     ok = df[(df.status == "ok") & df.fault.isna() & df[metric].notna()]
     rows = []
-    for (machine, version, case_id), g in ok.groupby(["machine", "sglang_version", "case_id"], sort=False):
-        own = g[g.probe == True]                        # noqa: E712 (the probed runs)
-        bare = g[g.probe == False][metric].tolist()     # noqa: E712
+    for (machine, version, _case_id), g in ok.groupby(["machine", "sglang_version", "case_id"], sort=False):
+        own = g[g.probe == True]  # noqa: E712 (the probed runs)
+        bare = g[g.probe == False][metric].tolist()  # noqa: E712
         probed = own[metric].tolist()
         if not bare or not probed:
             continue
         b = g.iloc[-1]
         bare_med, probed_med = statistics.median(bare), statistics.median(probed)
         ratio = probed_med / bare_med
-        spreads = [s for s in (relative_spread(bare), relative_spread(probed)) if s is not None]   # None: one run
+        spreads = [s for s in (relative_spread(bare), relative_spread(probed)) if s is not None]  # None: one run
         noise = max(spreads) if spreads else None
         gap = abs(ratio - 1)
         # the probe's own clock: its per-batch cost over the step time (ms), in its probed runs
@@ -59,12 +59,19 @@ def overhead_table(df: pd.DataFrame, metric: str = "output_throughput") -> pd.Da
             verdict = PROBE_CLOCK if share is not None and share < OVERHEAD_BUDGET / 10 else WITHIN_NOISE
         else:
             verdict = OVER_BUDGET if ratio < 1 else f"faster by more than {OVERHEAD_BUDGET:.0%}"
-        rows.append({"machine": machine, "sglang": version, "suite": b.suite,
-                     "case": f"{b.model} {b.algorithm} {b.attention_backend} p{b.page_size} k{b.topk} bs{b.batch_size}",
-                     "runs bare / probed": f"{len(bare)} / {len(probed)}",
-                     f"bare {metric}": round(bare_med, 1), f"specwatch {metric}": round(probed_med, 1),
-                     "specwatch / bare": round(ratio, 4),
-                     "run-to-run spread": "unmeasured" if noise is None else f"{noise:.1%}",
-                     "probe per step": "not recorded" if share is None else f"{share:.3%}",
-                     "verdict": verdict})
+        rows.append(
+            {
+                "machine": machine,
+                "sglang": version,
+                "suite": b.suite,
+                "case": f"{b.model} {b.algorithm} {b.attention_backend} p{b.page_size} k{b.topk} bs{b.batch_size}",
+                "runs bare / probed": f"{len(bare)} / {len(probed)}",
+                f"bare {metric}": round(bare_med, 1),
+                f"specwatch {metric}": round(probed_med, 1),
+                "specwatch / bare": round(ratio, 4),
+                "run-to-run spread": "unmeasured" if noise is None else f"{noise:.1%}",
+                "probe per step": "not recorded" if share is None else f"{share:.3%}",
+                "verdict": verdict,
+            }
+        )
     return pd.DataFrame(rows)

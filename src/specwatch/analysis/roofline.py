@@ -34,9 +34,9 @@ BF16 = 2
 
 def layer_params(s: Shape) -> int:
     hd = s.hidden // s.heads
-    attn = s.hidden * s.heads * hd * 2 + s.hidden * s.kv_heads * hd * 2      # q, o + k, v
+    attn = s.hidden * s.heads * hd * 2 + s.hidden * s.kv_heads * hd * 2  # q, o + k, v
     mlp = 3 * s.hidden * s.intermediate
-    return attn + mlp + 2 * s.hidden                                        # + 2 RMSNorm weights
+    return attn + mlp + 2 * s.hidden  # + 2 RMSNorm weights
 
 
 def kv_bytes_per_token(s: Shape, layers: int) -> int:
@@ -79,8 +79,12 @@ def roofline_frame(records) -> "pd.DataFrame":
 
     rows = []
     for r in records:
-        if r.status.value != "ok" or r.case.batch_size != 1 or r.case.algorithm is not Algorithm.EAGLE \
-                or SHAPES[r.case.model].arch != "llama":     # the byte count is Llama's (MLA: not modelled)
+        if (
+            r.status.value != "ok"
+            or r.case.batch_size != 1
+            or r.case.algorithm is not Algorithm.EAGLE
+            or SHAPES[r.case.model].arch != "llama"
+        ):  # the byte count is Llama's (MLA: not modelled)
             continue
         m = r.metrics
         tput = m.get("decode_throughput") or m.get("output_throughput")
@@ -90,9 +94,18 @@ def roofline_frame(records) -> "pd.DataFrame":
         ctx = r.case.input_len + r.case.output_len // 2
         b = cycle_bytes(r.case, ctx)
         bound = bound_tokens_per_s(r.case, al.value, ctx)
-        rows.append({"case_id": r.case_id, "case": r.case.label(), "sglang": r.provenance.sglang_version,
-                     "accept_length": round(al.value, 3), "target_GB": round(b.target_weights / 1e9, 2),
-                     "draft_GB": round(b.draft_weights / 1e9, 2), "kv_GB": round(b.kv_cache / 1e9, 3),
-                     "bound_tok_s": round(bound, 1), "measured_tok_s": round(tput.value, 1),
-                     "fraction_of_bound": round(tput.value / bound, 3)})
+        rows.append(
+            {
+                "case_id": r.case_id,
+                "case": r.case.label(),
+                "sglang": r.provenance.sglang_version,
+                "accept_length": round(al.value, 3),
+                "target_GB": round(b.target_weights / 1e9, 2),
+                "draft_GB": round(b.draft_weights / 1e9, 2),
+                "kv_GB": round(b.kv_cache / 1e9, 3),
+                "bound_tok_s": round(bound, 1),
+                "measured_tok_s": round(tput.value, 1),
+                "fraction_of_bound": round(tput.value / bound, 3),
+            }
+        )
     return pd.DataFrame(rows)

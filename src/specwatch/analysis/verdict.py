@@ -125,19 +125,27 @@ def suite_health(suite: str, records: list[CaseRecord]) -> SuiteHealth:
     latest = latest_by_case(records).values()
     statuses = Counter(r.status.value for r in latest)
     checks = Counter(name for r in latest if r.status is Status.ok for name, ok in r.checks.items() if ok is False)
-    return SuiteHealth(suite=suite, statuses={s.value: statuses.get(s.value, 0) for s in Status},
-                       failing_checks=dict(sorted(checks.items())))
+    return SuiteHealth(
+        suite=suite,
+        statuses={s.value: statuses.get(s.value, 0) for s in Status},
+        failing_checks=dict(sorted(checks.items())),
+    )
 
 
-def compare_suite(suite: str, base_version: str, head_version: str, root: Path,
-                  budgets: Optional[dict[str, float]]) -> SuiteComparison:
+def compare_suite(
+    suite: str, base_version: str, head_version: str, root: Path, budgets: Optional[dict[str, float]]
+) -> SuiteComparison:
     """One suite's comparison between two releases, on the selections ``scripts/reports.sh`` names."""
     base, head = (f"sglang_version={v},suite={suite}" for v in (base_version, head_version))
     rows = compare_records(select(base, root), select(head, root), budgets=budgets)
     return SuiteComparison(
-        suite=suite, base=base, head=head, counts=dict(Counter(r.verdict.value for r in rows)),
+        suite=suite,
+        base=base,
+        head=head,
+        counts=dict(Counter(r.verdict.value for r in rows)),
         regressed=[f"{r.label}: {r.metric}" for r in rows if r.verdict is Verdict.regressed],
-        now_failing=[f"{r.label}: {r.note}" for r in rows if r.verdict is Verdict.now_failing])
+        now_failing=[f"{r.label}: {r.note}" for r in rows if r.verdict is Verdict.now_failing],
+    )
 
 
 def release_verdict(root: Path, budgets_path: Optional[Path] = None) -> Optional[ReleaseVerdict]:
@@ -148,16 +156,25 @@ def release_verdict(root: Path, budgets_path: Optional[Path] = None) -> Optional
     budgets = load_budgets(budgets_path)
     # statuses and checks of overlapped runs count (only their timing is contended, and compare's
     # own selections leave those out of the timed comparison)
-    records = [r for r in load_records(result_files(root)) if r.provenance.fault is None and r.provenance.probe
-               and r.provenance.sglang_version]
+    records = [
+        r
+        for r in load_records(result_files(root))
+        if r.provenance.fault is None and r.provenance.probe and r.provenance.sglang_version
+    ]
     versions = sorted({r.provenance.sglang_version for r in records}, key=version_key)
     if not versions:
         return None
     head, base = versions[-1], (versions[-2] if len(versions) > 1 else None)
     suites = {v: {r.suite for r in records if r.provenance.sglang_version == v} for v in (head, base)}
-    compared = [compare_suite(s, base, head, root, budgets) for s in sorted(suites[head] & suites[base])] \
-        if base else []
+    compared = (
+        [compare_suite(s, base, head, root, budgets) for s in sorted(suites[head] & suites[base])] if base else []
+    )
     newest = [r for r in records if r.provenance.sglang_version == head]
     health = [suite_health(s, [r for r in newest if r.suite == s]) for s in sorted(suites[head])]
-    return ReleaseVerdict(head_version=head, base_version=base, budgets=str(budgets_path) if budgets else None,
-                          compared=compared, health=health)
+    return ReleaseVerdict(
+        head_version=head,
+        base_version=base,
+        budgets=str(budgets_path) if budgets else None,
+        compared=compared,
+        health=health,
+    )

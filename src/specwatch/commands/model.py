@@ -17,10 +17,18 @@ model_app = typer.Typer(no_args_is_help=True, help="CPU tier: memory model and a
 
 
 @model_app.command("memory")
-def model_memory(page: Positive = 1, topk: Positive = 1, steps: Positive = 3, draft: Positive = 4,
-                 context_len: Positive = 4096, max_running: Positive = 48, dcp: Positive = 1,
-                 algorithm: str = typer.Option("EAGLE", help="EAGLE, EAGLE3, STANDALONE, NGRAM or none."),
-                 csv: Optional[Path] = typer.Option(None), json_out: Optional[Path] = typer.Option(None, "--json")) -> None:
+def model_memory(
+    page: Positive = 1,
+    topk: Positive = 1,
+    steps: Positive = 3,
+    draft: Positive = 4,
+    context_len: Positive = 4096,
+    max_running: Positive = 48,
+    dcp: Positive = 1,
+    algorithm: str = typer.Option("EAGLE", help="EAGLE, EAGLE3, STANDALONE, NGRAM or none."),
+    csv: Optional[Path] = typer.Option(None),
+    json_out: Optional[Path] = typer.Option(None, "--json"),
+) -> None:
     """Spec-decode KV sizing for one configuration: specwatch's formulas next to SGLang's."""
     from specwatch.core.case import Algorithm
     from specwatch.rules.memory_model import (
@@ -35,13 +43,28 @@ def model_memory(page: Positive = 1, topk: Positive = 1, steps: Positive = 3, dr
     except ValueError:
         raise SpecwatchInputError(None, f"unknown algorithm {algorithm!r}", field="--algorithm") from None
     ref, sgl, diffs = compare(SizingInput(algo, page, topk, steps, draft, context_len, max_running, dcp))
-    rows = [{"field": f, "specwatch": getattr(ref, f),
-             "sglang": getattr(sgl, f) if (sgl is not None and f in COMPARED_FIELDS) else None} for f in SIZING_FIELDS]
-    print_table(f"memory model: page {page}, topk {topk}, steps {steps}, draft {draft}, ctx {context_len}, "
-                 f"max running {max_running}, dcp {dcp}, {algorithm}",
-                 ["field", "specwatch", "sglang " + ("(not importable)" if sgl is None else ""), "agree"],
-                 [[r["field"], r["specwatch"], r["sglang"], "" if r["sglang"] is None else
-                   Text("yes") if r["specwatch"] == r["sglang"] else Text("NO", "red")] for r in rows])
+    rows = [
+        {
+            "field": f,
+            "specwatch": getattr(ref, f),
+            "sglang": getattr(sgl, f) if (sgl is not None and f in COMPARED_FIELDS) else None,
+        }
+        for f in SIZING_FIELDS
+    ]
+    print_table(
+        f"memory model: page {page}, topk {topk}, steps {steps}, draft {draft}, ctx {context_len}, "
+        f"max running {max_running}, dcp {dcp}, {algorithm}",
+        ["field", "specwatch", "sglang " + ("(not importable)" if sgl is None else ""), "agree"],
+        [
+            [
+                r["field"],
+                r["specwatch"],
+                r["sglang"],
+                "" if r["sglang"] is None else Text("yes") if r["specwatch"] == r["sglang"] else Text("NO", "red"),
+            ]
+            for r in rows
+        ],
+    )
     if csv:
         import pandas as pd
 
@@ -53,40 +76,71 @@ def model_memory(page: Positive = 1, topk: Positive = 1, steps: Positive = 3, dr
 
 
 @model_app.command("simulate")
-def model_simulate(page: Positive = 64, topk: Positive = 8, steps: Positive = 3, draft: Positive = 16,
-                   context_len: Positive = 512, requests: Positive = 4, input_len: Positive = 300,
-                   accept: str = typer.Option("random", help="full, one or random."),
-                   dcp: Positive = 1, seed: int = typer.Option(0, "--seed"), output_len: Positive = 10_000,
-                   near_full: bool = typer.Option(False, "--near-full", help="Pool sized to the peak demand."),
-                   kv_write_ignores_dcp: bool = typer.Option(
-                       False, "--kv-write-ignores-dcp", help="The target's attention backend writes KV at the "
-                       "allocator's virtual slot into its per-rank pool (no DCP code, e.g. 0.5.17's flashinfer)."),
-                   fault: Optional[str] = typer.Option(None, help="Plant a fault: row-widen-revert, "
-                                                               "unaligned-watermark, draft-page-mismatch."),
-                   as_json: bool = typer.Option(False, "--json")) -> None:
+def model_simulate(
+    page: Positive = 64,
+    topk: Positive = 8,
+    steps: Positive = 3,
+    draft: Positive = 16,
+    context_len: Positive = 512,
+    requests: Positive = 4,
+    input_len: Positive = 300,
+    accept: str = typer.Option("random", help="full, one or random."),
+    dcp: Positive = 1,
+    seed: int = typer.Option(0, "--seed"),
+    output_len: Positive = 10_000,
+    near_full: bool = typer.Option(False, "--near-full", help="Pool sized to the peak demand."),
+    kv_write_ignores_dcp: bool = typer.Option(
+        False,
+        "--kv-write-ignores-dcp",
+        help="The target's attention backend writes KV at the "
+        "allocator's virtual slot into its per-rank pool (no DCP code, e.g. 0.5.17's flashinfer).",
+    ),
+    fault: Optional[str] = typer.Option(
+        None, help="Plant a fault: row-widen-revert, unaligned-watermark, draft-page-mismatch."
+    ),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
     """Drive SGLang's real ReqToTokenPool and paged allocator on CPU through spec-decode steps."""
     from specwatch.cpu.allocator_sim import AcceptPattern, SimConfig, simulate
     from specwatch.inject.faults import SimFault
 
     try:
-        cfg = SimConfig(page, topk, steps, draft, context_len=context_len, num_requests=requests,
-                        input_len=input_len, output_len=output_len, accept=AcceptPattern(accept), dcp=dcp,
-                        seed=seed, near_full=near_full, kv_write_ignores_dcp=kv_write_ignores_dcp,
-                        fault=SimFault(fault) if fault else None)
+        cfg = SimConfig(
+            page,
+            topk,
+            steps,
+            draft,
+            context_len=context_len,
+            num_requests=requests,
+            input_len=input_len,
+            output_len=output_len,
+            accept=AcceptPattern(accept),
+            dcp=dcp,
+            seed=seed,
+            near_full=near_full,
+            kv_write_ignores_dcp=kv_write_ignores_dcp,
+            fault=SimFault(fault) if fault else None,
+        )
     except ValueError as e:
         raise SpecwatchInputError(None, str(e), field="--accept/--fault") from None
     try:
         res = simulate(cfg)
     except ImportError as e:
-        raise SpecwatchInputError(None, f"sglang is not importable here ({e}); install "
-                                  "requirements/sglang-cpu*.txt") from None
+        raise SpecwatchInputError(
+            None, f"sglang is not importable here ({e}); install requirements/sglang-cpu*.txt"
+        ) from None
     d = res.as_dict()
     if as_json:
         print(json.dumps(d, default=str))
     else:
-        print_table("allocator simulation" + (f" with fault {fault}" if fault else ""), ["quantity", "value"],
-                     [[k, v] for k, v in d.items() if k != "config"])
+        print_table(
+            "allocator simulation" + (f" with fault {fault}" if fault else ""),
+            ["quantity", "value"],
+            [[k, v] for k, v in d.items() if k != "config"],
+        )
         for v in res.row_violations[:3]:
-            console.print(f"[red]row violation[/red]: request {v.request} committed {v.committed_len} "
-                          f"watermark {v.watermark} > row width {v.row_width}")
+            console.print(
+                f"[red]row violation[/red]: request {v.request} committed {v.committed_len} "
+                f"watermark {v.watermark} > row width {v.row_width}"
+            )
     raise typer.Exit(0 if res.clean else 1)

@@ -19,12 +19,16 @@ from specwatch.commands.output import console, print_frame
 from specwatch.core.errors import SpecwatchInputError
 
 
-def compare(base: str = typer.Argument(..., help="Base selection: results file/folder or FIELD=VALUE[,...]."),
-            head: str = typer.Argument(..., help="Head selection, same forms."),
-            results: Results = Path("results"), threshold: Threshold = 0.05, alpha: Alpha = 0.1,
-            output: Output = None,
-            all_rows: bool = typer.Option(False, "--all", help="Also list unchanged metrics."),
-            budgets: BudgetsOpt = None) -> None:
+def compare(
+    base: str = typer.Argument(..., help="Base selection: results file/folder or FIELD=VALUE[,...]."),
+    head: str = typer.Argument(..., help="Head selection, same forms."),
+    results: Results = Path("results"),
+    threshold: Threshold = 0.05,
+    alpha: Alpha = 0.1,
+    output: Output = None,
+    all_rows: bool = typer.Option(False, "--all", help="Also list unchanged metrics."),
+    budgets: BudgetsOpt = None,
+) -> None:
     """Markdown report of HEAD vs BASE; exit code 1 when anything regressed or now fails."""
     from specwatch.analysis.compare import compare_records, has_regression, markdown
 
@@ -37,13 +41,22 @@ def compare(base: str = typer.Argument(..., help="Base selection: results file/f
     raise typer.Exit(1 if has_regression(rows) else 0)
 
 
-def noise(base: str = typer.Argument(..., help="First run of an A/A pair (same SGLang): selection."),
-          head: str = typer.Argument(..., help="Second run: selection."),
-          results: Results = Path("results"), threshold: Threshold = 0.05, alpha: Alpha = 0.1,
-          margin: float = typer.Option(1.5, help="Budget = margin x the largest A/A change seen."),
-          output: Output = None, budgets: BudgetsOpt = None,
-          merge: bool = typer.Option(False, "--merge", help="With --output naming an existing budget file: keep its "
-                                     "pairs and budgets, take per class/metric the larger of old and new.")) -> None:
+def noise(
+    base: str = typer.Argument(..., help="First run of an A/A pair (same SGLang): selection."),
+    head: str = typer.Argument(..., help="Second run: selection."),
+    results: Results = Path("results"),
+    threshold: Threshold = 0.05,
+    alpha: Alpha = 0.1,
+    margin: float = typer.Option(1.5, help="Budget = margin x the largest A/A change seen."),
+    output: Output = None,
+    budgets: BudgetsOpt = None,
+    merge: bool = typer.Option(
+        False,
+        "--merge",
+        help="With --output naming an existing budget file: keep its "
+        "pairs and budgets, take per class/metric the larger of old and new.",
+    ),
+) -> None:
     """A/A comparison: the false-positive rate of `compare` on two runs of the same version, and
     per-class noise budgets derived from their spread (use with `compare --budgets`); --budgets also
     reports the rate under budgets from another A/A pair (a held-out check)."""
@@ -60,25 +73,37 @@ def noise(base: str = typer.Argument(..., help="First run of an A/A pair (same S
     for line in aa_differences(b, h):
         console.print(f"[yellow]not a clean A/A: {line}[/yellow]")
     rep = noise_report(compare_records(b, h, threshold=threshold, alpha=alpha))
-    console.print(f"A/A: {rep.flagged} of {rep.timed} timed metrics flagged at threshold {threshold:.0%}, "
-                  f"alpha {alpha}: false-positive rate {rep.false_positive_rate:.1%}")
+    console.print(
+        f"A/A: {rep.flagged} of {rep.timed} timed metrics flagged at threshold {threshold:.0%}, "
+        f"alpha {alpha}: false-positive rate {rep.false_positive_rate:.1%}"
+    )
     if budgets:
         held = noise_report(compare_records(b, h, threshold=threshold, alpha=alpha, budgets=budget_values(budgets)))
-        console.print(f"A/A under the budgets in {budgets}: {held.flagged} of {held.timed} flagged: "
-                      f"false-positive rate {held.false_positive_rate:.1%}")
+        console.print(
+            f"A/A under the budgets in {budgets}: {held.flagged} of {held.timed} flagged: "
+            f"false-positive rate {held.false_positive_rate:.1%}"
+        )
     print_frame("largest A/A change per noise class and metric", spread_table(rep))
     if output:
         pair, new = aa_pair(base, head, b, h, rep, margin), rep.budgets(margin, threshold)
-        f = BudgetFile.load(output).merged(pair, new) if merge and output.exists() else \
-            BudgetFile(pairs=[pair], budgets=new)
+        f = (
+            BudgetFile.load(output).merged(pair, new)
+            if merge and output.exists()
+            else BudgetFile(pairs=[pair], budgets=new)
+        )
         f.save(output)
         console.print(f"wrote {output} ({len(f.pairs)} A/A pair(s), {len(f.budgets)} budgets)")
 
 
-def noise_holdout(budget_file: Path = typer.Argument(Path("results/noise-budgets.json"), help="Budget file whose "
-                                                     "A/A pairs to check (specwatch noise -o)."),
-                  results: Results = Path("results"), threshold: Threshold = 0.05, alpha: Alpha = 0.1,
-                  output: Output = None) -> None:
+def noise_holdout(
+    budget_file: Path = typer.Argument(
+        Path("results/noise-budgets.json"), help="Budget file whose A/A pairs to check (specwatch noise -o)."
+    ),
+    results: Results = Path("results"),
+    threshold: Threshold = 0.05,
+    alpha: Alpha = 0.1,
+    output: Output = None,
+) -> None:
     """Held-out false-positive rate of `compare --budgets`: each A/A pair of a budget file judged
     under the budgets of the other pairs only (leave one out), at the pairs' own margin."""
     from specwatch.analysis.noise import BudgetFile, holdout_report

@@ -17,7 +17,7 @@ def check_where(terms: list[str]) -> list[str]:
     from specwatch.suite import parse_where
 
     try:
-        parse_where(terms)         # a value no case can take is refused there, naming the term
+        parse_where(terms)  # a value no case can take is refused there, naming the term
     except SpecwatchInputError as e:
         raise typer.BadParameter(f"{e.field}: {e.message}") from None
     return terms
@@ -34,16 +34,28 @@ def check_shard(text: Optional[str]) -> Optional[str]:
     return text
 
 
-Where = Annotated[list[str], typer.Option("--where", callback=check_where, help="Only cases with FIELD=V1[,V2] "
-                                          "(repeatable), e.g. page_size=64,256.")]
+Where = Annotated[
+    list[str],
+    typer.Option(
+        "--where", callback=check_where, help="Only cases with FIELD=V1[,V2] (repeatable), e.g. page_size=64,256."
+    ),
+]
 Results = Annotated[Path, typer.Option("--results", help="Results root directory.")]
 StoredResults = Annotated[Path, typer.Option("--results", exists=True, file_okay=False, help="Results root.")]
 ResultsArg = Annotated[Path, typer.Argument(exists=True, file_okay=False, help="Results root.")]
 Threshold = Annotated[float, typer.Option(help="Relative change a timed metric must exceed (default threshold).")]
 Alpha = Annotated[float, typer.Option(help="Mann-Whitney U p-value a timed change must reach.")]
-BudgetsOpt = Annotated[Optional[Path], typer.Option("--budgets", exists=True, dir_okay=False, help="Noise budgets "
-                                                    "JSON (specwatch noise): per model/batch-size class and metric, "
-                                                    "the change a timed metric must exceed.")]
+BudgetsOpt = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--budgets",
+        exists=True,
+        dir_okay=False,
+        help="Noise budgets "
+        "JSON (specwatch noise): per model/batch-size class and metric, "
+        "the change a timed metric must exceed.",
+    ),
+]
 Output = Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the output file here.")]
 Positive = Annotated[int, typer.Option(min=1)]
 

@@ -32,7 +32,7 @@ def fit(headers: list[str], cells: list[list[Text]], width: int) -> tuple[list[s
     cannot make room) and headers wider than that cap give way to keys too."""
     n = len(headers)
     data = [max((max(len(x) for x in row[i].plain.split("\n")) for row in cells), default=1) for i in range(n)]
-    heads, keys, avail = list(headers), short_keys(headers), width - 3 * n - 1   # rich's box: a rule, two pads a column
+    heads, keys, avail = list(headers), short_keys(headers), width - 3 * n - 1  # rich's box: a rule, two pads a column
     natural = [max(len(h), d, 1) for h, d in zip(heads, data)]
     for i in sorted(range(n), key=lambda i: data[i] - len(heads[i])):
         if sum(natural) <= avail:
@@ -41,9 +41,9 @@ def fit(headers: list[str], cells: list[list[Text]], width: int) -> tuple[list[s
             heads[i], natural[i] = keys[i], max(len(keys[i]), data[i], 1)
     if sum(natural) <= avail:
         return heads, [None] * n
-    for keep in (natural[0], 0):          # the first column (a case id, a name) stays whole if it can
+    for keep in (natural[0], 0):  # the first column (a case id, a name) stays whole if it can
         cap = max(natural)
-        while cap > 4 and keep + sum(min(w, cap) for w in natural[1 if keep else 0:]) > avail:
+        while cap > 4 and keep + sum(min(w, cap) for w in natural[1 if keep else 0 :]) > avail:
             cap -= 1
         widths = [keep or min(natural[0], cap)] + [min(w, cap) for w in natural[1:]]
         if sum(widths) <= avail:

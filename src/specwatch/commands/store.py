@@ -14,8 +14,9 @@ from specwatch.commands.output import console, print_frame
 from specwatch.core.errors import SpecwatchInputError
 
 
-def dashboard(results: StoredResults = Path("results"),
-              out: Path = typer.Option(Path("dashboards"), help="Dashboard folder.")) -> None:
+def dashboard(
+    results: StoredResults = Path("results"), out: Path = typer.Option(Path("dashboards"), help="Dashboard folder.")
+) -> None:
     """Write the plots (PNG + SVG), dashboards/index.html (opening with the newest release's verdict
     against the previous one) and dashboards/cases.html from the stored results."""
     from specwatch.analysis.roofline import roofline_frame
@@ -28,10 +29,15 @@ def dashboard(results: StoredResults = Path("results"),
     df = records_frame(records)
     verdict = release_verdict(results)
     roof = roofline_frame([r for r in records if r.provenance.fault is None and r.provenance.probe])
-    tables = {"Roofline, batch 1 (bound = accept_length x 4.8 TB/s / bytes per verify cycle; specwatch roofline)":
-              roof.drop(columns=["case_id"]) if not roof.empty else roof,
-              "Sweep cost per GPU run (wall time / the cases' own time; K: engines in flight, 'overlap': "
-              "--overlap-starts)": runs_frame(results)}
+    tables = {
+        "Roofline, batch 1 (bound = accept_length x 4.8 TB/s / bytes per verify cycle; specwatch roofline)": roof.drop(
+            columns=["case_id"]
+        )
+        if not roof.empty
+        else roof,
+        "Sweep cost per GPU run (wall time / the cases' own time; K: engines in flight, 'overlap': "
+        "--overlap-starts)": runs_frame(results),
+    }
     console.print(f"wrote {build(df, out, tables, verdict=verdict, source=results)}")
 
 
@@ -51,15 +57,19 @@ def overhead(results: StoredResults = Path("results")) -> None:
     print_frame("harness overhead (output tokens/s)", t)
     ratios = t["specwatch / bare"]
     # one probe cost would slow every case alike; engine-to-engine noise moves cases both ways
-    console.print(f"all {len(t)} cases: specwatch / bare geometric mean {statistics.geometric_mean(ratios):.4f}, "
-                  f"probed faster in {int((ratios > 1).sum())} of {len(t)}")
+    console.print(
+        f"all {len(t)} cases: specwatch / bare geometric mean {statistics.geometric_mean(ratios):.4f}, "
+        f"probed faster in {int((ratios > 1).sum())} of {len(t)}"
+    )
     raise typer.Exit(1 if (t.verdict == OVER_BUDGET).any() else 0)
 
 
-def asv_import_cmd(results: StoredResults = Path("results"),
-                   work: Path = typer.Option(Path(".asv/offline"), help="asv work folder (results, version ledger)."),
-                   html: Path = typer.Option(Path("dashboards/asv"), help="Where asv publish writes."),
-                   publish: bool = typer.Option(True, help="Run asv publish afterwards.")) -> None:
+def asv_import_cmd(
+    results: StoredResults = Path("results"),
+    work: Path = typer.Option(Path(".asv/offline"), help="asv work folder (results, version ledger)."),
+    html: Path = typer.Option(Path("dashboards/asv"), help="Where asv publish writes."),
+    publish: bool = typer.Option(True, help="Run asv publish afterwards."),
+) -> None:
     """Turn stored tree-page records into asv results (one asv commit per SGLang version) and publish."""
     from specwatch.present.asv_bridge import asv_import
 
@@ -71,11 +81,15 @@ def asv_import_cmd(results: StoredResults = Path("results"),
         console.print(f"asv publish wrote {html}/index.html")
 
 
-def results_cmd(root: ResultsArg = Path("results"),
-                csv: Optional[Path] = typer.Option(None, help="Also write the frame as CSV."),
-                strict: bool = typer.Option(False, "--strict", help="Refuse the store at its first invalid "
-                                            "line (file:line, exit 2) instead of skipping and counting it.")
-                ) -> None:
+def results_cmd(
+    root: ResultsArg = Path("results"),
+    csv: Optional[Path] = typer.Option(None, help="Also write the frame as CSV."),
+    strict: bool = typer.Option(
+        False,
+        "--strict",
+        help="Refuse the store at its first invalid line (file:line, exit 2) instead of skipping and counting it.",
+    ),
+) -> None:
     """Load every record under ROOT into one table (one row per case run) and print its health:
     statuses per machine / SGLang version / suite, and every failed check by name. Invalid lines are
     skipped with a warning each and counted (``--strict`` refuses them)."""
@@ -91,18 +105,20 @@ def results_cmd(root: ResultsArg = Path("results"),
     quarantine = Quarantine()
     df = files_frame(result_files(root), strict=strict, quarantine=quarantine)
     if quarantine:
-        console.print(f"{len(quarantine)} invalid line(s) skipped under {root} (specwatch results --strict refuses them)")
+        console.print(
+            f"{len(quarantine)} invalid line(s) skipped under {root} (specwatch results --strict refuses them)"
+        )
     if csv:
         df.to_csv(csv, index=False)
     if df.empty:
         console.print(f"no records under {root}")
         return
-    for title, table in (("records", status_counts(df)),
-                         ("sweep cost per run (wall / case time; goal < 2)", runs_frame(root)),
-                         ("decode tokens/s spread within a case's repeats ((max - min) / median; clean runs)",
-                          throughput_spread(df)),
-                         ("engine start breakdown (median s; scheduler phases from SGLang's own startup timing)",
-                          start_breakdown(df))):
+    for title, table in (
+        ("records", status_counts(df)),
+        ("sweep cost per run (wall / case time; goal < 2)", runs_frame(root)),
+        ("decode tokens/s spread within a case's repeats ((max - min) / median; clean runs)", throughput_spread(df)),
+        ("engine start breakdown (median s; scheduler phases from SGLang's own startup timing)", start_breakdown(df)),
+    ):
         if not table.empty:
             print_frame(title, table)
     failing = failed_checks(df)
@@ -112,8 +128,10 @@ def results_cmd(root: ResultsArg = Path("results"),
         console.print(Text.assemble((row.case_id, "red"), f" {row.where}: failed {', '.join(row.failed)}{row.note}"))
 
 
-def roofline_cmd(root: ResultsArg = Path("results"),
-                 model: str = typer.Option("8b", help="Only this model size ('all' for every size).")) -> None:
+def roofline_cmd(
+    root: ResultsArg = Path("results"),
+    model: str = typer.Option("8b", help="Only this model size ('all' for every size)."),
+) -> None:
     """Batch-1 EAGLE records against the HBM-bandwidth bound tau x 4.8 TB/s / bytes per verify cycle."""
     from specwatch.analysis.roofline import roofline_frame
     from specwatch.store.jsonl import load_records, result_files
@@ -122,4 +140,6 @@ def roofline_cmd(root: ResultsArg = Path("results"),
     if df.empty:
         console.print("no batch-1 EAGLE records")
         return
-    print_frame("roofline (bytes per verify cycle; bound = accept_length x 4.8 TB/s / bytes)", df.drop(columns=["case_id"]))
+    print_frame(
+        "roofline (bytes per verify cycle; bound = accept_length x 4.8 TB/s / bytes)", df.drop(columns=["case_id"])
+    )

@@ -95,7 +95,9 @@ class Case(BaseModel):
     page_size: StrictInt = Field(ge=1, description="KV page size in tokens (SGLang --page-size).")
     topk: StrictInt = Field(ge=1, description="EAGLE tree branching (--speculative-eagle-topk); NGRAM: BFS breadth.")
     num_steps: StrictInt = Field(ge=1, description="Draft depth (--speculative-num-steps).")
-    num_draft_tokens: StrictInt = Field(ge=1, description="Verified tree size (--speculative-num-draft-tokens), normalized.")
+    num_draft_tokens: StrictInt = Field(
+        ge=1, description="Verified tree size (--speculative-num-draft-tokens), normalized."
+    )
     tp: StrictInt = Field(default=1, ge=1, description="Tensor parallel size.")
     dcp: StrictInt = Field(default=1, ge=1, description="Decode context parallel size (must divide tp).")
     batch_size: StrictInt = Field(ge=1, description="Concurrent requests in the timed batch.")
@@ -141,8 +143,18 @@ class Case(BaseModel):
 
 
 ENGINE_FIELDS: tuple[str, ...] = (
-    "model", "algorithm", "attention_backend", "page_size", "topk", "num_steps",
-    "num_draft_tokens", "tp", "dcp", "profile", "workload", "cuda_graph",
+    "model",
+    "algorithm",
+    "attention_backend",
+    "page_size",
+    "topk",
+    "num_steps",
+    "num_draft_tokens",
+    "tp",
+    "dcp",
+    "profile",
+    "workload",
+    "cuda_graph",
 )
 """Case fields that are engine-level (a change restarts ``sglang.Engine``)."""
 

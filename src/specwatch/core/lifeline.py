@@ -62,8 +62,13 @@ def kill_own_group(why: str) -> None:
 class Lifeline:
     """The worker's watchdog: the runner's pipe and the worker's own deadline."""
 
-    def __init__(self, fd: Optional[int], timeout_s: Optional[float],
-                 on_expiry: Callable[[str], None] = kill_own_group, now: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        fd: Optional[int],
+        timeout_s: Optional[float],
+        on_expiry: Callable[[str], None] = kill_own_group,
+        now: Callable[[], float] = time.monotonic,
+    ):
         self.fd, self.timeout_s, self._on_expiry, self._now = fd, timeout_s, on_expiry, now
         self._t0 = now()
         self._paused_s = 0.0
@@ -134,7 +139,7 @@ class Pipe:
     write end once the worker has exited; the runner's exit closes it in any case."""
 
     def __init__(self):
-        self.read_fd, self.write_fd = os.pipe()       # both non-inheritable (PEP 446)
+        self.read_fd, self.write_fd = os.pipe()  # both non-inheritable (PEP 446)
 
     def env(self) -> dict:
         """The worker's environment entries naming the read end and the runner's pid."""

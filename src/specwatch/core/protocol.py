@@ -60,9 +60,14 @@ def metric(value, unit, samples=None, expected=None, exact=False, higher_is_bett
     numbers = [float(value)] + [float(s) for s in (samples or [])] + ([] if expected is None else [float(expected)])
     if not all(math.isfinite(x) for x in numbers):
         raise NonFiniteMetric(f"not a finite number: value {value!r}, samples {samples!r}, expected {expected!r}")
-    return {"value": float(value), "unit": unit, "samples": [float(s) for s in (samples or [])],
-            "expected": None if expected is None else float(expected), "exact": exact,
-            "higher_is_better": higher_is_better}
+    return {
+        "value": float(value),
+        "unit": unit,
+        "samples": [float(s) for s in (samples or [])],
+        "expected": None if expected is None else float(expected),
+        "exact": exact,
+        "higher_is_better": higher_is_better,
+    }
 
 
 class WorkerSpec(BaseModel):

@@ -35,8 +35,9 @@ fault) may hold: a letter or digit, then letters, digits and ``._+-``; never ``/
 def check_path_part(value: str) -> str:
     """``value`` if it is safe as one path component of the store (``PATH_PART_RE``, no ``..``)."""
     if not PATH_PART_RE.match(value) or ".." in value:
-        raise ValueError(f"{value!r} is not a safe name (letters, digits and ._+- after a letter or digit, "
-                         "no '/' or '..')")
+        raise ValueError(
+            f"{value!r} is not a safe name (letters, digits and ._+- after a letter or digit, no '/' or '..')"
+        )
     return value
 
 
@@ -92,8 +93,9 @@ class Provenance(BaseModel):
 
     specwatch_version: str = Field(description="specwatch package version.")
     specwatch_commit: Optional[str] = Field(default=None, description="git commit of the specwatch checkout.")
-    sglang_version: Optional[PathPart] = Field(default=None, description="Installed sglang version (None: not "
-                                               "importable); a path component of the store.")
+    sglang_version: Optional[PathPart] = Field(
+        default=None, description="Installed sglang version (None: not importable); a path component of the store."
+    )
     sglang_commit: Optional[str] = Field(default=None, description="SGLang commit, when known (overlay or build info).")
     torch_version: Optional[str] = Field(default=None, description="torch.__version__.")
     cuda_version: Optional[str] = Field(default=None, description="CUDA version torch was built with.")
@@ -101,20 +103,28 @@ class Provenance(BaseModel):
     gpu_name: Optional[str] = Field(default=None, description="GPU model name.")
     gpu_count: int = Field(default=0, description="Number of visible GPUs.")
     hostname: str = Field(description="Host name of the machine that ran the case.")
-    machine: PathPart = Field(description="Machine label results are grouped by (e.g. 'nvidia-h200-x1'); a path "
-                              "component of the store.")
+    machine: PathPart = Field(
+        description="Machine label results are grouped by (e.g. 'nvidia-h200-x1'); a path component of the store."
+    )
     python_version: str = Field(description="Python version.")
     suite_path: Optional[str] = Field(default=None, description="Suite file the case came from.")
     suite_sha256: Optional[str] = Field(default=None, description="sha256 of the suite file's bytes.")
-    fault: Optional[PathPart] = Field(default=None, description="Name of an injected fault, None for a clean run; "
-                                      "part of the results file's name.")
-    probe: bool = Field(default=True, description="False: SGLang ran without specwatch's probe in its processes "
-                        "(a bare timing run, ``specwatch run --bare``: throughput and acceptance, no memory facts).")
+    fault: Optional[PathPart] = Field(
+        default=None, description="Name of an injected fault, None for a clean run; part of the results file's name."
+    )
+    probe: bool = Field(
+        default=True,
+        description="False: SGLang ran without specwatch's probe in its processes "
+        "(a bare timing run, ``specwatch run --bare``: throughput and acceptance, no memory facts).",
+    )
     started_at: datetime = Field(description="UTC start time of the case.")
     finished_at: datetime = Field(description="UTC end time of the case.")
-    run_id: Optional[str] = Field(default=None, description="The `specwatch run` invocation that recorded the case "
-                                  "(its RunSummary has the same id), so two runs of one checkout and SGLang, e.g. "
-                                  "an A/A pair, can be told apart. None: recorded before run ids existed.")
+    run_id: Optional[str] = Field(
+        default=None,
+        description="The `specwatch run` invocation that recorded the case "
+        "(its RunSummary has the same id), so two runs of one checkout and SGLang, e.g. "
+        "an A/A pair, can be told apart. None: recorded before run ids existed.",
+    )
 
 
 class HostLoad(BaseModel):
@@ -135,48 +145,71 @@ class Details(BaseModel):
 
     model_config = ConfigDict(extra="allow", validate_assignment=True)
 
-    probe: Optional[dict] = Field(default=None, description="What specwatch's probe read inside SGLang's "
-                                  "processes (allocator, req_to_token, pools, attention backend, startup phases).")
-    pool_coverage: Optional[dict] = Field(default=None, description="Per KV pool role ('target', 'draft'): its "
-                                          "page, where its valid slots end and where the allocator's last page "
-                                          "ends in its slot space (``rules.pools.pool_coverage``).")
-    pool_coverage_at_start: Optional[dict] = Field(default=None, description="``pool_coverage`` read right after "
-                                                   "the engine started (a crashed case keeps these).")
-    sglang_sizing: Optional[dict] = Field(default=None, description="The running SGLang's own req_to_token sizing "
-                                          "fields, or ``{'error': ...}`` where this SGLang has no sizing module.")
+    probe: Optional[dict] = Field(
+        default=None,
+        description="What specwatch's probe read inside SGLang's "
+        "processes (allocator, req_to_token, pools, attention backend, startup phases).",
+    )
+    pool_coverage: Optional[dict] = Field(
+        default=None,
+        description="Per KV pool role ('target', 'draft'): its "
+        "page, where its valid slots end and where the allocator's last page "
+        "ends in its slot space (``rules.pools.pool_coverage``).",
+    )
+    pool_coverage_at_start: Optional[dict] = Field(
+        default=None, description="``pool_coverage`` read right after the engine started (a crashed case keeps these)."
+    )
+    sglang_sizing: Optional[dict] = Field(
+        default=None,
+        description="The running SGLang's own req_to_token sizing "
+        "fields, or ``{'error': ...}`` where this SGLang has no sizing module.",
+    )
     engine_memory_usage: Optional[dict] = Field(default=None, description="SGLang's memory usage report.")
-    output_digest: Optional[str] = Field(default=None, description="Hash of the timed batches' outputs "
-                                         "(identical prompts must give identical digests).")
-    prompt_starts: Optional[list] = Field(default=None, description="The timed batches' prompt chain starts, per "
-                                          "repeat (None: recorded before specwatch kept them).")
-    near_full_calibration: Optional[dict] = Field(default=None, description="A near-full case's prompts "
-                                                  "lengthened after the warm-up (``input_len``).")
-    accept_histogram: Optional[list[int]] = Field(default=None, description="Accepted draft tokens per verify "
-                                                  "step, counted by length.")
-    prefill_s: Optional[Union[list[float], float]] = Field(default=None, description="Prefill seconds per repeat "
-                                                           "(a single float on older records).")
-    decode_split_repeats: Optional[int] = Field(default=None, description="Repeats whose decode throughput was "
-                                                "split from their prefill.")
-    turn_prompt_lens: Optional[list[int]] = Field(default=None, description="Prompt length of each turn "
-                                                  "(multi-turn cases).")
-    cache_flush_failures: Optional[int] = Field(default=None, description="Radix-cache flushes SGLang answered "
-                                                "as failed between timed batches.")
-    cache_flush_refusals: Optional[int] = Field(default=None, description="Flushes SGLang refused (scheduler not "
-                                                "idle) between timed batches.")
-    leak_check_flush_refusals: Optional[int] = Field(default=None, description="Flushes refused before the leak "
-                                                     "check.")
+    output_digest: Optional[str] = Field(
+        default=None, description="Hash of the timed batches' outputs (identical prompts must give identical digests)."
+    )
+    prompt_starts: Optional[list] = Field(
+        default=None,
+        description="The timed batches' prompt chain starts, per repeat (None: recorded before specwatch kept them).",
+    )
+    near_full_calibration: Optional[dict] = Field(
+        default=None, description="A near-full case's prompts lengthened after the warm-up (``input_len``)."
+    )
+    accept_histogram: Optional[list[int]] = Field(
+        default=None, description="Accepted draft tokens per verify step, counted by length."
+    )
+    prefill_s: Optional[Union[list[float], float]] = Field(
+        default=None, description="Prefill seconds per repeat (a single float on older records)."
+    )
+    decode_split_repeats: Optional[int] = Field(
+        default=None, description="Repeats whose decode throughput was split from their prefill."
+    )
+    turn_prompt_lens: Optional[list[int]] = Field(
+        default=None, description="Prompt length of each turn (multi-turn cases)."
+    )
+    cache_flush_failures: Optional[int] = Field(
+        default=None, description="Radix-cache flushes SGLang answered as failed between timed batches."
+    )
+    cache_flush_refusals: Optional[int] = Field(
+        default=None, description="Flushes SGLang refused (scheduler not idle) between timed batches."
+    )
+    leak_check_flush_refusals: Optional[int] = Field(default=None, description="Flushes refused before the leak check.")
     host_load: Optional[HostLoad] = Field(default=None, description="The host's load average around the case.")
     engine_kwargs: Optional[dict] = Field(default=None, description="The arguments ``sglang.Engine`` was given.")
-    engine_args_not_in_this_sglang: Optional[list] = Field(default=None, description="Engine arguments the "
-                                                           "installed SGLang does not take (dropped).")
+    engine_args_not_in_this_sglang: Optional[list] = Field(
+        default=None, description="Engine arguments the installed SGLang does not take (dropped)."
+    )
     sglang_version: Optional[str] = Field(default=None, description="SGLang version the worker's engine reported.")
     bare: Optional[bool] = Field(default=None, description="True: run without the probe (no memory facts).")
-    parallel_starts: Optional[int] = Field(default=None, description="Engines started at once (K); None: one "
-                                           "after another.")
-    overlap_starts: Optional[bool] = Field(default=None, description="Timed while other engines started "
-                                           "(``--overlap-starts``): noisier timing.")
-    waited_for_timing_s: Optional[float] = Field(default=None, description="Seconds the case waited for the "
-                                                 "timing lock before its timed batches.")
+    parallel_starts: Optional[int] = Field(
+        default=None, description="Engines started at once (K); None: one after another."
+    )
+    overlap_starts: Optional[bool] = Field(
+        default=None, description="Timed while other engines started (``--overlap-starts``): noisier timing."
+    )
+    waited_for_timing_s: Optional[float] = Field(
+        default=None, description="Seconds the case waited for the timing lock before its timed batches."
+    )
 
     @model_serializer(mode="wrap")
     def _only_keys_held(self, handler: Callable) -> dict:
@@ -235,10 +268,13 @@ class CaseRecord(BaseModel):
     reason: Optional[str] = Field(default=None, description="Why it was skipped / failed / crashed; None when ok.")
     log_tail: Optional[str] = Field(default=None, description="Last lines of the case's log (failures).")
     metrics: dict[str, Metric] = Field(default_factory=dict, description="Metric name -> value with unit.")
-    checks: dict[str, bool] = Field(default_factory=dict,
-                                    description="Named pass/fail checks (lossless, no_leak, acceptance_matches_oracle, ...).")
-    details: Details = Field(default_factory=Details, description="Facts read from SGLang and the worker "
-                             "(``Details``: typed known keys, any other key kept).")
+    checks: dict[str, bool] = Field(
+        default_factory=dict, description="Named pass/fail checks (lossless, no_leak, acceptance_matches_oracle, ...)."
+    )
+    details: Details = Field(
+        default_factory=Details,
+        description="Facts read from SGLang and the worker (``Details``: typed known keys, any other key kept).",
+    )
     provenance: Provenance = Field(description="Where and with what it ran.")
 
     @property
@@ -330,28 +366,43 @@ class RunSummary(BaseModel):
     suites: list[PathPart] = Field(description="Suite names run together.")
     faults: list[Optional[PathPart]] = Field(description="Faults each suite ran under (None: clean).")
     parallel_starts: int = Field(description="Engines started at once (1: one after another).")
-    overlap_starts: bool = Field(default=False, description="Starts overlapped other engines' timed batches "
-                                 "(``--overlap-starts``: K groups in flight, no waves).")
-    timing_lock_shared: bool = Field(default=False, description="The timing lock was shared with other "
-                                     "runs (``--timing-lock``): wall time includes their timed batches, so "
-                                     "the cost ratio is not this run's alone.")
+    overlap_starts: bool = Field(
+        default=False,
+        description="Starts overlapped other engines' timed batches "
+        "(``--overlap-starts``: K groups in flight, no waves).",
+    )
+    timing_lock_shared: bool = Field(
+        default=False,
+        description="The timing lock was shared with other "
+        "runs (``--timing-lock``): wall time includes their timed batches, so "
+        "the cost ratio is not this run's alone.",
+    )
     engine_groups: int = Field(description="Engine groups launched (each one sglang.Engine).")
     worker_starts: int = Field(description="Worker processes started (more than groups after crashes).")
     records: dict[str, int] = Field(description="Records written, by status.")
     wall_s: float = Field(description="Wall time of the whole run, seconds.")
-    case_s: float = Field(description="Sum over ok cases of their own time (warm-up, prefill and timed "
-                                      "batches, leak probe): the generation the sweep exists for.")
+    case_s: float = Field(
+        description="Sum over ok cases of their own time (warm-up, prefill and timed "
+        "batches, leak probe): the generation the sweep exists for."
+    )
     engine_start_s: float = Field(description="Sum of the engine start times the ok records report.")
-    stopped_early: bool = Field(description="True when --stop-after or a signal left engine groups unstarted "
-                                             "or unfinished.")
-    stopped_by: Optional[str] = Field(default=None, description="Signal that stopped the run (SIGTERM, SIGINT: a "
-                                      "device timeout, ^C); its running groups have no record. None: ran to its end "
-                                      "or --stop-after.")
+    stopped_early: bool = Field(
+        description="True when --stop-after or a signal left engine groups unstarted or unfinished."
+    )
+    stopped_by: Optional[str] = Field(
+        default=None,
+        description="Signal that stopped the run (SIGTERM, SIGINT: a "
+        "device timeout, ^C); its running groups have no record. None: ran to its end "
+        "or --stop-after.",
+    )
     specwatch_commit: Optional[str] = Field(default=None, description="git commit of specwatch.")
     sglang_version: Optional[PathPart] = Field(default=None, description="SGLang version run.")
     machine: PathPart = Field(description="Machine label, as in records.")
-    run_id: Optional[str] = Field(default=None, description="Id stamped on every record of this run "
-                                  "(``provenance.run_id``). None: a summary from before run ids existed.")
+    run_id: Optional[str] = Field(
+        default=None,
+        description="Id stamped on every record of this run "
+        "(``provenance.run_id``). None: a summary from before run ids existed.",
+    )
     started_at: datetime = Field(description="UTC start of the run.")
     finished_at: datetime = Field(description="UTC end of the run.")
 

@@ -48,6 +48,7 @@ TIMING_EVENT = Event.timing_lock_held
 times its cases); carries ``waited_s``. Between ``engine_started`` and this event the worker only
 queues behind other engines' timed batches, so the runner's group deadline does not run then."""
 
+
 class TimingLock:
     """One open description of the lock file (``flock`` locks belong to it). No-op without a path."""
 

@@ -128,9 +128,15 @@ class SimResult:
 
     @property
     def clean(self) -> bool:
-        return not (self.leaked_pages or self.double_freed_pages or self.req_slots_leaked
-                    or self.row_violations or self.out_of_bounds_tokens or self.missing_draft_rows
-                    or self.missing_target_rows)
+        return not (
+            self.leaked_pages
+            or self.double_freed_pages
+            or self.req_slots_leaked
+            or self.row_violations
+            or self.out_of_bounds_tokens
+            or self.missing_draft_rows
+            or self.missing_target_rows
+        )
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -153,14 +159,15 @@ def _make_allocator(size: int, page_size: int):
     class HostPagedAllocator(paged.PagedTokenToKVPoolAllocator):
         """SGLang's paged allocator with ``alloc_extend`` on SGLang's host path (see module doc)."""
 
-        def alloc_extend(self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc,
-                         extend_num_tokens, num_new_pages=None):
+        def alloc_extend(
+            self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens, num_new_pages=None
+        ):
             out = torch.empty((extend_num_tokens,), dtype=torch.int64)
-            paged.alloc_extend_naive(prefix_lens, seq_lens, last_loc, self.free_pages, out,
-                                     self.page_size, "cpu")
+            paged.alloc_extend_naive(prefix_lens, seq_lens, last_loc, self.free_pages, out, self.page_size, "cpu")
             if num_new_pages is None:
-                num_new_pages = get_num_new_pages()(seq_lens=seq_lens_cpu, page_size=self.page_size,
-                                                    prefix_lens=prefix_lens_cpu)
+                num_new_pages = get_num_new_pages()(
+                    seq_lens=seq_lens_cpu, page_size=self.page_size, prefix_lens=prefix_lens_cpu
+                )
             if num_new_pages > len(self.free_pages):
                 return None
             self.free_pages = self.free_pages[num_new_pages:]
@@ -199,8 +206,16 @@ def _run(cfg: SimConfig, sizing_source: str, pool_tokens: Optional[int]) -> SimR
 
     from specwatch.core.sglang_host import req_to_token_pool_class
 
-    x = SizingInput(cfg.algorithm, cfg.page_size, cfg.topk, cfg.num_steps, cfg.num_draft_tokens,
-                    cfg.context_len, cfg.num_requests, cfg.dcp)
+    x = SizingInput(
+        cfg.algorithm,
+        cfg.page_size,
+        cfg.topk,
+        cfg.num_steps,
+        cfg.num_draft_tokens,
+        cfg.context_len,
+        cfg.num_requests,
+        cfg.dcp,
+    )
     longest = max_seq_len(x)  # requests run to the longest length SGLang admits
     sizing = sglang_sizing(x) if sizing_source == "sglang" else reference_sizing(x)
     reserve = sizing.alloc_reserve_per_decode
@@ -218,13 +233,14 @@ def _run(cfg: SimConfig, sizing_source: str, pool_tokens: Optional[int]) -> SimR
         pool_tokens = per_req * cfg.num_requests
     allocator = _make_allocator(pool_tokens, alloc_page)
     draft_valid_rows = allocator.size + draft_page  # pools hold size + one padding page
-    target_valid_rows = allocator.size // cfg.dcp + cfg.page_size   # one rank's pool
+    target_valid_rows = allocator.size // cfg.dcp + cfg.page_size  # one rank's pool
     missing: set[int] = set()
     missing_target: set[int] = set()
     first_missing_target_usage: Optional[float] = None
     peak_used = 0
-    pool = req_to_token_pool_class()(size=cfg.num_requests, max_context_len=row_width,
-                                      device="cpu", enable_memory_saver=False)
+    pool = req_to_token_pool_class()(
+        size=cfg.num_requests, max_context_len=row_width, device="cpu", enable_memory_saver=False
+    )
     flat = pool.req_to_token.view(-1)
     pages_total = allocator.available_size() // alloc_page
     rng = random.Random(cfg.seed)
@@ -238,7 +254,7 @@ def _run(cfg: SimConfig, sizing_source: str, pool_tokens: Optional[int]) -> SimR
         base = req.req_pool_idx * row_width
         lo, hi = base + start, base + start + len(values)
         fits = max(0, min(hi, flat.numel()) - lo)
-        flat[lo:lo + fits] = values[:fits].to(torch.int32)
+        flat[lo : lo + fits] = values[:fits].to(torch.int32)
         oob += len(values) - fits
 
     def extend(req: _Req, cur: int, nxt: int) -> torch.Tensor:
@@ -247,9 +263,10 @@ def _run(cfg: SimConfig, sizing_source: str, pool_tokens: Optional[int]) -> SimR
             out = allocator.alloc(nxt - cur)
         else:
             row = pool.req_to_token[req.req_pool_idx]
-            last = row[cur - 1:cur].to(torch.int64) if cur > 0 else torch.tensor([-1])
-            out = allocator.alloc_extend(torch.tensor([cur]), torch.tensor([cur]), torch.tensor([nxt]),
-                                         torch.tensor([nxt]), last, nxt - cur)
+            last = row[cur - 1 : cur].to(torch.int64) if cur > 0 else torch.tensor([-1])
+            out = allocator.alloc_extend(
+                torch.tensor([cur]), torch.tensor([cur]), torch.tensor([nxt]), torch.tensor([nxt]), last, nxt - cur
+            )
         if out is None:
             raise RuntimeError(f"simulated KV pool out of memory at {nxt - cur} tokens")
         missing.update(int(v) for v in out[out >= draft_valid_rows])

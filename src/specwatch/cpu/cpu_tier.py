@@ -40,8 +40,9 @@ class CpuTierReport:
         return written
 
 
-def run_cpu_tier(suite: Suite, context_len: int = 4096, simulate_allocator: bool = True,
-                 where: Optional[dict] = None) -> CpuTierReport:
+def run_cpu_tier(
+    suite: Suite, context_len: int = 4096, simulate_allocator: bool = True, where: Optional[dict] = None
+) -> CpuTierReport:
     """Memory model for every runnable case; allocator simulation when SGLang is importable."""
     have_sglang = sglang_importable()
     mem_rows, sim_rows = [], []
@@ -52,24 +53,39 @@ def run_cpu_tier(suite: Suite, context_len: int = 4096, simulate_allocator: bool
         c = planned.case
         x = SizingInput.for_case(c, context_len, DEFAULT_MAX_RUNNING_REQUESTS)
         ref, sgl, diffs = compare(x)
-        row = {"case_id": c.case_id, "label": c.label(), **ref.as_dict(),
-               "sglang_agrees": None if sgl is None else not diffs,
-               "disagreements": "; ".join(f"{d.field}: specwatch={d.reference} sglang={d.sglang}" for d in diffs)}
+        row = {
+            "case_id": c.case_id,
+            "label": c.label(),
+            **ref.as_dict(),
+            "sglang_agrees": None if sgl is None else not diffs,
+            "disagreements": "; ".join(f"{d.field}: specwatch={d.reference} sglang={d.sglang}" for d in diffs),
+        }
         mem_rows.append(row)
         key = (c.algorithm, c.page_size, c.topk, c.num_steps, c.num_draft_tokens, c.dcp)
         if simulate_allocator and have_sglang and key not in seen:
             seen.add(key)
-            cfg = SimConfig(c.page_size, c.topk, c.num_steps, c.num_draft_tokens, algorithm=c.algorithm, dcp=c.dcp,
-                            accept=AcceptPattern.random)
+            cfg = SimConfig(
+                c.page_size,
+                c.topk,
+                c.num_steps,
+                c.num_draft_tokens,
+                algorithm=c.algorithm,
+                dcp=c.dcp,
+                accept=AcceptPattern.random,
+            )
             res = simulate(cfg)
-            row = {"algorithm": c.algorithm.value, "page_size": c.page_size, "topk": c.topk,
-                   "num_steps": c.num_steps, "num_draft_tokens": c.num_draft_tokens, "dcp": c.dcp,
-                   **{k: v for k, v in res.as_dict().items() if k != "config"}}
+            row = {
+                "algorithm": c.algorithm.value,
+                "page_size": c.page_size,
+                "topk": c.topk,
+                "num_steps": c.num_steps,
+                "num_draft_tokens": c.num_draft_tokens,
+                "dcp": c.dcp,
+                **{k: v for k, v in res.as_dict().items() if k != "config"},
+            }
             if c.dcp > 1:
                 # what a target backend that writes KV at virtual slots (no DCP code) would hit near full
-                unsharded = simulate(replace(cfg, accept=AcceptPattern.full, near_full=True,
-                                             kv_write_ignores_dcp=True))
+                unsharded = simulate(replace(cfg, accept=AcceptPattern.full, near_full=True, kv_write_ignores_dcp=True))
                 row["unsharded_kv_write_first_missing_usage"] = unsharded.first_missing_target_usage
             sim_rows.append(row)
     return CpuTierReport(pd.DataFrame(mem_rows), pd.DataFrame(sim_rows) if have_sglang and simulate_allocator else None)
-

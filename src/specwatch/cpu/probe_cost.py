@@ -54,7 +54,7 @@ def sample_cost_us(page_size: int, pool_tokens: int = 1 << 18, requests: int = 1
 
     probe = load_probe()
     alloc = _make_allocator(pool_tokens, page_size)
-    alloc.alloc(requests * 64 * page_size)                 # a busy pool: pages handed out
+    alloc.alloc(requests * 64 * page_size)  # a busy pool: pages handed out
 
     class Probed(_Scheduler):
         pass

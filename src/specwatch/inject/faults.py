@@ -79,30 +79,34 @@ def _draft_pool_paged_by_server_page() -> Callable[[], None]:
     return undo
 
 
-FAULTS: dict[str, Fault] = {f.name: f for f in (
-    Fault(
-        name="row-widen-revert",
-        recreates="req_to_token row headroom back to 4 + num_draft_tokens for page > 1 (PR #26972 reverted): "
-                  "the page-aligned tree reserve overruns the row, over-allocated slots are never freed",
-        yaml="""
+FAULTS: dict[str, Fault] = {
+    f.name: f
+    for f in (
+        Fault(
+            name="row-widen-revert",
+            recreates="req_to_token row headroom back to 4 + num_draft_tokens for page > 1 (PR #26972 reverted): "
+            "the page-aligned tree reserve overruns the row, over-allocated slots are never freed",
+            yaml="""
 patches:
   - target: sglang.srt.mem_cache.allocation_sizing.get_req_to_token_extra_context_len
     edits:
       - match: |
           if server_args.speculative_algorithm is not None and server_args.page_size > 1:
         replacement: |
-          """ + _hit("row-widen-revert") + """
+          """
+            + _hit("row-widen-revert")
+            + """
           if False:
 """,
-        modules=("sglang.srt.mem_cache.allocation_sizing",),
-        sim_fault=SimFault.row_widen_revert,
-        expected_flag="CPU: memory model disagrees with SGLang, simulation leaks; GPU: eagle_prepare_for_decode's "
-                      "row-width assertion (crash) at page>1 topk>1 near the context limit",
-    ),
-    Fault(
-        name="unaligned-watermark",
-        recreates="decode reservation not rounded up to whole pages (the ceil in eagle_prepare_for_decode dropped)",
-        yaml="""
+            modules=("sglang.srt.mem_cache.allocation_sizing",),
+            sim_fault=SimFault.row_widen_revert,
+            expected_flag="CPU: memory model disagrees with SGLang, simulation leaks; GPU: eagle_prepare_for_decode's "
+            "row-width assertion (crash) at page>1 topk>1 near the context limit",
+        ),
+        Fault(
+            name="unaligned-watermark",
+            recreates="decode reservation not rounded up to whole pages (the ceil in eagle_prepare_for_decode dropped)",
+            yaml="""
 patches:
   - target: sglang.srt.speculative.eagle_utils.eagle_prepare_for_decode
     edits:
@@ -111,27 +115,29 @@ patches:
           // page_size
           * page_size,
         replacement: |
-          r.kv_committed_len + double_alloc + 0 * """ + _hit("unaligned-watermark") + """,
+          r.kv_committed_len + double_alloc + 0 * """
+            + _hit("unaligned-watermark")
+            + """,
 """,
-        modules=("sglang.srt.speculative.eagle_utils",),
-        sim_fault=SimFault.unaligned_watermark,
-        expected_flag="leak check after flush (GPU); the CPU simulation's host allocator does not leak on it",
-    ),
-    Fault(
-        name="draft-page-mismatch",
-        recreates="draft KV pool paged by the server page while the DCP allocator pages in page*dcp (seed 004)",
-        yaml=None,
-        patch=_draft_pool_paged_by_server_page,
-        modules=("sglang.srt.mem_cache.kv_cache_configurator",),
-        sim_fault=SimFault.draft_page_mismatch,
-        expected_flag="probe check draft_pool_page_matches_allocator (GPU, dcp>1); CPU simulation: missing draft "
-                      "rows near full occupancy",
-    ),
-    Fault(
-        name="no-prefix-tail-dup",
-        recreates="prefix partial-tail page not copied into each draft branch (page>1, topk>1): the draft's "
-                  "expand pass reads stale KV",
-        yaml="""
+            modules=("sglang.srt.speculative.eagle_utils",),
+            sim_fault=SimFault.unaligned_watermark,
+            expected_flag="leak check after flush (GPU); the CPU simulation's host allocator does not leak on it",
+        ),
+        Fault(
+            name="draft-page-mismatch",
+            recreates="draft KV pool paged by the server page while the DCP allocator pages in page*dcp (seed 004)",
+            yaml=None,
+            patch=_draft_pool_paged_by_server_page,
+            modules=("sglang.srt.mem_cache.kv_cache_configurator",),
+            sim_fault=SimFault.draft_page_mismatch,
+            expected_flag="probe check draft_pool_page_matches_allocator (GPU, dcp>1); CPU simulation: missing draft "
+            "rows near full occupancy",
+        ),
+        Fault(
+            name="no-prefix-tail-dup",
+            recreates="prefix partial-tail page not copied into each draft branch (page>1, topk>1): the draft's "
+            "expand pass reads stale KV",
+            yaml="""
 patches:
   - target: sglang.srt.speculative.eagle_worker_common.duplicate_prefix_tail_to_draft_branches
     edits:
@@ -139,35 +145,40 @@ patches:
           if topk <= 1:
               return
         replacement: |
-          """ + _hit("no-prefix-tail-dup") + """
+          """
+            + _hit("no-prefix-tail-dup")
+            + """
           return
 """,
-        modules=("sglang.srt.speculative.eagle_worker_common",),
-        expected_flag="acceptance below the oracle's on the tiny-attn oracle (its draft reads the prefix tail "
-                      "through attention); invisible to the tiny oracle, whose attention output never "
-                      "reaches the logits (seen on the H200, 0.5.17)",
-    ),
-    Fault(
-        name="accept-off-by-one",
-        recreates="verify reports one token fewer than it accepted (off-by-one between the bonus token and "
-                  "accept_lens): the scheduler drops each step's last token from the output while the next "
-                  "draft starts after it",
-        yaml="""
+            modules=("sglang.srt.speculative.eagle_worker_common",),
+            expected_flag="acceptance below the oracle's on the tiny-attn oracle (its draft reads the prefix tail "
+            "through attention); invisible to the tiny oracle, whose attention output never "
+            "reaches the logits (seen on the H200, 0.5.17)",
+        ),
+        Fault(
+            name="accept-off-by-one",
+            recreates="verify reports one token fewer than it accepted (off-by-one between the bonus token and "
+            "accept_lens): the scheduler drops each step's last token from the output while the next "
+            "draft starts after it",
+            yaml="""
 patches:
   - target: sglang.srt.speculative.eagle_worker_common.run_eagle_verify
     edits:
       - match: |
           next_draft_input = EagleDraftInput(bonus_tokens=bonus_tokens)
         replacement: |
-          """ + _hit("accept-off-by-one") + """
+          """
+            + _hit("accept-off-by-one")
+            + """
           accept_lens = torch.clamp(accept_lens - 1, min=1)
           next_draft_input = EagleDraftInput(bonus_tokens=bonus_tokens)
 """,
-        modules=("sglang.srt.speculative.eagle_worker_common",),
-        expected_flag="lossless check (output skips one chain token per verify step) and acceptance below the "
-                      "oracle's exact value",
-    ),
-)}
+            modules=("sglang.srt.speculative.eagle_worker_common",),
+            expected_flag="lossless check (output skips one chain token per verify step) and acceptance below the "
+            "oracle's exact value",
+        ),
+    )
+}
 
 
 def get(name: str) -> Fault:

@@ -52,8 +52,11 @@ class Overlay:
     def env(self, pythonpath: str = "") -> dict[str, str]:
         """Environment for workers (and the runner's provenance) that activates the overlay."""
         path = str(Path(self.root, "python").resolve())
-        return {"PYTHONPATH": os.pathsep.join(p for p in (path, pythonpath) if p),
-                VERSION_ENV: self.recorded_version, COMMIT_ENV: self.commit}
+        return {
+            "PYTHONPATH": os.pathsep.join(p for p in (path, pythonpath) if p),
+            VERSION_ENV: self.recorded_version,
+            COMMIT_ENV: self.commit,
+        }
 
 
 def _line(version: Optional[str]) -> Optional[str]:
@@ -63,11 +66,13 @@ def _line(version: Optional[str]) -> Optional[str]:
 
 def build(repo: Path, rev: str, out: Path, base_version: Optional[str], force: bool = False) -> Overlay:
     """Export ``python/sglang`` at ``rev`` from git repository ``repo`` into ``out/<commit12>``."""
+
     def git(*args: str, binary: bool = False):
         res = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, check=False)
         if res.returncode != 0:
-            raise SpecwatchInputError(repo, f"git {' '.join(args)}: {res.stderr.decode(errors='replace').strip()}",
-                                      field="repo")
+            raise SpecwatchInputError(
+                repo, f"git {' '.join(args)}: {res.stderr.decode(errors='replace').strip()}", field="repo"
+            )
         return res.stdout if binary else res.stdout.decode().strip()
 
     commit = git("rev-parse", "--verify", f"{rev}^{{commit}}")
@@ -87,8 +92,12 @@ def build(repo: Path, rev: str, out: Path, base_version: Optional[str], force: b
         code_version = m.group(1) if m else None
     if not force and base_version and code_version and _line(code_version) != _line(base_version):
         shutil.rmtree(tmp, ignore_errors=True)
-        raise SpecwatchInputError(repo, f"commit {commit[:12]} is SGLang {code_version}, the installed release is "
-                                  f"{base_version}: an overlay needs the same line (or --force)", field="rev")
+        raise SpecwatchInputError(
+            repo,
+            f"commit {commit[:12]} is SGLang {code_version}, the installed release is "
+            f"{base_version}: an overlay needs the same line (or --force)",
+            field="rev",
+        )
     ov = Overlay(str(root), commit, code_version, base_version)
     (tmp / META).write_text(json.dumps(asdict(ov), indent=1) + "\n")
     shutil.rmtree(root, ignore_errors=True)
@@ -102,7 +111,7 @@ def load(path: Path) -> Overlay:
         data = json.loads(meta.read_text())
         ov = Overlay(**{**data, "root": str(path)})
     except (OSError, ValueError, TypeError) as e:
-        raise SpecwatchInputError(meta, f"not a specwatch overlay ({type(e).__name__}: {e})", field="overlay")
+        raise SpecwatchInputError(meta, f"not a specwatch overlay ({type(e).__name__}: {e})", field="overlay") from None
     if not (Path(path) / "python" / "sglang" / "__init__.py").exists():
         raise SpecwatchInputError(path, "no python/sglang/__init__.py in the overlay", field="overlay")
     return ov

@@ -14,20 +14,33 @@ from specwatch.kit.pack import DEFAULT_PART_LIMIT, MiB
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="python -m specwatch.kit",
-                                  description="Offline kits of SGLang releases for air-gapped GPU hosts.")
+    top = argparse.ArgumentParser(
+        prog="python -m specwatch.kit", description="Offline kits of SGLang releases for air-gapped GPU hosts."
+    )
     commands = top.add_subparsers(dest="command", required=True)
     build = commands.add_parser("build", help="download, resolve and pack one SGLang release")
     build.add_argument("version", help="SGLang version, e.g. 0.5.20")
     build.add_argument("--out", type=Path, help="kit folder (default .kit-VERSION)")
-    build.add_argument("--host", type=Path, help="host profile JSON, or the host's "
-                       "`pip list --format=json` (default: Python 3.12, torch 2.11.0+cu130)")
+    build.add_argument(
+        "--host",
+        type=Path,
+        help="host profile JSON, or the host's `pip list --format=json` (default: Python 3.12, torch 2.11.0+cu130)",
+    )
     build.add_argument("--no-fa3", action="store_true", help="leave sglang-kernel's FA3 library out")
     build.add_argument("--cubin", action="store_true", help="carry flashinfer-cubin")
-    build.add_argument("--part-mib", type=float, default=DEFAULT_PART_LIMIT / MiB,
-                       help="most MiB per part folder (default %(default)g)")
-    build.add_argument("--omit", action="append", default=[], metavar="NAME[=WHY]",
-                       help="leave a distribution out (repeatable), e.g. one the host's own copy serves")
+    build.add_argument(
+        "--part-mib",
+        type=float,
+        default=DEFAULT_PART_LIMIT / MiB,
+        help="most MiB per part folder (default %(default)g)",
+    )
+    build.add_argument(
+        "--omit",
+        action="append",
+        default=[],
+        metavar="NAME[=WHY]",
+        help="leave a distribution out (repeatable), e.g. one the host's own copy serves",
+    )
     build.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="wheel cache folder")
     return top
 
@@ -42,9 +55,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         host = HostProfile.from_json(args.host) if args.host else DEFAULT_HOST
         out = args.out or Path(f".kit-{args.version}")
-        manifest = build_kit(args.version, out, host=host, fa3=not args.no_fa3, cubin=args.cubin,
-                             part_limit=int(args.part_mib * MiB), cache=args.cache,
-                             omit=dict(_omission(o) for o in args.omit))
+        manifest = build_kit(
+            args.version,
+            out,
+            host=host,
+            fa3=not args.no_fa3,
+            cubin=args.cubin,
+            part_limit=int(args.part_mib * MiB),
+            cache=args.cache,
+            omit=dict(_omission(o) for o in args.omit),
+        )
     except SpecwatchInputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -17,10 +17,19 @@ from specwatch.kit.pins import Pin, Resolution, Resolver
 from specwatch.kit.trim import without_fa3
 
 
-def build_kit(version: str, out: Path, *, host: HostProfile = DEFAULT_HOST, fa3: bool = True,
-              cubin: bool = False, part_limit: int = pack.DEFAULT_PART_LIMIT,
-              cache: Path = DEFAULT_CACHE, downloader: Downloader | None = None,
-              omit: dict[str, str] | None = None, log: Callable[[str], None] = print) -> KitManifest:
+def build_kit(
+    version: str,
+    out: Path,
+    *,
+    host: HostProfile = DEFAULT_HOST,
+    fa3: bool = True,
+    cubin: bool = False,
+    part_limit: int = pack.DEFAULT_PART_LIMIT,
+    cache: Path = DEFAULT_CACHE,
+    downloader: Downloader | None = None,
+    omit: dict[str, str] | None = None,
+    log: Callable[[str], None] = print,
+) -> KitManifest:
     """Build the offline kit for SGLang ``version`` in ``out`` (``out/part-NN/``).
 
     ``fa3=False`` leaves sglang-kernel's FA3 library out; ``cubin=True`` carries flashinfer-cubin.
@@ -37,8 +46,9 @@ def build_kit(version: str, out: Path, *, host: HostProfile = DEFAULT_HOST, fa3:
     if not fa3:
         pins = [drop_fa3(p, cache) for p in pins]
     log(f"== packing {len(pins)} wheels into parts of at most {part_limit / pack.MiB:g} MiB")
-    manifest = write_parts(resolution, pins, out, fa3=fa3, cubin=cubin, part_limit=part_limit,
-                           python_version=host.python_version)
+    manifest = write_parts(
+        resolution, pins, out, fa3=fa3, cubin=cubin, part_limit=part_limit, python_version=host.python_version
+    )
     log(f"== kit in {out}: {len(manifest.parts)} parts, {manifest.total_size / pack.MiB:.1f} MiB")
     return manifest
 
@@ -48,8 +58,7 @@ def check_out_dir(out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise SpecwatchInputError(out, "exists and is not a folder")
     if out.is_dir():
-        foreign = [p.name for p in out.iterdir()
-                   if not (p.name.startswith("part-") or p.name == MANIFEST_NAME)]
+        foreign = [p.name for p in out.iterdir() if not (p.name.startswith("part-") or p.name == MANIFEST_NAME)]
         if foreign:
             raise SpecwatchInputError(out, f"folder is not empty and holds no kit ({foreign[0]}, ...)")
 
@@ -60,8 +69,9 @@ def drop_fa3(pin: Pin, cache: Path) -> Pin:
     return Pin(without_fa3(pin.wheel, cache / "no-fa3"), pin.required_by, pin.requirement, pin.extras)
 
 
-def write_parts(resolution: Resolution, pins: list[Pin], out: Path, *, fa3: bool, cubin: bool,
-                part_limit: int, python_version: str) -> KitManifest:
+def write_parts(
+    resolution: Resolution, pins: list[Pin], out: Path, *, fa3: bool, cubin: bool, part_limit: int, python_version: str
+) -> KitManifest:
     """Cut, lay out and checksum the parts; write the manifest and installer into each."""
     payload_limit = payload_limit_for(pins, part_limit)
     pieces = [piece for pin in pins for piece in pack.pieces_of(pin.wheel.path, payload_limit)]
@@ -74,15 +84,28 @@ def write_parts(resolution: Resolution, pins: list[Pin], out: Path, *, fa3: bool
         folder = out / pack.part_name(index)
         folder.mkdir()
         files = [pack.write_piece(piece, folder) for piece in group]
-        parts.append(KitPart(name=folder.name, files=[KitFile(**pack.file_entry(f)) for f in files],
-                             size=sum(f.stat().st_size for f in files), sha256=pack.part_digest(files)))
+        parts.append(
+            KitPart(
+                name=folder.name,
+                files=[KitFile(**pack.file_entry(f)) for f in files],
+                size=sum(f.stat().st_size for f in files),
+                sha256=pack.part_digest(files),
+            )
+        )
     wheels = [kit_wheel(pin, [p.name for p in pieces if p.source == pin.wheel.path]) for pin in pins]
     manifest = KitManifest(
         kit_id=hashlib.sha256("".join(w.sha256 for w in wheels).encode()).hexdigest(),
-        sglang_version=str(resolution.sglang_version), python_version=python_version,
-        fa3=fa3, cubin=cubin, carries_torch="torch" in resolution.pins, part_limit=part_limit,
-        wheels=wheels, parts=parts, host_served=dict(sorted(resolution.host_served.items())),
-        omitted=dict(sorted(resolution.omitted.items())))
+        sglang_version=str(resolution.sglang_version),
+        python_version=python_version,
+        fa3=fa3,
+        cubin=cubin,
+        carries_torch="torch" in resolution.pins,
+        part_limit=part_limit,
+        wheels=wheels,
+        parts=parts,
+        host_served=dict(sorted(resolution.host_served.items())),
+        omitted=dict(sorted(resolution.omitted.items())),
+    )
     manifest.write(out / MANIFEST_NAME)
     for part in parts:
         folder = out / part.name
@@ -100,13 +123,23 @@ def payload_limit_for(pins: list[Pin], part_limit: int) -> int:
     rough_pieces = len(pins) + total // max(part_limit // 2, 1) + 1
     payload = part_limit - pack.overhead_estimate(len(INSTALL_SH.encode()), len(pins), rough_pieces)
     if payload < part_limit // 4:
-        raise SpecwatchInputError(None, f"a part of {part_limit} bytes leaves too little room for "
-                                        "wheels beside install.sh and the manifest", field="part_limit")
+        raise SpecwatchInputError(
+            None,
+            f"a part of {part_limit} bytes leaves too little room for wheels beside install.sh and the manifest",
+            field="part_limit",
+        )
     return payload
 
 
 def kit_wheel(pin: Pin, chunks: list[str]) -> KitWheel:
     path = pin.wheel.path
-    return KitWheel(name=pin.name, version=str(pin.version), filename=path.name,
-                    sha256=pin.wheel.sha256(), size=path.stat().st_size,
-                    requirement=pin.requirement, required_by=pin.required_by, chunks=chunks)
+    return KitWheel(
+        name=pin.name,
+        version=str(pin.version),
+        filename=path.name,
+        sha256=pin.wheel.sha256(),
+        size=path.stat().st_size,
+        requirement=pin.requirement,
+        required_by=pin.required_by,
+        chunks=chunks,
+    )

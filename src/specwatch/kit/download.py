@@ -30,7 +30,8 @@ DEFAULT_CACHE = Path(os.environ.get("SPECWATCH_KIT_CACHE", Path.home() / ".cache
 NETWORK_FAILURE = re.compile(
     r"NewConnectionError|Network is unreachable|Temporary failure in name resolution|"
     r"Name or service not known|ConnectTimeout|ProxyError|Connection refused|"
-    r"Max retries exceeded|Read timed out")
+    r"Max retries exceeded|Read timed out"
+)
 """pip output that means the index could not be reached."""
 
 NO_MATCH = re.compile(r"No matching distribution found for (\S+)")
@@ -111,10 +112,30 @@ class PipDownloader:
     def pip_command(self, specs: Sequence[str], dest: Path) -> list[str]:
         """The ``pip download`` command line for ``specs`` into ``dest``."""
         platforms = [a for p in self.host.platforms for a in ("--platform", p)]
-        return [self.python, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                "--disable-pip-version-check", "--progress-bar", "off", "--retries", "2",
-                "--python-version", self.host.python_version, "--implementation", "cp",
-                *platforms, "--platform", "any", *self.index_args, "-d", str(dest), *specs]
+        return [
+            self.python,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--disable-pip-version-check",
+            "--progress-bar",
+            "off",
+            "--retries",
+            "2",
+            "--python-version",
+            self.host.python_version,
+            "--implementation",
+            "cp",
+            *platforms,
+            "--platform",
+            "any",
+            *self.index_args,
+            "-d",
+            str(dest),
+            *specs,
+        ]
 
     def _download(self, requirements: Sequence[Requirement]) -> dict[str, Wheel]:
         specs = [pinned_spec(r) for r in requirements]
@@ -135,11 +156,13 @@ class PipDownloader:
 def download_error(output: str, specs: Sequence[str]) -> SpecwatchInputError:
     """One line saying why pip failed: no network, or no wheel for a requirement."""
     if NETWORK_FAILURE.search(output):
-        return SpecwatchInputError(None, "cannot reach the package index (no network?) while "
-                                         f"downloading {', '.join(specs)}")
+        return SpecwatchInputError(
+            None, f"cannot reach the package index (no network?) while downloading {', '.join(specs)}"
+        )
     missing = NO_MATCH.search(output)
     if missing:
-        return SpecwatchInputError(None, f"no wheel of {missing.group(1)} for this host "
-                                         "(CPython, manylinux x86_64) on the package index")
+        return SpecwatchInputError(
+            None, f"no wheel of {missing.group(1)} for this host (CPython, manylinux x86_64) on the package index"
+        )
     last = [line for line in output.splitlines() if line.strip() and "WARNING" not in line]
     return SpecwatchInputError(None, f"pip download failed: {last[-1] if last else 'no output'}")

@@ -21,7 +21,9 @@ from specwatch.core.errors import SpecwatchInputError
 
 MANYLINUX_X86_64 = (
     *(f"manylinux_2_{minor}_x86_64" for minor in range(34, 16, -1)),
-    "manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64",
+    "manylinux2014_x86_64",
+    "manylinux2010_x86_64",
+    "manylinux1_x86_64",
 )
 """Wheel platforms a glibc-2.34 x86_64 host runs, newest first, each named (pip does not widen a
 ``--platform`` to older glibc versions): SGLang's own wheels are manylinux_2_34, torch's
@@ -52,17 +54,46 @@ TORCH_2_11_CU130 = {
 
 HOST_IMAGE_PACKAGES: dict[str, str | None] = {
     # torch's pure-Python dependencies
-    "filelock": None, "sympy": None, "mpmath": None, "networkx": None, "jinja2": None,
-    "markupsafe": None, "fsspec": None, "setuptools": None,
+    "filelock": None,
+    "sympy": None,
+    "mpmath": None,
+    "networkx": None,
+    "jinja2": None,
+    "markupsafe": None,
+    "fsspec": None,
+    "setuptools": None,
     # scientific and HTTP basics of the image
-    "numpy": None, "scipy": None, "pandas": None, "pillow": None, "packaging": None,
-    "requests": None, "urllib3": None, "certifi": None, "idna": None, "charset-normalizer": None,
-    "httpx": None, "httpcore": None, "anyio": None, "h11": None, "click": None, "typer": None,
-    "rich": None, "pygments": None, "tqdm": None, "pyyaml": None, "psutil": None,
-    "six": None, "python-dateutil": None, "pytz": None, "tzdata": None,
+    "numpy": None,
+    "scipy": None,
+    "pandas": None,
+    "pillow": None,
+    "packaging": None,
+    "requests": None,
+    "urllib3": None,
+    "certifi": None,
+    "idna": None,
+    "charset-normalizer": None,
+    "httpx": None,
+    "httpcore": None,
+    "anyio": None,
+    "h11": None,
+    "click": None,
+    "typer": None,
+    "rich": None,
+    "pygments": None,
+    "tqdm": None,
+    "pyyaml": None,
+    "psutil": None,
+    "six": None,
+    "python-dateutil": None,
+    "pytz": None,
+    "tzdata": None,
     # transformers 5.17's own dependencies (the image's transformers is too new for SGLang's pins,
     # but what it needs is there)
-    "transformers": "5.17.0", "huggingface-hub": None, "hf-xet": None, "safetensors": None,
+    "transformers": "5.17.0",
+    "huggingface-hub": None,
+    "hf-xet": None,
+    "safetensors": None,
     "regex": None,
 }
 """Distributions of the default host image besides torch. ``None``: present, version unknown;
@@ -91,8 +122,7 @@ class HostProfile:
     """Distributions already on the host: name -> version (``None``: version unknown)."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "installed",
-                           {canonicalize_name(k): v for k, v in self.installed.items()})
+        object.__setattr__(self, "installed", {canonicalize_name(k): v for k, v in self.installed.items()})
 
     @property
     def python_tuple(self) -> tuple[int, int]:
@@ -120,8 +150,10 @@ class HostProfile:
         """Wheel tags the host installs, best first (what pip would accept there)."""
         py = self.python_tuple
         abi = f"cp{py[0]}{py[1]}"
-        return [*cpython_tags(py, abis=[abi, "abi3", "none"], platforms=self.platforms),
-                *compatible_tags(py, interpreter=abi, platforms=self.platforms)]
+        return [
+            *cpython_tags(py, abis=[abi, "abi3", "none"], platforms=self.platforms),
+            *compatible_tags(py, interpreter=abi, platforms=self.platforms),
+        ]
 
     def serves(self, requirement: Requirement) -> bool:
         """Whether the host's own distribution satisfies ``requirement`` (so the kit leaves it out)."""

@@ -16,7 +16,7 @@ from pathlib import Path
 
 INSTALLER_NAME = "install.sh"
 
-INSTALL_SH = r'''#!/usr/bin/env bash
+INSTALL_SH = r"""#!/usr/bin/env bash
 # Install an SGLang offline kit. Every part folder holds a copy of this script: copy one or more
 # part folders to the host and run any copy:   bash KIT/part-NN/install.sh
 # Each run stashes the parts it sees under $SPECWATCH_KIT_STASH; the run that completes the kit
@@ -157,7 +157,7 @@ if libs:
 done.write_text(manifest["kit_id"] + "\n")
 say(f"sglang {version} installed in {site}; now: source {site}/env.sh")
 PY
-'''
+"""
 """The installer: bash for the entry point, Python (the host's, no packages needed) for the work."""
 
 

@@ -19,6 +19,7 @@ MiB = 1 << 20
 DEFAULT_PART_LIMIT = 55 * MiB
 """Most bytes one part folder holds, install.sh and manifest included."""
 
+
 def overhead_estimate(installer_bytes: int, wheels: int, pieces: int) -> int:
     """Room to keep in every part for install.sh and the manifest (generous: a wheel's entry in
     the manifest takes about 500 bytes, a file's about 200)."""
@@ -44,8 +45,10 @@ def pieces_of(wheel: Path, max_piece: int) -> list[Piece]:
     size = wheel.stat().st_size
     if size <= max_piece:
         return [Piece(wheel, wheel.name, 0, size)]
-    return [Piece(wheel, f"{wheel.name}.{i:03d}", offset, min(max_piece, size - offset))
-            for i, offset in enumerate(range(0, size, max_piece))]
+    return [
+        Piece(wheel, f"{wheel.name}.{i:03d}", offset, min(max_piece, size - offset))
+        for i, offset in enumerate(range(0, size, max_piece))
+    ]
 
 
 def plan_parts(pieces: list[Piece], payload_limit: int) -> list[list[Piece]]:

@@ -73,8 +73,9 @@ def parse_release(version: str) -> Version:
     try:
         return Version(version)
     except InvalidVersion:
-        raise SpecwatchInputError(None, f"'{version}' is not a version (expected e.g. 0.5.20)",
-                                  field="version") from None
+        raise SpecwatchInputError(
+            None, f"'{version}' is not a version (expected e.g. 0.5.20)", field="version"
+        ) from None
 
 
 def top_level_requirements(sglang: Wheel, host: HostProfile, *, cubin: bool) -> list[Requirement]:
@@ -98,8 +99,15 @@ def top_level_requirements(sglang: Wheel, host: HostProfile, *, cubin: bool) -> 
 class Resolver:
     """Walks requirements breadth first, one download batch per level."""
 
-    def __init__(self, downloader: Downloader, host: HostProfile, *, cubin: bool = False,
-                 omit: dict[str, str] | None = None, log: Callable[[str], None] = print):
+    def __init__(
+        self,
+        downloader: Downloader,
+        host: HostProfile,
+        *,
+        cubin: bool = False,
+        omit: dict[str, str] | None = None,
+        log: Callable[[str], None] = print,
+    ):
         self.downloader = downloader
         self.extra_omit = {canonicalize_name(k): v for k, v in (omit or {}).items()}
         """Distributions left out at build time (name -> why), beside ``RELEASE_RULES``' omissions."""
@@ -124,22 +132,23 @@ class Resolver:
                 known = constraints.get(clash.name, clash.chosen_for)
                 constraints[clash.name] = merge(known, clash.requirement)
                 self.log(f"  {clash}: again with {constraints[clash.name]}")
-        raise SpecwatchInputError(None, f"sglang {release}: requirements still conflict after "
-                                        f"{self.MAX_ROUNDS} rounds ({', '.join(map(str, constraints.values()))})")
+        raise SpecwatchInputError(
+            None,
+            f"sglang {release}: requirements still conflict after "
+            f"{self.MAX_ROUNDS} rounds ({', '.join(map(str, constraints.values()))})",
+        )
 
     def _resolve_once(self, release: Version, constraints: dict[str, Requirement]) -> Resolution:
         self.constraints = constraints
         sglang = self.downloader.fetch([Requirement(f"sglang=={release}")])["sglang"]
         result = Resolution(release)
         result.pins["sglang"] = Pin(sglang, "the kit", f"sglang=={release}")
-        omit = {canonicalize_name(r.name): r.why
-                for r in rules_for(release, cubin=self.cubin) if r.action == "omit"}
+        omit = {canonicalize_name(r.name): r.why for r in rules_for(release, cubin=self.cubin) if r.action == "omit"}
         omit.update(self.extra_omit)
         for req in sglang.requirements_for(self.environment, set()):
             if canonicalize_name(req.name) in omit:
                 result.omitted[canonicalize_name(req.name)] = omit[canonicalize_name(req.name)]
-        pending = [(req, f"sglang=={release}")
-                   for req in top_level_requirements(sglang, self.host, cubin=self.cubin)]
+        pending = [(req, f"sglang=={release}") for req in top_level_requirements(sglang, self.host, cubin=self.cubin)]
         while pending:
             batch, pending = self._next_batch(pending, result, omit)
             pending += self._fetch_batch(batch, result)
@@ -179,8 +188,9 @@ class Resolver:
         result.pins[pin.name] = replace(pin, extras=pin.extras | new_extras)
         before = set(map(str, pin.wheel.requirements_for(self.environment, set(pin.extras))))
         here = f"{pin.name}=={pin.version}"
-        return [(dep, here) for dep in pin.wheel.requirements_for(self.environment, new_extras)
-                if str(dep) not in before]
+        return [
+            (dep, here) for dep in pin.wheel.requirements_for(self.environment, new_extras) if str(dep) not in before
+        ]
 
     def _fetch_batch(self, batch, result: Resolution):
         """Download the batch; return the next level's requirements."""
@@ -212,8 +222,7 @@ class _Conflict(Exception):
         self.name = pin.name
         self.requirement = Requirement(f"{pin.name}{requirement.specifier}")
         self.chosen_for = Requirement(pin.requirement)
-        super().__init__(f"{by} requires {requirement}, but {pin.name} {pin.version} was "
-                         f"chosen for {pin.required_by}")
+        super().__init__(f"{by} requires {requirement}, but {pin.name} {pin.version} was chosen for {pin.required_by}")
 
 
 def merge(a: Requirement, b: Requirement) -> Requirement:

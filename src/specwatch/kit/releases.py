@@ -15,15 +15,35 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-SERVING_PATH = frozenset(canonicalize_name(n) for n in (
-    # GPU side
-    "torch", "sglang-kernel", "flashinfer-python", "apache-tvm-ffi", "xgrammar",
-    # models and tokenizers, at the versions SGLang pins
-    "transformers", "tokenizers", "compressed-tensors", "gguf",
-    # the HTTP server, the scheduler's IPC and the OpenAI-compatible API
-    "fastapi", "uvicorn", "pydantic", "pyzmq", "orjson", "msgspec", "pybase64", "setproctitle",
-    "zstandard", "partial-json-parser", "openai", "distro",
-))
+SERVING_PATH = frozenset(
+    canonicalize_name(n)
+    for n in (
+        # GPU side
+        "torch",
+        "sglang-kernel",
+        "flashinfer-python",
+        "apache-tvm-ffi",
+        "xgrammar",
+        # models and tokenizers, at the versions SGLang pins
+        "transformers",
+        "tokenizers",
+        "compressed-tensors",
+        "gguf",
+        # the HTTP server, the scheduler's IPC and the OpenAI-compatible API
+        "fastapi",
+        "uvicorn",
+        "pydantic",
+        "pyzmq",
+        "orjson",
+        "msgspec",
+        "pybase64",
+        "setproctitle",
+        "zstandard",
+        "partial-json-parser",
+        "openai",
+        "distro",
+    )
+)
 """Names from SGLang's own ``Requires-Dist`` that every kit follows (at SGLang's pin)."""
 
 
@@ -52,22 +72,48 @@ class ReleaseRule:
 
 
 RELEASE_RULES: tuple[ReleaseRule, ...] = (
-    ReleaseRule("sgl-deep-gemm", SpecifierSet(">=0.5.12"), "carry",
-                "EAGLE's draft CUDA-graph capture imports deep_gemm, even for models that never "
-                "run a DeepGEMM kernel"),
-    ReleaseRule("ipython", SpecifierSet(">=0.5.12"), "carry",
-                "a few sglang utilities import IPython at module level, so the server does not "
-                "start without it"),
-    ReleaseRule("nvidia-cutlass-dsl", SpecifierSet("==0.5.15"), "carry",
-                "0.5.15's EAGLE graph capture imports the DSA backend, whose jit_kernel/dsa "
-                "imports cutlass (CuTe DSL) at module level (0.5.12-0.5.14 do not import it "
-                "there; 0.5.16 and later import it lazily)"),
-    ReleaseRule("nvidia-cutlass-dsl-libs-cu12", SpecifierSet(">=0"), "omit",
-                "the CuTe DSL's CUDA 12 libraries (about 90 MB), which flashinfer's "
-                "nvidia-cutlass-dsl requires by default: the host runs CUDA 13"),
-    ReleaseRule("flashinfer-cubin", SpecifierSet(">=0"), "omit",
-                "hundreds of MB of prebuilt kernels: flashinfer JIT-compiles what it needs on "
-                "first use instead (build with cubin=True to carry it)"),
+    ReleaseRule(
+        "sgl-deep-gemm",
+        SpecifierSet(">=0.5.12"),
+        "carry",
+        "EAGLE's draft CUDA-graph capture imports deep_gemm, even for models that never run a DeepGEMM kernel",
+    ),
+    ReleaseRule(
+        "ipython",
+        SpecifierSet(">=0.5.12"),
+        "carry",
+        "a few sglang utilities import IPython at module level, so the server does not start without it",
+    ),
+    ReleaseRule(
+        "dill",
+        SpecifierSet(">=0.5.12"),
+        "carry",
+        "engine start imports dill, which SGLang's METADATA does not list (0.5.20 on an H200 host: "
+        "ModuleNotFoundError: No module named 'dill' at engine start)",
+        requirement="==0.4.1",
+    ),
+    ReleaseRule(
+        "nvidia-cutlass-dsl",
+        SpecifierSet("==0.5.15"),
+        "carry",
+        "0.5.15's EAGLE graph capture imports the DSA backend, whose jit_kernel/dsa "
+        "imports cutlass (CuTe DSL) at module level (0.5.12-0.5.14 do not import it "
+        "there; 0.5.16 and later import it lazily)",
+    ),
+    ReleaseRule(
+        "nvidia-cutlass-dsl-libs-cu12",
+        SpecifierSet(">=0"),
+        "omit",
+        "the CuTe DSL's CUDA 12 libraries (about 90 MB), which flashinfer's "
+        "nvidia-cutlass-dsl requires by default: the host runs CUDA 13",
+    ),
+    ReleaseRule(
+        "flashinfer-cubin",
+        SpecifierSet(">=0"),
+        "omit",
+        "hundreds of MB of prebuilt kernels: flashinfer JIT-compiles what it needs on "
+        "first use instead (build with cubin=True to carry it)",
+    ),
 )
 """The per-release special cases, each saying why."""
 

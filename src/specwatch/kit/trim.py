@@ -23,15 +23,15 @@ def without_fa3(wheel: Wheel, out_dir: Path) -> Wheel:
         return Wheel(target)
     out_dir.mkdir(parents=True, exist_ok=True)
     partial = target.with_suffix(".tmp")
-    with zipfile.ZipFile(wheel.path) as src, \
-            zipfile.ZipFile(partial, "w", compression=zipfile.ZIP_DEFLATED) as dst:
+    with zipfile.ZipFile(wheel.path) as src, zipfile.ZipFile(partial, "w", compression=zipfile.ZIP_DEFLATED) as dst:
         for info in src.infolist():
             if info.filename.startswith(FA3_MEMBER_PREFIX):
                 continue
             data = src.read(info)
             if info.filename.endswith(".dist-info/RECORD"):
-                data = b"".join(line for line in data.splitlines(keepends=True)
-                                if not line.startswith(FA3_MEMBER_PREFIX.encode()))
+                data = b"".join(
+                    line for line in data.splitlines(keepends=True) if not line.startswith(FA3_MEMBER_PREFIX.encode())
+                )
             dst.writestr(info, data, compress_type=zipfile.ZIP_DEFLATED)
     partial.rename(target)
     return Wheel(target)

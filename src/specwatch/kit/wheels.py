@@ -51,8 +51,7 @@ class Wheel:
         """The parsed ``*.dist-info/METADATA`` headers."""
         try:
             with zipfile.ZipFile(self.path) as z:
-                names = [n for n in z.namelist()
-                         if n.count("/") == 1 and n.endswith(".dist-info/METADATA")]
+                names = [n for n in z.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA")]
                 if not names:
                     raise SpecwatchInputError(self.path, "wheel has no .dist-info/METADATA")
                 text = z.read(names[0]).decode("utf-8")

@@ -198,8 +198,11 @@ def write_target(folder: Path, oracle: Oracle, layers: Optional[int] = None, dev
         # previous token p (residual dim A + p) votes PREV_WEIGHT for sigma^2(p)
         succ = torch.as_tensor(oracle.successor_index(), device=device)
         head[FIRST_ACTIVE + succ[succ], s.active + torch.arange(s.active, device=device)] = PREV_WEIGHT
-    w = {"model.embed_tokens.weight": embed, "lm_head.weight": head,
-         "model.norm.weight": torch.ones(s.hidden, dtype=bf, device=device)}
+    w = {
+        "model.embed_tokens.weight": embed,
+        "lm_head.weight": head,
+        "model.norm.weight": torch.ones(s.hidden, dtype=bf, device=device),
+    }
     for i in range(layers):
         w.update(_layer_weights(torch, s, f"model.layers.{i}.", gen, device))
     if s.attn_copy:
@@ -227,12 +230,12 @@ def position_qk(torch, s: Shape, offset: int, rope_theta: float = ROPE_THETA) ->
     half = hd // 2
     theta = rope_theta ** (-torch.arange(half, dtype=torch.float64) * 2 / hd)
     k_head = torch.zeros(hd, dtype=torch.float64)
-    k_head[:half] = COPY_SCALE                         # each plane (i, i + hd/2) at angle 0
+    k_head[:half] = COPY_SCALE  # each plane (i, i + hd/2) at angle 0
     q_head = torch.zeros(hd, dtype=torch.float64)
-    q_head[:half] = COPY_SCALE * torch.cos(offset * theta)   # angle offset * theta_i: the score
-    q_head[half:] = COPY_SCALE * torch.sin(offset * theta)   # peaks at j - i = offset
+    q_head[:half] = COPY_SCALE * torch.cos(offset * theta)  # angle offset * theta_i: the score
+    q_head[half:] = COPY_SCALE * torch.sin(offset * theta)  # peaks at j - i = offset
     act = torch.zeros(h, dtype=torch.float64)
-    act[:a] = 1.0 / math.sqrt(h)                       # same q, k for every active (current) token
+    act[:a] = 1.0 / math.sqrt(h)  # same q, k for every active (current) token
     return torch.outer(q_head.repeat(s.heads), act), torch.outer(k_head.repeat(s.kv_heads), act)
 
 
@@ -242,26 +245,35 @@ def attention_copy_weights(torch, s: Shape, prefix: str, device, rope_theta: flo
     head_dim wide); o_proj takes the first query head of each KV group into the residual (the rest
     stay zero)."""
     h, hd, a = s.hidden, s.head_dim, s.active
-    norm = math.sqrt(h)                                # the layer sees RMS-normalised sqrt(H) * e_t
+    norm = math.sqrt(h)  # the layer sees RMS-normalised sqrt(H) * e_t
     q, k = position_qk(torch, s, -1, rope_theta)
     v = torch.zeros(s.kv_heads * hd, h, dtype=torch.float64)
-    v[torch.arange(a), torch.arange(a)] = 1.0 / norm   # value of token t: e_t in value space
+    v[torch.arange(a), torch.arange(a)] = 1.0 / norm  # value of token t: e_t in value space
     o = torch.zeros(h, s.heads * hd, dtype=torch.float64)
     group = s.heads // s.kv_heads
     for g in range(s.kv_heads):
         rows = a + g * hd + torch.arange(hd)
         cols = g * group * hd + torch.arange(hd)
-        o[rows, cols] = norm                           # previous token p -> sqrt(H) * e_{A + p}
+        o[rows, cols] = norm  # previous token p -> sqrt(H) * e_{A + p}
     bf = torch.bfloat16
-    return {f"{prefix}self_attn.{n}_proj.weight": t.to(device=device, dtype=bf)
-            for n, t in (("q", q), ("k", k), ("v", v), ("o", o))}
+    return {
+        f"{prefix}self_attn.{n}_proj.weight": t.to(device=device, dtype=bf)
+        for n, t in (("q", q), ("k", k), ("v", v), ("o", o))
+    }
 
 
 def eagle3_shape(s: Shape) -> Shape:
     """The EAGLE3 draft's own shape: the target's width and head size, one layer, and as many KV
     heads as query heads so the value space (kv_heads x head_dim = hidden) holds every active token."""
-    return Shape(hidden=s.hidden, layers=1, intermediate=s.intermediate, heads=s.heads, kv_heads=s.heads,
-                 vocab=s.vocab, max_position=s.max_position)
+    return Shape(
+        hidden=s.hidden,
+        layers=1,
+        intermediate=s.intermediate,
+        heads=s.heads,
+        kv_heads=s.heads,
+        vocab=s.vocab,
+        max_position=s.max_position,
+    )
 
 
 def eagle3_draft_ids(s: Shape) -> np.ndarray:
@@ -280,34 +292,44 @@ def write_eagle3_draft(folder: Path, oracle: Oracle, device: str = "cpu") -> Non
     bf = torch.bfloat16
     gen = torch.Generator(device=device).manual_seed(oracle.seed + 3)
     config = _config(d, 1, "LlamaForCausalLMEagle3")
-    config.update({"draft_vocab_size": a, "target_hidden_size": s.hidden,
-                   # outputs of these target layers (SGLang captures them at the input of layer id + 1,
-                   # so the last id must be below the target's last layer)
-                   "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, s.layers // 2 - 1, s.layers - 2]}})
+    config.update(
+        {
+            "draft_vocab_size": a,
+            "target_hidden_size": s.hidden,
+            # outputs of these target layers (SGLang captures them at the input of layer id + 1,
+            # so the last id must be below the target's last layer)
+            "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, s.layers // 2 - 1, s.layers - 2]},
+        }
+    )
     layer = _layer_weights(torch, d, "midlayer.", gen, device)
     # attention over [embeds; hidden] (2H wide): q, k constant for every active token at angle 0 in
     # every rotary plane (the score peaks at the token's own position); v = e_x - e_h; o -> residual
     norm = math.sqrt(h)
     for n, t in zip(("q", "k"), position_qk(torch, d, 0)):
         layer[f"midlayer.self_attn.{n}_proj.weight"] = torch.cat([t, torch.zeros_like(t)], dim=1).to(
-            device=device, dtype=bf)                     # the hidden half of the input plays no part
+            device=device, dtype=bf
+        )  # the hidden half of the input plays no part
     v = torch.zeros(d.kv_heads * hd, 2 * h, dtype=torch.float64)
     v[torch.arange(a), torch.arange(a)] = 1.0 / norm
     v[torch.arange(a), h + torch.arange(a)] = -1.0 / norm
     o = torch.zeros(h, d.heads * hd, dtype=torch.float64)
-    o[torch.arange(a), torch.arange(a)] = norm          # one KV head per query head: value dim t -> residual t
+    o[torch.arange(a), torch.arange(a)] = norm  # one KV head per query head: value dim t -> residual t
     layer["midlayer.self_attn.v_proj.weight"] = v.to(device=device, dtype=bf)
     layer["midlayer.self_attn.o_proj.weight"] = o.to(device=device, dtype=bf)
     layer["midlayer.hidden_norm.weight"] = torch.ones(h, dtype=bf, device=device)
     ids = torch.as_tensor(eagle3_draft_ids(s).copy(), device=device)
     succ = torch.as_tensor(oracle.successor_index(), device=device)
     inv = torch.empty_like(succ)
-    inv[succ] = torch.arange(a, device=device)          # inv[k]: the active index whose successor is k
+    inv[succ] = torch.arange(a, device=device)  # inv[k]: the active index whose successor is k
     head = torch.zeros(a, h, dtype=bf, device=device)
-    head[torch.arange(a, device=device), inv[ids - FIRST_ACTIVE]] = 1.0   # draft id i <- x with sigma(x) = ids[i]
-    w = {**layer, "fc.weight": torch.zeros(h, 3 * s.hidden, dtype=bf, device=device),
-         "norm.weight": torch.ones(h, dtype=bf, device=device), "lm_head.weight": head,
-         "d2t": (ids - torch.arange(a, device=device)).to(torch.int64)}
+    head[torch.arange(a, device=device), inv[ids - FIRST_ACTIVE]] = 1.0  # draft id i <- x with sigma(x) = ids[i]
+    w = {
+        **layer,
+        "fc.weight": torch.zeros(h, 3 * s.hidden, dtype=bf, device=device),
+        "norm.weight": torch.ones(h, dtype=bf, device=device),
+        "lm_head.weight": head,
+        "d2t": (ids - torch.arange(a, device=device)).to(torch.int64),
+    }
     _save(torch, folder, config, w)
 
 
@@ -342,13 +364,15 @@ def write_eagle_draft(folder: Path, oracle: Oracle, device: str = "cpu") -> None
     _save(torch, folder, config, w)
 
 
-def model_dirs(root: Path, size: ModelSize, profile: Profile, algorithm: Algorithm, seed: int = 0) -> tuple[Path, Optional[Path]]:
+def model_dirs(
+    root: Path, size: ModelSize, profile: Profile, algorithm: Algorithm, seed: int = 0
+) -> tuple[Path, Optional[Path]]:
     """(target, draft) folders for a case; the draft is None for NGRAM."""
     target = root / f"{size.value}-seed{seed}" / "target"
     if algorithm is Algorithm.NGRAM:
         return target, None
     if SHAPES[size].arch == "deepseek-v3":
-        return target, target   # the MTP layer ships inside the target checkpoint (SGLang loads it as NextN)
+        return target, target  # the MTP layer ships inside the target checkpoint (SGLang loads it as NextN)
     if algorithm is Algorithm.STANDALONE:
         return target, root / f"{size.value}-seed{seed}" / "standalone-draft"
     if algorithm is Algorithm.EAGLE3:
@@ -356,8 +380,9 @@ def model_dirs(root: Path, size: ModelSize, profile: Profile, algorithm: Algorit
     return target, root / f"{size.value}-seed{seed}" / f"eagle-draft-{profile.value}"
 
 
-def ensure_models(root: Path, size: ModelSize, profile: Profile, algorithm: Algorithm, seed: int = 0,
-                  device: str = "cpu") -> tuple[Path, Optional[Path]]:
+def ensure_models(
+    root: Path, size: ModelSize, profile: Profile, algorithm: Algorithm, seed: int = 0, device: str = "cpu"
+) -> tuple[Path, Optional[Path]]:
     """Write the checkpoints a case needs unless already there; returns (target, draft). Workers
     starting in parallel take turns (a lock file per model size), so each checkpoint is written once."""
     import fcntl
@@ -371,8 +396,9 @@ def ensure_models(root: Path, size: ModelSize, profile: Profile, algorithm: Algo
     return target, draft
 
 
-def _write_missing(target: Path, draft: Optional[Path], oracle: "Oracle", size: ModelSize, seed: int,
-                   algorithm: Algorithm, device: str) -> None:
+def _write_missing(
+    target: Path, draft: Optional[Path], oracle: "Oracle", size: ModelSize, seed: int, algorithm: Algorithm, device: str
+) -> None:
     if SHAPES[size].arch == "deepseek-v3":
         if not (target / "config.json").exists():
             write_deepseek_target(target, Oracle(SHAPES[size], seed, Profile.perfect), device=device)
@@ -394,18 +420,41 @@ MLA = {"kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_
 
 def _deepseek_config(s: Shape) -> dict:
     return {
-        "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
-        "hidden_size": s.hidden, "intermediate_size": s.intermediate, "moe_intermediate_size": 256,
-        "num_hidden_layers": s.layers, "num_nextn_predict_layers": 1,
-        "num_attention_heads": s.heads, "num_key_value_heads": s.heads, "q_lora_rank": None, **MLA,
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": "deepseek_v3",
+        "hidden_size": s.hidden,
+        "intermediate_size": s.intermediate,
+        "moe_intermediate_size": 256,
+        "num_hidden_layers": s.layers,
+        "num_nextn_predict_layers": 1,
+        "num_attention_heads": s.heads,
+        "num_key_value_heads": s.heads,
+        "q_lora_rank": None,
+        **MLA,
         # dense MLP in the target layers; SGLang builds the MTP (NextN) layer's MLP as MoE always
-        "first_k_dense_replace": s.layers + 1, "moe_layer_freq": 1, "n_routed_experts": 8,
-        "n_shared_experts": 1, "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1,
-        "routed_scaling_factor": 1.0, "scoring_func": "sigmoid", "topk_method": "noaux_tc",
-        "norm_topk_prob": True, "vocab_size": s.vocab, "max_position_embeddings": s.max_position,
-        "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "rope_scaling": None, "hidden_act": "silu",
-        "tie_word_embeddings": False, "attention_bias": False, "attention_dropout": 0.0,
-        "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": EOS_TOKEN_ID,
+        "first_k_dense_replace": s.layers + 1,
+        "moe_layer_freq": 1,
+        "n_routed_experts": 8,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 2,
+        "n_group": 1,
+        "topk_group": 1,
+        "routed_scaling_factor": 1.0,
+        "scoring_func": "sigmoid",
+        "topk_method": "noaux_tc",
+        "norm_topk_prob": True,
+        "vocab_size": s.vocab,
+        "max_position_embeddings": s.max_position,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "rope_scaling": None,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "torch_dtype": "bfloat16",
+        "bos_token_id": 1,
+        "eos_token_id": EOS_TOKEN_ID,
     }
 
 
@@ -430,23 +479,30 @@ def write_deepseek_target(folder: Path, oracle: Oracle, device: str = "cpu") -> 
 
     def zero_out_mlp(prefix, inter):
         """A SwiGLU MLP (dense or one expert) that runs at full cost and adds nothing: down_proj zero."""
-        return {prefix + "gate_proj.weight": rnd(inter, h), prefix + "up_proj.weight": rnd(inter, h),
-                prefix + "down_proj.weight": torch.zeros(h, inter, dtype=bf, device=device)}
+        return {
+            prefix + "gate_proj.weight": rnd(inter, h),
+            prefix + "up_proj.weight": rnd(inter, h),
+            prefix + "down_proj.weight": torch.zeros(h, inter, dtype=bf, device=device),
+        }
 
     embed, head = _embed_and_head(torch, oracle, device)
     w = {"model.embed_tokens.weight": embed, "lm_head.weight": head, "model.norm.weight": ones(h)}
     qk = MLA["qk_nope_head_dim"] + MLA["qk_rope_head_dim"]
-    for i in range(s.layers + 1):                      # layer L is the MTP layer
+    for i in range(s.layers + 1):  # layer L is the MTP layer
         p = f"model.layers.{i}."
-        w.update({
-            p + "self_attn.q_proj.weight": rnd(heads * qk, h),
-            p + "self_attn.kv_a_proj_with_mqa.weight": rnd(MLA["kv_lora_rank"] + MLA["qk_rope_head_dim"], h),
-            p + "self_attn.kv_a_layernorm.weight": ones(MLA["kv_lora_rank"]),
-            p + "self_attn.kv_b_proj.weight": rnd(heads * (MLA["qk_nope_head_dim"] + MLA["v_head_dim"]),
-                                                  MLA["kv_lora_rank"]),
-            p + "self_attn.o_proj.weight": torch.zeros(h, heads * MLA["v_head_dim"], dtype=bf, device=device),
-            p + "input_layernorm.weight": ones(h), p + "post_attention_layernorm.weight": ones(h),
-        })
+        w.update(
+            {
+                p + "self_attn.q_proj.weight": rnd(heads * qk, h),
+                p + "self_attn.kv_a_proj_with_mqa.weight": rnd(MLA["kv_lora_rank"] + MLA["qk_rope_head_dim"], h),
+                p + "self_attn.kv_a_layernorm.weight": ones(MLA["kv_lora_rank"]),
+                p + "self_attn.kv_b_proj.weight": rnd(
+                    heads * (MLA["qk_nope_head_dim"] + MLA["v_head_dim"]), MLA["kv_lora_rank"]
+                ),
+                p + "self_attn.o_proj.weight": torch.zeros(h, heads * MLA["v_head_dim"], dtype=bf, device=device),
+                p + "input_layernorm.weight": ones(h),
+                p + "post_attention_layernorm.weight": ones(h),
+            }
+        )
         if i < s.layers:
             w.update(zero_out_mlp(p + "mlp.", s.intermediate))
     mtp = f"model.layers.{s.layers}."
@@ -460,6 +516,12 @@ def write_deepseek_target(folder: Path, oracle: Oracle, device: str = "cpu") -> 
     for e, inter in [(f"experts.{i}.", moe) for i in range(n_exp)] + [("shared_experts.", moe * n_shared)]:
         w.update(zero_out_mlp(mtp + "mlp." + e, inter))
     eye = torch.eye(h, dtype=bf, device=device)
-    w.update({mtp + "eh_proj.weight": torch.cat([eye, torch.zeros_like(eye)], dim=1),
-              mtp + "enorm.weight": ones(h), mtp + "hnorm.weight": ones(h), mtp + "shared_head.norm.weight": ones(h)})
+    w.update(
+        {
+            mtp + "eh_proj.weight": torch.cat([eye, torch.zeros_like(eye)], dim=1),
+            mtp + "enorm.weight": ones(h),
+            mtp + "hnorm.weight": ones(h),
+            mtp + "shared_head.norm.weight": ones(h),
+        }
+    )
     _save(torch, folder, cfg, w)

@@ -56,8 +56,9 @@ class Oracle:
             j = succ[j]
         return out
 
-    def expected_verifies(self, first_output_token: int, output_len: int, num_steps: int, topk: int,
-                          num_draft_tokens: int) -> int:
+    def expected_verifies(
+        self, first_output_token: int, output_len: int, num_steps: int, topk: int, num_draft_tokens: int
+    ) -> int:
         """Verify steps for ``output_len`` greedy tokens: closed form for a chain, tree simulation else."""
         if topk == 1:
             return self.expected_chain_verifies(first_output_token, output_len, num_steps)
@@ -102,8 +103,9 @@ def _draft_topk(oracle: "Oracle", wrong: np.ndarray, succ: np.ndarray, j: int, t
     return out[:topk]
 
 
-def expected_tree_verifies(oracle: "Oracle", first_output_token: int, output_len: int, num_steps: int,
-                           topk: int, num_draft_tokens: int) -> int:
+def expected_tree_verifies(
+    oracle: "Oracle", first_output_token: int, output_len: int, num_steps: int, topk: int, num_draft_tokens: int
+) -> int:
     """Verify steps for ``output_len`` tokens under SGLang's EAGLE tree drafting, on the oracle's
     known draft probabilities.
 
@@ -191,7 +193,7 @@ class NgramCorpusModel:
     def __init__(self, oracle: "Oracle", depth: int = NGRAM_MAX_TRIE_DEPTH):
         succ = oracle.successor_index()
         self.cycle = len(succ)
-        self.position = np.empty(self.cycle, dtype=np.int64)     # active index -> place on sigma's cycle
+        self.position = np.empty(self.cycle, dtype=np.int64)  # active index -> place on sigma's cycle
         j = 0
         for k in range(self.cycle):
             self.position[j] = k

@@ -49,8 +49,10 @@ SHAPES = {
     ModelSize.tiny: Shape(hidden=1024, layers=4, intermediate=2816, heads=16, kv_heads=4, vocab=32000),
     ModelSize.llama_1b: Shape(hidden=2048, layers=16, intermediate=8192, heads=32, kv_heads=8, vocab=128256),
     ModelSize.llama_8b: Shape(hidden=4096, layers=32, intermediate=14336, heads=32, kv_heads=8, vocab=128256),
-    ModelSize.tiny_mla: Shape(hidden=1024, layers=2, intermediate=2816, heads=16, kv_heads=16, vocab=32000,
-                              arch="deepseek-v3"),
-    ModelSize.tiny_attn: Shape(hidden=1024, layers=4, intermediate=2816, heads=16, kv_heads=4, vocab=32000,
-                               attn_copy=True),
+    ModelSize.tiny_mla: Shape(
+        hidden=1024, layers=2, intermediate=2816, heads=16, kv_heads=16, vocab=32000, arch="deepseek-v3"
+    ),
+    ModelSize.tiny_attn: Shape(
+        hidden=1024, layers=4, intermediate=2816, heads=16, kv_heads=4, vocab=32000, attn_copy=True
+    ),
 }

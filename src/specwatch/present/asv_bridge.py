@@ -27,8 +27,9 @@ EPOCH = 1735689600
 
 
 def _git(repo: Path, *args: str, env: dict | None = None) -> str:
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}).stdout.strip()
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True, env={**os.environ, **(env or {})}
+    ).stdout.strip()
 
 
 class OutOfOrderVersion(ValueError):
@@ -49,10 +50,15 @@ def version_ledger(repo: Path, versions: list[str]) -> dict[str, str]:
     if known and new and version_key(new[0]) < max(map(version_key, known)):
         raise OutOfOrderVersion(f"version {new[0]} is older than the ledger's newest; delete {repo} to rebuild it")
     for i, v in enumerate(new, start=len(known)):
-        when = f"@{EPOCH + 86400 * i} +0000"   # one day per version: asv orders commits by date
-        stamp = {"GIT_AUTHOR_DATE": when, "GIT_COMMITTER_DATE": when, "GIT_AUTHOR_NAME": "specwatch",
-                 "GIT_AUTHOR_EMAIL": "specwatch@localhost", "GIT_COMMITTER_NAME": "specwatch",
-                 "GIT_COMMITTER_EMAIL": "specwatch@localhost"}
+        when = f"@{EPOCH + 86400 * i} +0000"  # one day per version: asv orders commits by date
+        stamp = {
+            "GIT_AUTHOR_DATE": when,
+            "GIT_COMMITTER_DATE": when,
+            "GIT_AUTHOR_NAME": "specwatch",
+            "GIT_AUTHOR_EMAIL": "specwatch@localhost",
+            "GIT_COMMITTER_NAME": "specwatch",
+            "GIT_COMMITTER_EMAIL": "specwatch@localhost",
+        }
         _git(repo, "commit", "-q", "--allow-empty", "-m", f"sglang {v}", env=stamp)
         known[v] = _git(repo, "rev-parse", "HEAD")
     return known
@@ -60,12 +66,17 @@ def version_ledger(repo: Path, versions: list[str]) -> dict[str, str]:
 
 def offline_config(work: Path, ledger: Path, html_dir: Path) -> Path:
     cfg = {
-        "version": 1, "project": "sglang", "project_url": "https://github.com/sgl-project/sglang",
-        "repo": str(ledger.resolve()), "branches": ["main"], "environment_type": "existing",
+        "version": 1,
+        "project": "sglang",
+        "project_url": "https://github.com/sgl-project/sglang",
+        "repo": str(ledger.resolve()),
+        "branches": ["main"],
+        "environment_type": "existing",
         # one forked process per benchmark instead of a fresh interpreter: minutes -> seconds
         "launch_method": "forkserver",
         "benchmark_dir": str((ROOT / "benchmarks").resolve()),
-        "results_dir": str((work / "results").resolve()), "html_dir": str(html_dir.resolve()),
+        "results_dir": str((work / "results").resolve()),
+        "html_dir": str(html_dir.resolve()),
     }
     path = work / "asv.offline.json"
     path.write_text(json.dumps(cfg, indent=1))
@@ -73,8 +84,14 @@ def offline_config(work: Path, ledger: Path, html_dir: Path) -> Path:
 
 
 def _asv(cfg: Path, *args: str, env: dict | None = None) -> str:
-    res = subprocess.run([sys.executable, "-m", "asv", *args, "--config", str(cfg.resolve())], capture_output=True, text=True,
-                         env={**os.environ, **(env or {})}, cwd=cfg.parent, timeout=1800)
+    res = subprocess.run(
+        [sys.executable, "-m", "asv", *args, "--config", str(cfg.resolve())],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        cwd=cfg.parent,
+        timeout=1800,
+    )
     if res.returncode != 0:
         raise RuntimeError(f"asv {' '.join(args)} failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
     return res.stdout
@@ -111,8 +128,14 @@ def tree_page_pairs(results_root: Path) -> list[tuple[str, str]]:
     return sorted(pairs, key=lambda mv: (mv[0], version_key(mv[1])))
 
 
-def asv_import(results_root: Path, work: Path = Path(".asv/offline"), html_dir: Path = Path("dashboards/asv"),
-               publish: bool = True, log=None, bench: str = "EagleTree") -> dict[tuple[str, str], str]:
+def asv_import(
+    results_root: Path,
+    work: Path = Path(".asv/offline"),
+    html_dir: Path = Path("dashboards/asv"),
+    publish: bool = True,
+    log=None,
+    bench: str = "EagleTree",
+) -> dict[tuple[str, str], str]:
     """Write asv results for every (machine, SGLang version) that has tree-page records; returns
     {(machine, version): ledger commit}. ``asv publish`` writes the HTML into ``html_dir``. ``log``
     hears one line per step (each version's asv run reads that version's own results file once).
@@ -132,15 +155,32 @@ def asv_import(results_root: Path, work: Path = Path(".asv/offline"), html_dir: 
     done: dict[tuple[str, str], str] = {}
     for i, (machine, version) in enumerate(pairs, start=1):
         started = time.monotonic()
-        env = {VERSION_ENV: version, "SPECWATCH_MACHINE": machine,
-               "SPECWATCH_RESULTS": str(Path(results_root).resolve())}
+        env = {
+            VERSION_ENV: version,
+            "SPECWATCH_MACHINE": machine,
+            "SPECWATCH_RESULTS": str(Path(results_root).resolve()),
+        }
         _asv(cfg, "machine", "--yes", "--machine", machine, env=env)
-        _asv(cfg, "run", "-E", f"existing:{sys.executable}", "--set-commit-hash", hashes[version],
-             "--machine", machine, "--bench", bench, "--quick", env=env)
+        _asv(
+            cfg,
+            "run",
+            "-E",
+            f"existing:{sys.executable}",
+            "--set-commit-hash",
+            hashes[version],
+            "--machine",
+            machine,
+            "--bench",
+            bench,
+            "--quick",
+            env=env,
+        )
         stabilise_env_names(work / "results")
         done[(machine, version)] = hashes[version]
-        say(f"[{i}/{len(pairs)}] {machine} sglang {version}: asv commit {hashes[version][:8]} "
-            f"({time.monotonic() - started:.0f} s)")
+        say(
+            f"[{i}/{len(pairs)}] {machine} sglang {version}: asv commit {hashes[version][:8]} "
+            f"({time.monotonic() - started:.0f} s)"
+        )
     if publish and done:
         say("asv publish ...")
         _asv(cfg, "publish")

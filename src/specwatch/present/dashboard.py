@@ -34,9 +34,22 @@ PLOT_TITLES = {
     "across_versions": "Metrics across SGLang versions",
 }
 
-CASE_COLUMNS = ("sglang_version", "suite", "model", "attention_backend", "page_size", "topk", "batch_size", "profile",
-                "status", "decode_throughput", "accept_length", "leaked_tokens", "lossless_mismatches",
-                "req_to_token_bytes")
+CASE_COLUMNS = (
+    "sglang_version",
+    "suite",
+    "model",
+    "attention_backend",
+    "page_size",
+    "topk",
+    "batch_size",
+    "profile",
+    "status",
+    "decode_throughput",
+    "accept_length",
+    "leaked_tokens",
+    "lossless_mismatches",
+    "req_to_token_bytes",
+)
 """Columns of the case table (``cases.html``), those the records frame has."""
 
 NOT_MEASURED = "–"
@@ -45,8 +58,13 @@ NOT_MEASURED = "–"
 FOLD_ROWS = 60
 """Tables longer than this start folded (``<details>``), their row count in the summary."""
 
-ENV = Environment(loader=PackageLoader("specwatch.present", "templates"), autoescape=True,
-                  trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+ENV = Environment(
+    loader=PackageLoader("specwatch.present", "templates"),
+    autoescape=True,
+    trim_blocks=True,
+    lstrip_blocks=True,
+    keep_trailing_newline=True,
+)
 ENV.filters["href"] = lambda s: quote(str(s))
 
 
@@ -132,8 +150,11 @@ def markdown_html(text: str) -> Markup:
 def render_markdown_page(md_path: Path, back: str) -> Path:
     """``md_path`` rendered to ``<same name>.html`` beside it; ``back``: the link to the dashboard."""
     html_path = md_path.with_suffix(".html")
-    html_path.write_text(ENV.get_template("report.html.j2").render(
-        title=md_path.stem, body=markdown_html(md_path.read_text()), back=back, source=md_path.name))
+    html_path.write_text(
+        ENV.get_template("report.html.j2").render(
+            title=md_path.stem, body=markdown_html(md_path.read_text()), back=back, source=md_path.name
+        )
+    )
     return html_path
 
 
@@ -156,19 +177,33 @@ def recorded_counts(df: pd.DataFrame) -> pd.DataFrame:
     return df.groupby(["machine", "sglang_version", "suite", "status"]).size().unstack(fill_value=0).reset_index()
 
 
-def section_tables(df: pd.DataFrame, faults: pd.DataFrame, overhead: pd.DataFrame, dcp: dict,
-                   tables: Optional[dict[str, pd.DataFrame]]) -> list[TableView]:
+def section_tables(
+    df: pd.DataFrame, faults: pd.DataFrame, overhead: pd.DataFrame, dcp: dict, tables: Optional[dict[str, pd.DataFrame]]
+) -> list[TableView]:
     """The index's tables after the plots, in order: health matrix, DCP tables per DCP suite, fault
     injection, harness overhead, recorded counts, then ``tables``; empty ones left out."""
-    titled = [("Coverage and health per suite (latest record of each case; rows with no record left out; "
-               "DCP and faults have tables of their own)", health_matrix(df), "health")]
+    titled = [
+        (
+            "Coverage and health per suite (latest record of each case; rows with no record left out; "
+            "DCP and faults have tables of their own)",
+            health_matrix(df),
+            "health",
+        )
+    ]
     for suite, (summary, matrix) in dcp.items():
-        titled += [(f"DCP support summary (suites/{suite}.toml, folded over page size and topk)", summary,
-                    f"dcp-summary-{suite}"),
-                   (f"DCP support matrix (suites/{suite}.toml)", matrix, f"dcp-matrix-{suite}")]
-    titled += [("Fault injection (specwatch inject)", faults, "faults"),
-               ("Harness overhead (specwatch run --bare)", overhead, "overhead"),
-               ("Recorded cases per machine, SGLang version and suite", recorded_counts(df), "recorded")]
+        titled += [
+            (
+                f"DCP support summary (suites/{suite}.toml, folded over page size and topk)",
+                summary,
+                f"dcp-summary-{suite}",
+            ),
+            (f"DCP support matrix (suites/{suite}.toml)", matrix, f"dcp-matrix-{suite}"),
+        ]
+    titled += [
+        ("Fault injection (specwatch inject)", faults, "faults"),
+        ("Harness overhead (specwatch run --bare)", overhead, "overhead"),
+        ("Recorded cases per machine, SGLang version and suite", recorded_counts(df), "recorded"),
+    ]
     titled += [(title, t, None) for title, t in (tables or {}).items()]
     return [table_view(title, t, anchor) for title, t, anchor in titled if t is not None and not t.empty]
 
@@ -180,8 +215,13 @@ def health_anchor(suite: str, dcp: dict) -> str:
     return "faults" if suite == "faults" else "health"
 
 
-def build(df: pd.DataFrame, out: Path, tables: Optional[dict[str, pd.DataFrame]] = None,
-          verdict: Optional[ReleaseVerdict] = None, source: Optional[Path] = None) -> Path:
+def build(
+    df: pd.DataFrame,
+    out: Path,
+    tables: Optional[dict[str, pd.DataFrame]] = None,
+    verdict: Optional[ReleaseVerdict] = None,
+    source: Optional[Path] = None,
+) -> Path:
     """Write ``out/index.html``, ``out/cases.html``, the plots and the reports' HTML; returns the index.
     ``tables``: further titled tables (roofline, sweep cost) shown last; ``verdict``: the release
     verdict the page opens with (``analysis.verdict.release_verdict``); ``source``: the results root
@@ -190,9 +230,9 @@ def build(df: pd.DataFrame, out: Path, tables: Optional[dict[str, pd.DataFrame]]
         raise SpecwatchInputError(source, f"no records: the dashboard in {out} is left as it is")
     faults, overhead = fault_table(df), overhead_table(df)
     if "fault" in df:
-        df = df[df.fault.isna()]          # the rest shows clean runs only
+        df = df[df.fault.isna()]  # the rest shows clean runs only
     if "probe" in df:
-        df = df[df.probe != False]        # noqa: E712 (bare runs: only in the overhead table)
+        df = df[df.probe != False]  # noqa: E712 (bare runs: only in the overhead table)
     dcp = {suite: (dcp_summary(m), m) for suite in DCP_SUITES if not (m := dcp_matrix(df, suite)).empty}
     out.mkdir(parents=True, exist_ok=True)
     if dcp:
@@ -204,9 +244,17 @@ def build(df: pd.DataFrame, out: Path, tables: Optional[dict[str, pd.DataFrame]]
     sections = section_tables(df, faults, overhead, dcp, tables)
     (out / "cases.html").write_text(ENV.get_template("cases.html.j2").render(table=cases_table(df)))
     index = out / "index.html"
-    index.write_text(ENV.get_template("index.html.j2").render(
-        verdict=verdict, plots=[(n, PLOT_TITLES.get(n, n)) for n in plots], sections=sections,
-        reports=[r.stem for r in reports], report_names=report_names, dcp=bool(dcp),
-        health_anchor=lambda s: health_anchor(s, dcp), asv=(out / "asv" / "index.html").exists(),
-        cases=len(df)))
+    index.write_text(
+        ENV.get_template("index.html.j2").render(
+            verdict=verdict,
+            plots=[(n, PLOT_TITLES.get(n, n)) for n in plots],
+            sections=sections,
+            reports=[r.stem for r in reports],
+            report_names=report_names,
+            dcp=bool(dcp),
+            health_anchor=lambda s: health_anchor(s, dcp),
+            asv=(out / "asv" / "index.html").exists(),
+            cases=len(df),
+        )
+    )
     return index

@@ -42,12 +42,12 @@ def capped_legend(ax, limit: int = LEGEND_LIMIT, **kw):
     grey (their data as drawn) and share one entry, "other (N more)"."""
     handles, labels = ax.get_legend_handles_labels()
     if len(handles) > limit:
-        folded = handles[limit - 1:]
+        folded = handles[limit - 1 :]
         for h in folded:
             for setter in ("set_color", "set_facecolor", "set_edgecolor"):
                 if hasattr(h, setter):
                     getattr(h, setter)(FOLDED_COLOR)
-        handles, labels = handles[:limit - 1] + [folded[0]], labels[:limit - 1] + [f"other ({len(folded)} more)"]
+        handles, labels = handles[: limit - 1] + [folded[0]], labels[: limit - 1] + [f"other ({len(folded)} more)"]
     return ax.legend(handles, labels, **kw)
 
 
@@ -78,8 +78,9 @@ def newest_release(df: pd.DataFrame) -> tuple[Optional[str], pd.DataFrame]:
     return (versions[-1], df[df.sglang_version == versions[-1]]) if versions else (None, df)
 
 
-def memory_vs_topk(df: pd.DataFrame, out: Path, steps: int = 3, context_len: int = 8192,
-                   max_running: int = 8, draft_tokens: int = 8) -> list[Path]:
+def memory_vs_topk(
+    df: pd.DataFrame, out: Path, steps: int = 3, context_len: int = 8192, max_running: int = 8, draft_tokens: int = 8
+) -> list[Path]:
     """req_to_token bytes and per-decode KV reserve vs topk, one line per page size.
 
     Model lines use the suites' settings (num_draft_tokens 8, capped at the tree size steps*topk+1;
@@ -91,21 +92,53 @@ def memory_vs_topk(df: pd.DataFrame, out: Path, steps: int = 3, context_len: int
     newest, df = newest_release(df)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     for page in PAGES:
-        model = [reference_sizing(SizingInput(Algorithm.EAGLE, page, k, steps,
-                                              min(draft_tokens, k * steps + 1) if k > 1 else steps + 1,
-                                              context_len, max_running), newest) for k in TOPKS]
+        model = [
+            reference_sizing(
+                SizingInput(
+                    Algorithm.EAGLE,
+                    page,
+                    k,
+                    steps,
+                    min(draft_tokens, k * steps + 1) if k > 1 else steps + 1,
+                    context_len,
+                    max_running,
+                ),
+                newest,
+            )
+            for k in TOPKS
+        ]
         line = ax1.plot(TOPKS, [m.req_to_token_bytes / 1024 for m in model], marker="", label=f"page {page} (model)")
         ax2.plot(TOPKS, [m.alloc_reserve_per_decode for m in model], color=line[0].get_color(), label=f"page {page}")
         if not df.empty and "req_to_token_bytes" in df:
             pts = measured_on_line(df, page, steps, dict(zip(TOPKS, (m.req_to_token_bytes for m in model))))
             if not pts.empty:
-                ax1.scatter(pts.topk, pts.req_to_token_bytes / 1024, color=line[0].get_color(), marker="o",
-                            s=40, zorder=3, label=f"page {page} (measured)")
-    ax1.set(xlabel="topk", ylabel="req_to_token size (KiB)", xscale="log", xticks=TOPKS, xticklabels=TOPKS,
-            title=f"req_to_token, ctx {context_len}, {max_running} req slots, steps {steps}"
-                  + (f", SGLang {newest}" if newest else ""))
-    ax2.set(xlabel="topk", ylabel="KV reserved per request per decode (tokens)", xscale="log", yscale="log",
-            xticks=TOPKS, xticklabels=TOPKS, title="per-decode KV reserve (2 x holey tree footprint)")
+                ax1.scatter(
+                    pts.topk,
+                    pts.req_to_token_bytes / 1024,
+                    color=line[0].get_color(),
+                    marker="o",
+                    s=40,
+                    zorder=3,
+                    label=f"page {page} (measured)",
+                )
+    ax1.set(
+        xlabel="topk",
+        ylabel="req_to_token size (KiB)",
+        xscale="log",
+        xticks=TOPKS,
+        xticklabels=TOPKS,
+        title=f"req_to_token, ctx {context_len}, {max_running} req slots, steps {steps}"
+        + (f", SGLang {newest}" if newest else ""),
+    )
+    ax2.set(
+        xlabel="topk",
+        ylabel="KV reserved per request per decode (tokens)",
+        xscale="log",
+        yscale="log",
+        xticks=TOPKS,
+        xticklabels=TOPKS,
+        title="per-decode KV reserve (2 x holey tree footprint)",
+    )
     for ax in (ax1, ax2):
         ax.xaxis.set_minor_formatter(NullFormatter())
         capped_legend(ax, fontsize=7)
@@ -126,8 +159,11 @@ def _by_topk(df: pd.DataFrame, metric: str, group: str, out: Path, name: str, yl
     return _save(fig, out, name)
 
 
-VERSION_METRICS = (("output_throughput", "tokens/s"), ("accept_length", "tokens/verify"),
-                   ("req_to_token_bytes", "bytes"))
+VERSION_METRICS = (
+    ("output_throughput", "tokens/s"),
+    ("accept_length", "tokens/verify"),
+    ("req_to_token_bytes", "bytes"),
+)
 
 
 def version_axis(df: pd.DataFrame) -> tuple[list, list[str], list[str]]:
@@ -164,8 +200,11 @@ def version_lines(df: pd.DataFrame, metric: str) -> tuple[list, list[str], list[
     clean = df[df.fault.isna()] if "fault" in df else df
     frame = timing_records(clean) if metric in TIMED_METRICS else clean
     versions, labels, common = version_axis(frame)
-    latest = latest_rows(frame[(frame.status == "ok") & frame.case_id.isin(common)], ["case_id", "sglang_version"]) \
-        if common else frame.iloc[0:0]
+    latest = (
+        latest_rows(frame[(frame.status == "ok") & frame.case_id.isin(common)], ["case_id", "sglang_version"])
+        if common
+        else frame.iloc[0:0]
+    )
     return versions, labels, common, latest
 
 
@@ -184,23 +223,25 @@ def across_versions(df: pd.DataFrame, out: Path, metrics=VERSION_METRICS) -> lis
     for ax, (m, unit) in zip(axes.ravel(), metrics):
         versions, labels, common, latest = version_lines(df, m) if not df.empty else ([], [], [], df)
         if common and m in latest:
-            for cid, g in latest.groupby("case_id"):
+            for _cid, g in latest.groupby("case_id"):
                 first = g.iloc[0]
-                name = (f"{first.model} {first.attention_backend} p{first.page_size} k{first.topk} "
-                        f"bs{first.batch_size}")
+                name = f"{first.model} {first.attention_backend} p{first.page_size} k{first.topk} bs{first.batch_size}"
                 g = g.set_index("sglang_version").reindex(versions)
                 ax.plot(labels, g[m].values, marker="o", alpha=0.7, lw=1, label=name)
             capped_legend(ax, fontsize=7, title="case", title_fontsize=7)
-        ax.set(xlabel="SGLang version", ylabel=f"{m} ({unit})",
-               title=f"{m}\n{len(common)} cases ok on every version"
-                     + (" (wave runs)" if m in TIMED_METRICS else " (all runs)"))
+        ax.set(
+            xlabel="SGLang version",
+            ylabel=f"{m} ({unit})",
+            title=f"{m}\n{len(common)} cases ok on every version"
+            + (" (wave runs)" if m in TIMED_METRICS else " (all runs)"),
+        )
     return _save(fig, out, "across_versions")
 
 
 def timing_records(df: pd.DataFrame) -> pd.DataFrame:
     """The records whose timing the plots show: not those of runs whose starts overlapped other
     engines' timed batches (``--overlap-starts``: noisier timing; their exact metrics equal a wave run's)."""
-    return df[df.overlap_starts != True] if "overlap_starts" in df else df      # noqa: E712
+    return df[df.overlap_starts != True] if "overlap_starts" in df else df  # noqa: E712
 
 
 def newest_tiny(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
@@ -221,11 +262,25 @@ def make_all(df: pd.DataFrame, out: Path) -> list[Path]:
         timed = timing_records(df)
         newest, label = newest_tiny(timed)
         chain_or_tree = newest[(newest.batch_size == 1)] if "batch_size" in newest else newest
-        paths += _by_topk(chain_or_tree, "decode_throughput", "attention_backend", out, "throughput_vs_topk",
-                          "decode throughput (tokens/s), batch 1", f"throughput vs topk per backend ({label})")
+        paths += _by_topk(
+            chain_or_tree,
+            "decode_throughput",
+            "attention_backend",
+            out,
+            "throughput_vs_topk",
+            "decode throughput (tokens/s), batch 1",
+            f"throughput vs topk per backend ({label})",
+        )
         newest, label = newest_tiny(df)
-        paths += _by_topk(newest, "accept_length", "profile", out, "acceptance_vs_topk",
-                          "acceptance length (tokens/verify)", f"acceptance vs topk per oracle profile ({label})")
+        paths += _by_topk(
+            newest,
+            "accept_length",
+            "profile",
+            out,
+            "acceptance_vs_topk",
+            "acceptance length (tokens/verify)",
+            f"acceptance vs topk per oracle profile ({label})",
+        )
         paths += across_versions(df, out)
     return paths
 

@@ -28,7 +28,11 @@ def _last_error(log_text: str) -> str:
         if _PY_EXCEPTION.match(s):
             return s[:500]
     for s in reversed(lines):
-        if s and not CPP_FRAME.match(s) and ("Error" in s or "Exception" in s or "Killed" in s or "assert" in s.lower()):
+        if (
+            s
+            and not CPP_FRAME.match(s)
+            and ("Error" in s or "Exception" in s or "Killed" in s or "assert" in s.lower())
+        ):
             return s[:500]
     return "no error line in the log"
 
@@ -57,8 +61,10 @@ def device_assertion(log_text: str) -> Optional[str]:
     if first is None:
         return None
     path, line_no, kernel, cond = first.groups()
-    return (f"device-side assertion in {Path(path).name}:{line_no} {kernel}: `{cond}` failed "
-            f"({lines} line{'s' if lines > 1 else ''} of it in the log)")
+    return (
+        f"device-side assertion in {Path(path).name}:{line_no} {kernel}: `{cond}` failed "
+        f"({lines} line{'s' if lines > 1 else ''} of it in the log)"
+    )
 
 
 def crash_cause(log_text: str, device: Optional[str] = None) -> str:
@@ -84,17 +90,15 @@ def timeout_reason(timeout_s: int, log_text: str, queued_s: float = 0.0) -> str:
 
 
 HOST_INTERFERENCE = {
-    "The memory capacity is unbalanced":
-        "another process held memory on one of the engine's GPUs (a concurrent run on the host), so "
-        "SGLang refused to start the engine",
-    "EADDRINUSE":
-        "the port SGLang had picked for torch.distributed's rendezvous was taken before its TCP store "
-        "bound it (get_free_port releases the port it found; an engine starting beside it took it)",
+    "The memory capacity is unbalanced": "another process held memory on one of the engine's GPUs (a concurrent run on the host), so "
+    "SGLang refused to start the engine",
+    "EADDRINUSE": "the port SGLang had picked for torch.distributed's rendezvous was taken before its TCP store "
+    "bound it (get_free_port releases the port it found; an engine starting beside it took it)",
 }
 """SGLang's messages that say a record measured the host, not the case: message fragment -> what
-happened. Seen on the x2 host: a one-GPU run on GPU 0 beside a tp-2 DCP sweep (tenth session);
-a tp-2 engine whose ``nccl_port`` another of six parallel starts took (twelfth session, before
-``engine_worker.rendezvous_port``)."""
+happened. Seen on a 2-GPU host: a one-GPU run on GPU 0 beside a tp-2 DCP sweep; a tp-2 engine
+whose ``nccl_port`` another of six parallel starts took (records made before the worker chose its
+own ``rendezvous_port``)."""
 
 
 def host_interference(r: CaseRecord) -> Optional[str]:

@@ -63,8 +63,16 @@ class SizingInput:
     @classmethod
     def for_case(cls, case, context_len: int, max_running_requests: int) -> "SizingInput":
         """The sizing parameters of a ``specwatch.core.case.Case`` at a given context and request pool."""
-        return cls(case.algorithm, case.page_size, case.topk, case.num_steps, case.num_draft_tokens,
-                   context_len, max_running_requests, case.dcp)
+        return cls(
+            case.algorithm,
+            case.page_size,
+            case.topk,
+            case.num_steps,
+            case.num_draft_tokens,
+            context_len,
+            max_running_requests,
+            case.dcp,
+        )
 
 
 @dataclass(frozen=True)
@@ -162,10 +170,8 @@ def reference_sizing(x: SizingInput, sglang_version: Optional[str] = None) -> Si
     row = x.context_len + extra
     alloc_page = x.page_size * x.dcp
     longest = max_seq_len(x)
-    watermark = (math.ceil((longest - 1 + reserve) / alloc_page) * alloc_page
-                 if x.algorithm is not None else None)
-    holey = (x.topk * pages_per_branch(x.page_size, x.num_steps) * x.page_size
-             if _tree_on_paged_kv(x) else None)
+    watermark = math.ceil((longest - 1 + reserve) / alloc_page) * alloc_page if x.algorithm is not None else None
+    holey = x.topk * pages_per_branch(x.page_size, x.num_steps) * x.page_size if _tree_on_paged_kv(x) else None
     return Sizing(
         alloc_len_per_decode=alloc,
         alloc_reserve_per_decode=reserve,
@@ -208,8 +214,10 @@ def sglang_sizing(x: SizingInput) -> Sizing:
     reserve = sizing.get_alloc_reserve_per_decode(args)
     extra = sizing.get_req_to_token_extra_context_len(args)
     pool = req_to_token_pool_class()(
-        size=x.max_running_requests, max_context_len=x.context_len + extra,
-        device="meta", enable_memory_saver=False,
+        size=x.max_running_requests,
+        max_context_len=x.context_len + extra,
+        device="meta",
+        enable_memory_saver=False,
     )
     t = pool.req_to_token
     return Sizing(
@@ -238,8 +246,9 @@ def compare(x: SizingInput) -> tuple[Sizing, Optional[Sizing], list[Disagreement
         sgl = sglang_sizing(x)
     except ImportError:
         return ref, None, []
-    diffs = [Disagreement(f, getattr(ref, f), getattr(sgl, f))
-             for f in COMPARED_FIELDS if getattr(ref, f) != getattr(sgl, f)]
+    diffs = [
+        Disagreement(f, getattr(ref, f), getattr(sgl, f)) for f in COMPARED_FIELDS if getattr(ref, f) != getattr(sgl, f)
+    ]
     return ref, sgl, diffs
 
 

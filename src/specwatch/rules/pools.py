@@ -28,12 +28,21 @@ def pool_coverage(allocator: dict, pool: dict | None, virtual_slot_writes: bool 
         return None
     structural = allocator["size"] // pool["size"]
     if structural < 1 or structural * pool["size"] != allocator["size"]:
-        return {"scale": None, "reason": f"allocator size {allocator['size']} is not a multiple of pool size {pool['size']}"}
+        return {
+            "scale": None,
+            "reason": f"allocator size {allocator['size']} is not a multiple of pool size {pool['size']}",
+        }
     scale = 1 if virtual_slot_writes else structural
     needed = -(-(allocator["size"] + allocator["page_size"]) // scale)
     valid = pool["size"] + pool["page_size"]
-    out = {"scale": scale, "allocator_slot_end": needed, "pool_valid_end": valid, "pool_page_size": pool["page_size"],
-           "allocator_page_in_pool_slots": allocator["page_size"] // scale, "missing_rows": max(0, needed - valid)}
+    out = {
+        "scale": scale,
+        "allocator_slot_end": needed,
+        "pool_valid_end": valid,
+        "pool_page_size": pool["page_size"],
+        "allocator_page_in_pool_slots": allocator["page_size"] // scale,
+        "missing_rows": max(0, needed - valid),
+    }
     if virtual_slot_writes:
         out["writes"] = "at the allocator's virtual slots: the attention backend has no DCP code"
     if pool.get("rows") is not None:
@@ -65,10 +74,12 @@ def pool_checks(sw: dict) -> tuple[dict, dict, dict]:
         cov = pool_coverage(a, pool, virtual_slot_writes=role == "target" and virtual)
         if cov and cov.get("scale"):
             coverage[role] = cov
-            metrics[f"{role}_pool_missing_rows"] = metric(cov["missing_rows"], "slots", exact=True,
-                                                          higher_is_better=False)
-            checks[f"{role}_pool_covers_allocator"] = (cov["missing_rows"] == 0
-                                                       and cov.get("missing_buffer_rows", 0) == 0)
+            metrics[f"{role}_pool_missing_rows"] = metric(
+                cov["missing_rows"], "slots", exact=True, higher_is_better=False
+            )
+            checks[f"{role}_pool_covers_allocator"] = (
+                cov["missing_rows"] == 0 and cov.get("missing_buffer_rows", 0) == 0
+            )
     if "draft" in coverage:
         checks["draft_pool_page_matches_allocator"] = draft_page_matches(coverage["draft"])
     return metrics, checks, coverage
@@ -86,8 +97,9 @@ def radix_cache_tokens(probe_facts: dict) -> int:
     return sum(probe_facts.get(f"tree_cache_{k}_size") or 0 for k in ("evictable", "protected"))
 
 
-def req_to_token_vs_model(case: Case, size: int, row_width: float, row_bytes: float,
-                          sglang_version: str | None) -> tuple[SizingInput, Sizing, bool]:
+def req_to_token_vs_model(
+    case: Case, size: int, row_width: float, row_bytes: float, sglang_version: str | None
+) -> tuple[SizingInput, Sizing, bool]:
     """The memory model beside a measured req_to_token pool of ``size`` request slots: the sizing
     inputs of the case's engine, the model's sizing for that SGLang release (the row rule moved at
     0.5.13 and 0.5.16), and whether the row's width and bytes are the model's."""

@@ -42,15 +42,16 @@ def _page_divides_prefill_chunk(c: Case) -> Optional[str]:
     from specwatch.core.case import Workload
 
     if c.workload is not Workload.near_full and H200_CHUNKED_PREFILL_SIZE % c.page_size:
-        return (f"chunked_prefill_size must be divisible by page_size (chunked_prefill_size="
-                f"{H200_CHUNKED_PREFILL_SIZE} on H200, page_size={c.page_size})")
+        return (
+            f"chunked_prefill_size must be divisible by page_size (chunked_prefill_size="
+            f"{H200_CHUNKED_PREFILL_SIZE} on H200, page_size={c.page_size})"
+        )
     return None
 
 
 def _tree_on_paged_kv(c: Case) -> Optional[str]:
     backend = c.attention_backend.value
-    if c.algorithm is not Algorithm.NGRAM and c.topk > 1 and c.page_size > 1 \
-            and backend not in PAGE_TREE_SPEC_BACKENDS:
+    if c.algorithm is not Algorithm.NGRAM and c.topk > 1 and c.page_size > 1 and backend not in PAGE_TREE_SPEC_BACKENDS:
         return (
             f"speculative_eagle_topk > 1 with page_size > 1 is only supported on "
             f"{PAGE_TREE_SPEC_BACKENDS}; got attention_backend={backend!r}"
@@ -59,8 +60,7 @@ def _tree_on_paged_kv(c: Case) -> Optional[str]:
 
 
 def _ngram_tree_on_paged_kv(c: Case) -> Optional[str]:
-    if c.algorithm is Algorithm.NGRAM and c.topk > 1 and c.page_size > 1 \
-            and c.attention_backend.value != "flashinfer":
+    if c.algorithm is Algorithm.NGRAM and c.topk > 1 and c.page_size > 1 and c.attention_backend.value != "flashinfer":
         return (
             f"speculative_eagle_topk({c.topk}) > 1 with page_size({c.page_size}) > 1 is unstable "
             "and produces incorrect results for paged attention backends. This combination is "
@@ -74,10 +74,7 @@ def _tree_holds_draft_tokens(c: Case) -> Optional[str]:
         return None
     limit = c.num_steps * c.topk + 1
     if c.num_draft_tokens > limit:
-        return (
-            f"num_draft_tokens={c.num_draft_tokens} exceeds the draft tree's size "
-            f"num_steps*topk+1={limit}"
-        )
+        return f"num_draft_tokens={c.num_draft_tokens} exceeds the draft tree's size num_steps*topk+1={limit}"
     return None
 
 
@@ -87,14 +84,16 @@ def _fits_context(c: Case) -> Optional[str]:
 
     ctx = SHAPES[c.model].max_position
     reserved = reserved_tokens(SizingInput.for_case(c, ctx, 1))
-    prompt = c.prompt_lens()[-1]                 # multi-turn: the last turn's prompt is the longest
+    prompt = c.prompt_lens()[-1]  # multi-turn: the last turn's prompt is the longest
     total = prompt + reserved + c.output_len
     if prompt + reserved >= ctx:
         return f"The input ({prompt + reserved} tokens) is longer than the model's context length ({ctx} tokens)."
     if total > ctx:
-        return (f"Requested token count exceeds the model's maximum context length of {ctx} tokens. You requested "
-                f"a total of {total} tokens: {prompt + reserved} tokens from the input messages and "
-                f"{c.output_len} tokens for the completion.")
+        return (
+            f"Requested token count exceeds the model's maximum context length of {ctx} tokens. You requested "
+            f"a total of {total} tokens: {prompt + reserved} tokens from the input messages and "
+            f"{c.output_len} tokens for the completion."
+        )
     return None
 
 
@@ -105,8 +104,10 @@ def _mla_backend(c: Case) -> Optional[str]:
     if c.attention_backend.value == "flashmla" and not mla:
         return "attention_backend='flashmla' is an MLA backend; the model has no MLA attention"
     if c.attention_backend.value == "flashmla" and c.page_size != 64:
-        return ("FlashMLA only supports a page_size of 64, change page_size to 64 (SGLang rewrites the case; "
-                "the page-64 case covers it)")
+        return (
+            "FlashMLA only supports a page_size of 64, change page_size to 64 (SGLang rewrites the case; "
+            "the page-64 case covers it)"
+        )
     if c.attention_backend.value == "flashinfer" and mla and c.topk > 1 and c.algorithm is not Algorithm.NGRAM:
         return "Currently Flashinfer MLA only supports topk=1 for speculative decoding"
     return None
@@ -116,8 +117,10 @@ def _eagle3_oracle(c: Case) -> Optional[str]:
     from specwatch.core.case import Profile
 
     if c.algorithm is Algorithm.EAGLE3 and c.profile is not Profile.perfect:
-        return ("specwatch: the EAGLE3 oracle draft is built for profile 'perfect' only (its attention "
-                "reads the token itself; the wrong-first-choice profiles are EAGLE's)")
+        return (
+            "specwatch: the EAGLE3 oracle draft is built for profile 'perfect' only (its attention "
+            "reads the token itself; the wrong-first-choice profiles are EAGLE's)"
+        )
     return None
 
 
@@ -126,9 +129,11 @@ def _near_full_shape(c: Case) -> Optional[str]:
 
     share = c.output_len / (c.input_len + c.output_len)
     if c.workload is Workload.near_full and share > NEAR_FULL_MAX_OUTPUT_SHARE:
-        return (f"specwatch: near-full holds token usage above 0.95 only when output_len is at most "
-                f"{NEAR_FULL_MAX_OUTPUT_SHARE:.0%} of input_len + output_len (here {share:.0%}): usage climbs "
-                f"from the prompts' share of the pool to full during decode")
+        return (
+            f"specwatch: near-full holds token usage above 0.95 only when output_len is at most "
+            f"{NEAR_FULL_MAX_OUTPUT_SHARE:.0%} of input_len + output_len (here {share:.0%}): usage climbs "
+            f"from the prompts' share of the pool to full during decode"
+        )
     return None
 
 
@@ -136,28 +141,37 @@ def _mla_oracle(c: Case) -> Optional[str]:
     from specwatch.core.case import Profile
     from specwatch.oracle.shapes import SHAPES
 
-    if SHAPES[c.model].arch == "deepseek-v3" and (c.algorithm is not Algorithm.EAGLE
-                                                   or c.profile is not Profile.perfect):
-        return ("specwatch: the MLA oracle's draft is its MTP (NextN) layer, which predicts perfectly; "
-                "only EAGLE with profile 'perfect' is built for it")
+    if SHAPES[c.model].arch == "deepseek-v3" and (
+        c.algorithm is not Algorithm.EAGLE or c.profile is not Profile.perfect
+    ):
+        return (
+            "specwatch: the MLA oracle's draft is its MTP (NextN) layer, which predicts perfectly; "
+            "only EAGLE with profile 'perfect' is built for it"
+        )
     return None
 
 
 RULES: tuple[Rule, ...] = (
-    Rule("mla-backend", "sglang/srt/arg_groups/overrides.py:_mla_backend_page_constraints; "
-         "sglang/srt/layers/attention/flashinfer_mla_backend.py:FlashInferMLAMultiStepDraftBackend", _mla_backend),
+    Rule(
+        "mla-backend",
+        "sglang/srt/arg_groups/overrides.py:_mla_backend_page_constraints; "
+        "sglang/srt/layers/attention/flashinfer_mla_backend.py:FlashInferMLAMultiStepDraftBackend",
+        _mla_backend,
+    ),
     Rule("mla-oracle", "specwatch/oracle.py: write_deepseek_target", _mla_oracle),
     Rule("eagle3-oracle", "specwatch/oracle.py: write_eagle3_draft", _eagle3_oracle),
     Rule("near-full-shape", "specwatch/engine_worker.py: kv_pool_tokens", _near_full_shape),
     Rule("page-divides-prefill-chunk", "sglang/srt/server_args.py:check_server_args", _page_divides_prefill_chunk),
     Rule("dcp-divides-tp", "sglang/srt/server_args.py (DCP groups split TP ranks)", _dcp_divides_tp),
     Rule("tree-on-paged-kv", "sglang/srt/arg_groups/speculative_hook.py:_handle_eagle", _tree_on_paged_kv),
-    Rule("ngram-tree-on-paged-kv", "sglang/srt/arg_groups/speculative_hook.py:_handle_ngram",
-         _ngram_tree_on_paged_kv),
-    Rule("tree-holds-draft-tokens", "EAGLE tree: topk-wide, num_steps deep, plus the root",
-         _tree_holds_draft_tokens),
-    Rule("fits-context", "sglang/srt/managers/tokenizer_manager.py:_validate_one_request (input counts "
-         "compute_num_reserved_tokens: max(topk*steps, draft) for EAGLE)", _fits_context),
+    Rule("ngram-tree-on-paged-kv", "sglang/srt/arg_groups/speculative_hook.py:_handle_ngram", _ngram_tree_on_paged_kv),
+    Rule("tree-holds-draft-tokens", "EAGLE tree: topk-wide, num_steps deep, plus the root", _tree_holds_draft_tokens),
+    Rule(
+        "fits-context",
+        "sglang/srt/managers/tokenizer_manager.py:_validate_one_request (input counts "
+        "compute_num_reserved_tokens: max(topk*steps, draft) for EAGLE)",
+        _fits_context,
+    ),
 )
 
 

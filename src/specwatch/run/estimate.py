@@ -44,8 +44,13 @@ def estimate(suite: str, planned: list[PlannedCase], root: Path, machine: str, s
     done = recorded_case_ids(results_path(root, machine, sglang_version, suite))
     left = [p for p in planned if p.case.case_id not in done]
     groups = engine_groups(p.case for p in left if p.skip is None and not p.duplicate)
-    runs = [r for f in sorted((Path(root) / machine).glob(f"*/{RUNS_FILE}")) for r in read_runs(f)
-            if r.engine_groups and not r.stopped_by]
+    runs = [
+        r
+        for f in sorted((Path(root) / machine).glob(f"*/{RUNS_FILE}"))
+        for r in read_runs(f)
+        if r.engine_groups and not r.stopped_by
+    ]
     per_group = statistics.median(r.wall_s / r.engine_groups for r in runs) if runs else None
-    return DeviceEstimate(suite, machine, sglang_version, len(planned) - len(left), left, len(groups), per_group,
-                          len(runs))
+    return DeviceEstimate(
+        suite, machine, sglang_version, len(planned) - len(left), left, len(groups), per_group, len(runs)
+    )

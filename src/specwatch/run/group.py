@@ -64,28 +64,52 @@ def _tail(text: str, n: int = LOG_TAIL_LINES) -> str:
     return "\n".join(text.splitlines()[-n:])
 
 
-def record_from_worker(suite: Suite, case: Case, line: CaseLine, fault: Optional[str], probe: bool = True) -> CaseRecord:
+def record_from_worker(
+    suite: Suite, case: Case, line: CaseLine, fault: Optional[str], probe: bool = True
+) -> CaseRecord:
     """A worker's per-case line -> CaseRecord with provenance."""
     return CaseRecord(
-        suite=suite.name, case_id=case.case_id, case=case, status=line.status,
+        suite=suite.name,
+        case_id=case.case_id,
+        case=case,
+        status=line.status,
         reason=line.reason if line.status is not Status.ok else None,
-        log_tail=line.log_tail, metrics={k: Metric(**m.model_dump()) for k, m in line.metrics.items()},
-        checks=line.checks, details=line.details,
-        provenance=collect(line.started_at or utcnow(), line.finished_at or utcnow(),
-                           str(suite.path), suite.sha256, fault, probe),
+        log_tail=line.log_tail,
+        metrics={k: Metric(**m.model_dump()) for k, m in line.metrics.items()},
+        checks=line.checks,
+        details=line.details,
+        provenance=collect(
+            line.started_at or utcnow(), line.finished_at or utcnow(), str(suite.path), suite.sha256, fault, probe
+        ),
     )
 
 
-def failure_record(suite: Suite, case: Case, status: Status, reason: str, log_tail: Optional[str],
-                   fault: Optional[str], started, probe: bool = True,
-                   at_start: Optional[EngineFacts] = None) -> CaseRecord:
+def failure_record(
+    suite: Suite,
+    case: Case,
+    status: Status,
+    reason: str,
+    log_tail: Optional[str],
+    fault: Optional[str],
+    started,
+    probe: bool = True,
+    at_start: Optional[EngineFacts] = None,
+) -> CaseRecord:
     """A case the worker did not finish. ``at_start``: the worker's ``engine_facts`` line, whose
     structural pool checks hold for every case of the engine, so the record keeps them."""
     at_start = at_start or EngineFacts()
-    return CaseRecord(suite=suite.name, case_id=case.case_id, case=case, status=status, reason=reason,
-                      log_tail=log_tail, metrics={k: Metric(**m.model_dump()) for k, m in at_start.metrics.items()},
-                      checks=dict(at_start.checks), details=dict(at_start.details),
-                      provenance=collect(started, utcnow(), str(suite.path), suite.sha256, fault, probe))
+    return CaseRecord(
+        suite=suite.name,
+        case_id=case.case_id,
+        case=case,
+        status=status,
+        reason=reason,
+        log_tail=log_tail,
+        metrics={k: Metric(**m.model_dump()) for k, m in at_start.metrics.items()},
+        checks=dict(at_start.checks),
+        details=dict(at_start.details),
+        provenance=collect(started, utcnow(), str(suite.path), suite.sha256, fault, probe),
+    )
 
 
 def run_group(job: "GroupJob", options: RunOptions, on_event: Optional[Callable[[str], None]] = None) -> None:
@@ -97,18 +121,27 @@ def run_group(job: "GroupJob", options: RunOptions, on_event: Optional[Callable[
         remaining = _one_worker(job, options, remaining, on_event or (lambda ev: None))
 
 
-def _one_worker(job: "GroupJob", options: RunOptions, remaining: list[Case],
-                on_event: Callable[[str], None]) -> list[Case]:
+def _one_worker(
+    job: "GroupJob", options: RunOptions, remaining: list[Case], on_event: Callable[[str], None]
+) -> list[Case]:
     """One worker process on ``remaining``: record what it finishes and, when it dies or times out
     first, the case it was on (every case when its engine never came up); returns the rest."""
     started = utcnow()
     timeout_s = job.timeout_s or job.suite.spec.suite.timeout_s
     with tempfile.TemporaryDirectory(prefix="specwatch-") as tmp:
         spec, results, log = Path(tmp) / "spec.json", Path(tmp) / "results.jsonl", _log_path(job, remaining, tmp)
-        spec.write_text(WorkerSpec(
-            cases=remaining, repeats=job.suite.spec.suite.repeats, warmup=job.suite.spec.suite.warmup,
-            models_dir=str(options.models_dir), fault=job.fault, probe=job.probe, results=str(results),
-            timeout_s=timeout_s + WORKER_GRACE_S).model_dump_json())
+        spec.write_text(
+            WorkerSpec(
+                cases=remaining,
+                repeats=job.suite.spec.suite.repeats,
+                warmup=job.suite.spec.suite.warmup,
+                models_dir=str(options.models_dir),
+                fault=job.fault,
+                probe=job.probe,
+                results=str(results),
+                timeout_s=timeout_s + WORKER_GRACE_S,
+            ).model_dump_json()
+        )
         watch = Watch(job, remaining, results, log, GroupClock(timeout_s), on_event, started)
         rc, timed_out = _launch(job, options, spec, log, watch, on_event)
         remaining = [c for c in remaining if c.case_id not in watch.done]
@@ -126,8 +159,11 @@ def _one_worker(job: "GroupJob", options: RunOptions, remaining: list[Case],
         if died_at_start and len(remaining) > 1:
             reason = "engine start: " + reason
         for victim in victims:
-            job.emit(failure_record(job.suite, victim, status, reason, _tail(log_text), job.fault, started,
-                                    job.probe, watch.at_start))
+            job.emit(
+                failure_record(
+                    job.suite, victim, status, reason, _tail(log_text), job.fault, started, job.probe, watch.at_start
+                )
+            )
         return [c for c in remaining if c not in victims]
 
 
@@ -138,8 +174,10 @@ def _log_path(job: "GroupJob", remaining: list[Case], tmp: str) -> Path:
     # written there directly, so a run stopped mid-start (SIGTERM, device timeout) keeps it
     keep = Path(os.environ["SPECWATCH_LOG_DIR"])
     keep.mkdir(parents=True, exist_ok=True)
-    return keep / (f"{job.suite.name}-{remaining[0].case_id}{'-' + job.fault if job.fault else ''}"
-                   f"{'' if job.probe else '-bare'}.log")
+    return keep / (
+        f"{job.suite.name}-{remaining[0].case_id}{'-' + job.fault if job.fault else ''}"
+        f"{'' if job.probe else '-bare'}.log"
+    )
 
 
 def worker_env(job: "GroupJob", extra_env: Optional[dict]) -> dict:
@@ -149,12 +187,13 @@ def worker_env(job: "GroupJob", extra_env: Optional[dict]) -> dict:
     if job.fault:
         env["SPECWATCH_FAULT"] = job.fault
     if not job.probe:
-        env["SPECWATCH_PROBE"] = "0"     # SGLang's processes run without specwatch code
+        env["SPECWATCH_PROBE"] = "0"  # SGLang's processes run without specwatch code
     return env
 
 
-def _launch(job: "GroupJob", options: RunOptions, spec: Path, log: Path, watch: "Watch",
-            on_event: Callable[[str], None]) -> tuple[Optional[int], bool]:
+def _launch(
+    job: "GroupJob", options: RunOptions, spec: Path, log: Path, watch: "Watch", on_event: Callable[[str], None]
+) -> tuple[Optional[int], bool]:
     """Start the worker in its own session with a lifeline pipe (``core.lifeline``), watch it until
     it exits or its clock runs out, tear it down; returns (exit code, timed out). Whatever goes
     wrong here (a record that cannot be written), the worker's process group is killed first."""
@@ -163,9 +202,14 @@ def _launch(job: "GroupJob", options: RunOptions, spec: Path, log: Path, watch: 
     proc = None
     try:
         with open(log, "wb") as logf:
-            proc = subprocess.Popen([sys.executable, "-m", options.worker_module, str(spec)],
-                                    stdout=logf, stderr=subprocess.STDOUT, env=env,
-                                    start_new_session=True, pass_fds=(pipe.read_fd,))
+            proc = subprocess.Popen(
+                [sys.executable, "-m", options.worker_module, str(spec)],
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                pass_fds=(pipe.read_fd,),
+            )
         pipe.started()
         _ACTIVE_WORKERS.add(proc.pid)
         on_event(STARTED_EVENT)
@@ -216,8 +260,16 @@ class Watch:
     """The runner's side of one worker's results file: every line is parsed (``parse_line``) and
     becomes a record, an event, or, malformed, its case's ``failed`` record."""
 
-    def __init__(self, job: "GroupJob", cases: list[Case], results: Path, log: Path, clock: "GroupClock",
-                 on_event: Callable[[str], None], started):
+    def __init__(
+        self,
+        job: "GroupJob",
+        cases: list[Case],
+        results: Path,
+        log: Path,
+        clock: "GroupClock",
+        on_event: Callable[[str], None],
+        started,
+    ):
         self.job, self.cases, self.log, self.clock, self.on_event = job, cases, log, clock, on_event
         self.started, self.lines = started, Lines(results)
         self.by_id = {c.case_id: c for c in cases}
@@ -246,7 +298,9 @@ class Watch:
         try:
             rec = record_from_worker(self.job.suite, case, line, self.job.fault, self.job.probe)
         except (ValidationError, ValueError) as e:
-            self._malformed(MalformedLine(raw=line.model_dump_json(), error=str(e).splitlines()[0], case_id=case.case_id))
+            self._malformed(
+                MalformedLine(raw=line.model_dump_json(), error=str(e).splitlines()[0], case_id=case.case_id)
+            )
             return
         self.job.emit(rec)
         self.done.add(case.case_id)
@@ -259,8 +313,19 @@ class Watch:
             return
         log_text = self.log.read_text(errors="replace") if self.log.exists() else ""
         tail = _tail(log_text) + f"\nthe worker's line:\n{bad.raw[:4000]}"
-        self.job.emit(failure_record(self.job.suite, case, Status.failed, (MALFORMED + bad.error)[:2000], tail,
-                                     self.job.fault, self.started, self.job.probe, self.at_start))
+        self.job.emit(
+            failure_record(
+                self.job.suite,
+                case,
+                Status.failed,
+                (MALFORMED + bad.error)[:2000],
+                tail,
+                self.job.fault,
+                self.started,
+                self.job.probe,
+                self.at_start,
+            )
+        )
         self.done.add(case.case_id)
 
 

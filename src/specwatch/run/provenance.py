@@ -28,15 +28,19 @@ def _run(cmd: list[str], cwd: Optional[Path] = None) -> Optional[str]:
 @functools.lru_cache(maxsize=None)
 def specwatch_commit() -> Optional[str]:
     """Commit of the specwatch checkout (``SPECWATCH_COMMIT`` wins, for copies without .git)."""
-    return os.environ.get("SPECWATCH_COMMIT") or _run(
-        ["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent)
+    return os.environ.get("SPECWATCH_COMMIT") or _run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent)
 
 
 @functools.lru_cache(maxsize=None)
 def host_facts() -> dict:
     """GPU, driver, CUDA and torch facts of this host (GPU fields None without a GPU)."""
-    facts: dict = {"torch_version": None, "cuda_version": None, "gpu_name": None, "gpu_count": 0,
-                   "driver_version": None}
+    facts: dict = {
+        "torch_version": None,
+        "cuda_version": None,
+        "gpu_name": None,
+        "gpu_count": 0,
+        "driver_version": None,
+    }
     try:
         import torch
 
@@ -71,8 +75,14 @@ def sglang_commit() -> Optional[str]:
     return os.environ.get(COMMIT_ENV)
 
 
-def collect(started_at: datetime, finished_at: datetime, suite_path: Optional[str] = None,
-            suite_sha256: Optional[str] = None, fault: Optional[str] = None, probe: bool = True) -> Provenance:
+def collect(
+    started_at: datetime,
+    finished_at: datetime,
+    suite_path: Optional[str] = None,
+    suite_sha256: Optional[str] = None,
+    fault: Optional[str] = None,
+    probe: bool = True,
+) -> Provenance:
     facts = host_facts()
     return Provenance(
         specwatch_version=__version__,

@@ -35,7 +35,6 @@ from specwatch.store.jsonl import (
 )
 from specwatch.suite import PlannedCase, Suite, matches
 
-
 __all__ = ["RunOptions", "Shard", "engine_groups", "plan_run", "run_suite", "run_suites"]
 
 
@@ -47,10 +46,17 @@ def engine_groups(cases: Iterable[Case]) -> list[list[Case]]:
     return list(groups.values())
 
 
-def plan_run(suite: Suite, fault: Optional[str], results_root: Path, facts: dict, options: RunOptions,
-             emit_progress: Optional[Callable[[CaseRecord], None]] = None,
-             record_lock: Optional[threading.Lock] = None, run_id: Optional[str] = None,
-             writer_locks: Optional[ExitStack] = None) -> tuple[Path, list[GroupJob]]:
+def plan_run(
+    suite: Suite,
+    fault: Optional[str],
+    results_root: Path,
+    facts: dict,
+    options: RunOptions,
+    emit_progress: Optional[Callable[[CaseRecord], None]] = None,
+    record_lock: Optional[threading.Lock] = None,
+    run_id: Optional[str] = None,
+    writer_locks: Optional[ExitStack] = None,
+) -> tuple[Path, list[GroupJob]]:
     """Record the suite's skips under ``fault``, return its results file and its engine groups still
     to run (``options``: resume, shard, where, known_root, bare, group_timeout_s).
     ``run_id``: stamped on every record this run appends (``Provenance.run_id``).
@@ -67,13 +73,14 @@ def plan_run(suite: Suite, fault: Optional[str], results_root: Path, facts: dict
 
     def emit(rec: CaseRecord) -> None:
         rec.provenance.run_id = run_id
-        with stop_signals_held(), lock:      # a record and its tally land together, or neither
+        with stop_signals_held(), lock:  # a record and its tally land together, or neither
             append_record(out, rec)
             if emit_progress:
                 emit_progress(rec)
 
-    planned: list[PlannedCase] = [p for p in suite.plan()
-                                  if not p.duplicate and (not options.where or matches(p.case, options.where))]
+    planned: list[PlannedCase] = [
+        p for p in suite.plan() if not p.duplicate and (not options.where or matches(p.case, options.where))
+    ]
     runnable: list[Case] = []
     for p in planned:
         if p.case.case_id in done:
@@ -81,9 +88,18 @@ def plan_run(suite: Suite, fault: Optional[str], results_root: Path, facts: dict
         if p.skip:
             emit(failure_record(suite, p.case, Status.skipped, p.skip, None, fault, utcnow(), probe))
         elif p.case.tp > facts["gpu_count"]:
-            emit(failure_record(suite, p.case, Status.skipped,
-                                f"host: needs {p.case.tp} GPUs, this host has {facts['gpu_count']}",
-                                None, fault, utcnow(), probe))
+            emit(
+                failure_record(
+                    suite,
+                    p.case,
+                    Status.skipped,
+                    f"host: needs {p.case.tp} GPUs, this host has {facts['gpu_count']}",
+                    None,
+                    fault,
+                    utcnow(),
+                    probe,
+                )
+            )
         else:
             runnable.append(p.case)
     groups = engine_groups(runnable)
@@ -122,26 +138,42 @@ def run_suites(suites: list[Suite], results_root: Path, options: RunOptions = Ru
     tally = _Tally(options.progress)
     run_id = new_run_id()
     outs, jobs = [], []
-    held = ExitStack()          # one WriterLock per results file, for the whole run
+    held = ExitStack()  # one WriterLock per results file, for the whole run
     for suite in suites:
         for fault in options.faults:
-            out, js = plan_run(suite, fault, results_root, facts, options, tally.add, record_lock, run_id,
-                               writer_locks=held)
+            out, js = plan_run(
+                suite, fault, results_root, facts, options, tally.add, record_lock, run_id, writer_locks=held
+            )
             outs.append(out)
             jobs += js
     if options.max_groups is not None:
-        jobs = jobs[:options.max_groups]
+        jobs = jobs[: options.max_groups]
     t0, started_at = time.monotonic(), utcnow()
 
     def summarize(stopped_by: Optional[str] = None) -> None:
         """Append this run's RunSummary (also when a signal stops it: what ran so far)."""
         if jobs:
-            append_run(results_root, tally.summary(suites, options, len(jobs), time.monotonic() - t0, stopped_by,
-                                                   machine_label(facts), run_id, started_at))
+            append_run(
+                results_root,
+                tally.summary(
+                    suites,
+                    options,
+                    len(jobs),
+                    time.monotonic() - t0,
+                    stopped_by,
+                    machine_label(facts),
+                    run_id,
+                    started_at,
+                ),
+            )
 
     with held, _kill_workers_on_sigterm(on_stop=summarize, record_lock=record_lock):
-        _schedule(jobs, options, lambda: options.stop_after_s is not None
-                  and time.monotonic() - t0 > options.stop_after_s, tally)
+        _schedule(
+            jobs,
+            options,
+            lambda: options.stop_after_s is not None and time.monotonic() - t0 > options.stop_after_s,
+            tally,
+        )
     summarize()
     return outs
 
@@ -190,19 +222,39 @@ class _Tally:
         if self.progress:
             self.progress(rec)
 
-    def summary(self, suites: list[Suite], options: RunOptions, jobs: int, wall_s: float,
-                stopped_by: Optional[str], machine: str, run_id: str, started_at) -> RunSummary:
+    def summary(
+        self,
+        suites: list[Suite],
+        options: RunOptions,
+        jobs: int,
+        wall_s: float,
+        stopped_by: Optional[str],
+        machine: str,
+        run_id: str,
+        started_at,
+    ) -> RunSummary:
         """The run's RunSummary so far (``jobs``: engine groups it meant to run)."""
         return RunSummary(
-            suites=[s.name for s in suites], faults=list(options.faults), parallel_starts=options.parallel_starts,
-            overlap_starts=options.overlap_starts,         # check_overlap: only with K > 1
+            suites=[s.name for s in suites],
+            faults=list(options.faults),
+            parallel_starts=options.parallel_starts,
+            overlap_starts=options.overlap_starts,  # check_overlap: only with K > 1
             timing_lock_shared=options.timing_lock is not None,
-            engine_groups=self.launched, worker_starts=self.worker_starts, records=dict(self.statuses),
-            wall_s=round(wall_s, 3), case_s=round(self.case_s, 3),
+            engine_groups=self.launched,
+            worker_starts=self.worker_starts,
+            records=dict(self.statuses),
+            wall_s=round(wall_s, 3),
+            case_s=round(self.case_s, 3),
             engine_start_s=round(sum(self.engine_starts.values()), 3),
-            stopped_early=stopped_by is not None or self.launched < jobs, stopped_by=stopped_by,
-            specwatch_commit=specwatch_commit(), sglang_version=sglang_version(), machine=machine,
-            run_id=run_id, started_at=started_at, finished_at=utcnow())
+            stopped_early=stopped_by is not None or self.launched < jobs,
+            stopped_by=stopped_by,
+            specwatch_commit=specwatch_commit(),
+            sglang_version=sglang_version(),
+            machine=machine,
+            run_id=run_id,
+            started_at=started_at,
+            finished_at=utcnow(),
+        )
 
     def event(self, ev: str) -> None:
         if ev == STARTED_EVENT:

@@ -62,8 +62,9 @@ def _parallel_env(extra_env: Optional[dict], lock_path: Path, parallel_starts: i
     return env
 
 
-def _run_rolling(jobs: list, options: RunOptions, expired, count: Callable[[str], None],
-                 on_launch: Callable[[int], None]) -> None:
+def _run_rolling(
+    jobs: list, options: RunOptions, expired, count: Callable[[str], None], on_launch: Callable[[int], None]
+) -> None:
     """``--overlap-starts``: up to ``options.parallel_starts`` groups in flight, the next one started as soon as
     one ends, in ``rolling_order``, until ``expired()``. Timed batches still exclude each other (the
     lock's exclusive side); starts are not held back from them. The wave design's cost, measured on
@@ -73,8 +74,9 @@ def _run_rolling(jobs: list, options: RunOptions, expired, count: Callable[[str]
     run's own)."""
     parallel_starts = options.parallel_starts
     with tempfile.TemporaryDirectory(prefix="specwatch-lock-") as tmp:
-        env = _parallel_env(options.extra_env, options.timing_lock or Path(tmp) / "timing.lock", parallel_starts,
-                            overlap=True)
+        env = _parallel_env(
+            options.extra_env, options.timing_lock or Path(tmp) / "timing.lock", parallel_starts, overlap=True
+        )
         options = replace(options, extra_env=env)
         queue = rolling_order(jobs)
         take = threading.Lock()
@@ -95,23 +97,24 @@ def _run_rolling(jobs: list, options: RunOptions, expired, count: Callable[[str]
             t.join()
 
 
-def _run_waves(jobs: list, options: RunOptions, expired, count: Callable[[str], None],
-               on_wave: Callable[[int], None]) -> None:
+def _run_waves(
+    jobs: list, options: RunOptions, expired, count: Callable[[str], None], on_wave: Callable[[int], None]
+) -> None:
     """Run ``jobs`` in waves of ``options.parallel_starts`` (``specwatch.core.timing_lock``) until
     ``expired()``; ``on_wave`` hears each wave's size as it starts."""
     parallel_starts = options.parallel_starts
     with tempfile.TemporaryDirectory(prefix="specwatch-lock-") as tmp:
         lock_path = Path(tmp) / "timing.lock"
-        options = replace(options, extra_env=_parallel_env(options.extra_env, lock_path, parallel_starts,
-                                                           overlap=False))
+        options = replace(
+            options, extra_env=_parallel_env(options.extra_env, lock_path, parallel_starts, overlap=False)
+        )
         jobs = wave_order(jobs)
         for w in range(0, len(jobs), parallel_starts):
             if expired():
                 break
-            wave = jobs[w:w + parallel_starts]
+            wave = jobs[w : w + parallel_starts]
             on_wave(len(wave))
-            run_wave(wave, lock_path, lambda job, on_event: job.run(
-                options, lambda ev: (count(ev), on_event(ev))))
+            run_wave(wave, lock_path, lambda job, on_event: job.run(options, lambda ev: (count(ev), on_event(ev))))
 
 
 _HELD = {"depth": 0, "signum": None}
@@ -138,8 +141,9 @@ def stop_signals_held():
 
 
 @contextlib.contextmanager
-def _kill_workers_on_sigterm(on_stop: Optional[Callable[[str], None]] = None,
-                             record_lock: Optional[threading.Lock] = None):
+def _kill_workers_on_sigterm(
+    on_stop: Optional[Callable[[str], None]] = None, record_lock: Optional[threading.Lock] = None
+):
     """Workers run in their own sessions (SGLang kills its parent's group when a scheduler dies),
     so a runner stopped by SIGTERM/SIGINT kills them itself; their cases stay unrecorded (resume).
     ``on_stop`` gets the signal's name first (the run's summary is written then), after a record
@@ -150,10 +154,10 @@ def _kill_workers_on_sigterm(on_stop: Optional[Callable[[str], None]] = None,
 
     def handler(signum, frame):
         if _HELD["depth"]:
-            _HELD["signum"] = signum    # raised again as the record's write ends
+            _HELD["signum"] = signum  # raised again as the record's write ends
             return
         if record_lock is not None:
-            record_lock.acquire(timeout=30)   # held until exit: no record lands after the summary
+            record_lock.acquire(timeout=30)  # held until exit: no record lands after the summary
         for pgid in list(_ACTIVE_WORKERS):
             finally_kill(pgid)
         if on_stop:

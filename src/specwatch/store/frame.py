@@ -56,8 +56,9 @@ CHUNK_BYTES = 8 << 20
 """Line-aligned piece of a JSONL one pool task turns into rows."""
 
 
-def files_frame(paths: Iterable[Path], cache: bool = True, strict: bool = False,
-                quarantine: Optional[Quarantine] = None) -> "pd.DataFrame":
+def files_frame(
+    paths: Iterable[Path], cache: bool = True, strict: bool = False, quarantine: Optional[Quarantine] = None
+) -> "pd.DataFrame":
     """``records_frame`` of the records of ``paths``, built file by file: records are streamed
     into rows and dropped (none kept), and with ``cache`` each file's rows are read from (or
     written to) its Parquet cache (``frame_cache``), rebuilt whenever the JSONL changes. Over
@@ -131,9 +132,16 @@ def _build(paths: list[Path], strict: bool) -> dict[Path, tuple["pd.DataFrame", 
     out: dict[Path, tuple] = {}
     for (p, _), (df, entries) in zip(tasks, done):
         prev = out.get(p)
-        out[p] = (df, entries) if prev is None else (
-            pd.concat([x for x in (prev[0], df) if not x.empty], ignore_index=True, sort=False)
-            if not (prev[0].empty and df.empty) else prev[0], prev[1] + entries)
+        out[p] = (
+            (df, entries)
+            if prev is None
+            else (
+                pd.concat([x for x in (prev[0], df) if not x.empty], ignore_index=True, sort=False)
+                if not (prev[0].empty and df.empty)
+                else prev[0],
+                prev[1] + entries,
+            )
+        )
     return out
 
 
@@ -144,12 +152,20 @@ def record_row(r: CaseRecord) -> dict:
     row = {"suite": r.suite, "case_id": r.case_id, "status": r.status.value, "reason": reason_now(r)}
     row.update(r.case.params())
     prov = r.provenance
-    row.update({
-        "machine": prov.machine, "sglang_version": prov.sglang_version,
-        "sglang_commit": prov.sglang_commit, "gpu_name": prov.gpu_name, "fault": prov.fault, "probe": prov.probe,
-        "started_at": prov.started_at, "finished_at": prov.finished_at, "specwatch_commit": prov.specwatch_commit,
-        "run_id": prov.run_id,
-    })
+    row.update(
+        {
+            "machine": prov.machine,
+            "sglang_version": prov.sglang_version,
+            "sglang_commit": prov.sglang_commit,
+            "gpu_name": prov.gpu_name,
+            "fault": prov.fault,
+            "probe": prov.probe,
+            "started_at": prov.started_at,
+            "finished_at": prov.finished_at,
+            "specwatch_commit": prov.specwatch_commit,
+            "run_id": prov.run_id,
+        }
+    )
     for name, m in r.metrics.items():
         row[name] = m.value
     dt = r.metrics.get("decode_throughput")
@@ -166,7 +182,7 @@ def record_row(r: CaseRecord) -> dict:
     row["timed_repeats"] = len(r.metrics["wall_time"].samples) if "wall_time" in r.metrics else None
     # near-full prompts lengthened after the warm-up (engine_worker.near_full_extension)
     row["calibrated_input_len"] = (details.near_full_calibration or {}).get("input_len")
-    row["overlap_starts"] = r.overlap_starts          # timed while other engines started
+    row["overlap_starts"] = r.overlap_starts  # timed while other engines started
     # whether the probe read the target's attention backend (engine_worker.writes_at_virtual_slots):
     # without it a DCP target pool is judged as sharded, which a backend with no DCP code is not
     probe = details.probe
@@ -176,10 +192,11 @@ def record_row(r: CaseRecord) -> dict:
     # (engine_worker.pool_coverage; a crashed record keeps those read right after its engine started)
     coverage = dict(details.pool_coverage or details.pool_coverage_at_start or {})
     if r.case.algorithm.value == "NGRAM":
-        coverage.pop("draft", None)   # probes before 65d73a6 took NGRAM's shared target pool for a draft pool
+        coverage.pop("draft", None)  # probes before 65d73a6 took NGRAM's shared target pool for a draft pool
     any_cov = next(iter(coverage.values()), {})
     row["allocator_page_size"] = ((probe or {}).get("allocator") or {}).get("page_size") or (
-        any_cov.get("allocator_page_in_pool_slots", 0) * (any_cov.get("scale") or 0) or None)
+        any_cov.get("allocator_page_in_pool_slots", 0) * (any_cov.get("scale") or 0) or None
+    )
     for role in ("target", "draft"):
         cov = coverage.get(role) or {}
         row[f"{role}_pool_page_size"] = cov.get("pool_page_size")
@@ -198,14 +215,14 @@ def record_row(r: CaseRecord) -> dict:
 
 def reason_now(r: CaseRecord) -> Optional[str]:
     """A record's reason, with a crash's cause read again from its stored log tail where the
-    recorded cause is a C++ stack frame (``frame #0: c10::Error::Error(...)``): until the twelfth
-    GPU session ``runner.crash_cause`` took the last line naming an error, and a C++ trace after the
-    Python exception named ``c10::Error``; today's ``crash_cause`` reads the tail. The record keeps
+    recorded cause is a C++ stack frame (``frame #0: c10::Error::Error(...)``): older records took
+    the last line naming an error as the cause, and a C++ trace after the Python exception named
+    ``c10::Error``; today's ``crash_cause`` reads the tail. The record keeps
     what it said; this is what it meant."""
     from specwatch.rules.crashlog import CPP_FRAME, WORKER_DIED_RE, crash_cause
 
     m = WORKER_DIED_RE.match(r.reason or "")
-    if not m or not r.log_tail or not CPP_FRAME.match(r.reason[m.end():]):
+    if not m or not r.log_tail or not CPP_FRAME.match(r.reason[m.end() :]):
         return r.reason
     return m.group(0) + crash_cause(r.log_tail)
 
@@ -213,8 +230,8 @@ def reason_now(r: CaseRecord) -> Optional[str]:
 def leak_is_unflushed_cache(r: CaseRecord) -> bool:
     """A record whose "leaked" tokens are exactly what SGLang's radix cache held at the leak check.
 
-    Until ``engine_worker.flush_cache`` (ninth GPU session, 2026-11-30) the worker took SGLang's
-    flush answer, an object true whatever it said, as a flush, and counted every token not free as
+    Records made before the worker read the flush answer's ``success`` field took SGLang's flush
+    answer, an object true whatever it said, as a flush, and counted every token not free as
     leaked. When the scheduler refused the flush (not yet idle after the last batch) the cached
     prompts read as a leak. Such records keep their verdict; this says what it was."""
     from specwatch.rules.pools import radix_cache_tokens
@@ -235,21 +252,32 @@ def row_matches_model_now(r: CaseRecord) -> Optional[bool]:
     width, nbytes = r.metrics.get("req_to_token_row_width"), r.metrics.get("req_to_token_bytes")
     if width is None or nbytes is None or not width.value:
         return None
-    rows = int(nbytes.value) // (int(width.value) * 4)          # int32 slots, one padding row
+    rows = int(nbytes.value) // (int(width.value) * 4)  # int32 slots, one padding row
     return req_to_token_vs_model(r.case, rows - 1, width.value, nbytes.value, r.provenance.sglang_version)[2]
 
 
 def runs_frame(root: Path) -> "pd.DataFrame":
     """What each GPU run cost (every ``runs.ndjson`` under ``root``), one row per run, oldest first:
-    wall time against the cases' own time (issue 3's aim: under 2)."""
+    wall time against the cases' own time (a sweep that overlaps engine starts well stays under 2)."""
     import pandas as pd
 
     runs = sorted((r for p in Path(root).rglob(RUNS_FILE) for r in read_runs(p)), key=lambda r: r.started_at)
-    return pd.DataFrame([{
-        "started": r.started_at.strftime("%Y-%m-%d %H:%M"), "machine": r.machine, "sglang": r.sglang_version,
-        "suites": "+".join(r.suites),
-        "K": f"{r.parallel_starts}{' overlap' if r.overlap_starts else ''}"
-             f"{' shared lock' if r.timing_lock_shared else ''}",
-        "groups": r.engine_groups, "workers": r.worker_starts, "records": sum(r.records.values()),
-        "wall s": round(r.wall_s), "case s": round(r.case_s),
-        "ratio": None if r.cost_ratio is None else round(r.cost_ratio, 2)} for r in runs])
+    return pd.DataFrame(
+        [
+            {
+                "started": r.started_at.strftime("%Y-%m-%d %H:%M"),
+                "machine": r.machine,
+                "sglang": r.sglang_version,
+                "suites": "+".join(r.suites),
+                "K": f"{r.parallel_starts}{' overlap' if r.overlap_starts else ''}"
+                f"{' shared lock' if r.timing_lock_shared else ''}",
+                "groups": r.engine_groups,
+                "workers": r.worker_starts,
+                "records": sum(r.records.values()),
+                "wall s": round(r.wall_s),
+                "case s": round(r.case_s),
+                "ratio": None if r.cost_ratio is None else round(r.cost_ratio, 2),
+            }
+            for r in runs
+        ]
+    )

@@ -26,8 +26,13 @@ META_KEY = b"specwatch.frame_cache"
 """Parquet schema metadata key holding what the cache was built from."""
 
 _PKG = Path(__file__).resolve().parents[1]
-CODE_FILES = [_PKG / "store" / "frame.py", _PKG / "store" / "frame_cache.py", _PKG / "core" / "record.py",
-              _PKG / "core" / "case.py", *sorted((_PKG / "rules").glob("*.py"))]
+CODE_FILES = [
+    _PKG / "store" / "frame.py",
+    _PKG / "store" / "frame_cache.py",
+    _PKG / "core" / "record.py",
+    _PKG / "core" / "case.py",
+    *sorted((_PKG / "rules").glob("*.py")),
+]
 """Sources whose change changes the rows: a cache built by other code is rebuilt."""
 
 _code_key: list[str] = []
@@ -63,7 +68,7 @@ def fresh_rows(path: Path, quarantine: Quarantine) -> tuple[Optional["pd.DataFra
     try:
         key = source_key(path)
     except OSError:
-        return None, None                   # unreadable: the build reports it
+        return None, None  # unreadable: the build reports it
     return _read(cache_path(path), key, quarantine), key
 
 
@@ -106,15 +111,16 @@ def _write(cache: Path, df: "pd.DataFrame", key: dict, quarantined: list[str]) -
     import pyarrow.parquet as pq
 
     out = df.copy()
-    json_cols = [c for c in out.columns if out[c].dtype == object
-                 and any(isinstance(v, (list, dict)) for v in out[c])]
+    json_cols = [c for c in out.columns if out[c].dtype == object and any(isinstance(v, (list, dict)) for v in out[c])]
     for c in json_cols:
         out[c] = [None if v is None or (isinstance(v, float) and v != v) else json.dumps(v) for v in out[c]]
     tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
     try:
         table = pa.Table.from_pandas(out, preserve_index=False)
-        meta = {**(table.schema.metadata or {}),
-                META_KEY: json.dumps({"key": key, "json_columns": json_cols, "quarantined": quarantined})}
+        meta = {
+            **(table.schema.metadata or {}),
+            META_KEY: json.dumps({"key": key, "json_columns": json_cols, "quarantined": quarantined}),
+        }
         pq.write_table(table.replace_schema_metadata(meta), tmp)
         os.replace(tmp, cache)
     except (OSError, pa.ArrowException, ValueError, TypeError):

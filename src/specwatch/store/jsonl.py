@@ -61,8 +61,9 @@ class Quarantine:
         return len(self.entries)
 
 
-def results_path(root: Path, machine: str, sglang_version: Optional[str], suite: str,
-                 fault: Optional[str] = None, probe: bool = True) -> Path:
+def results_path(
+    root: Path, machine: str, sglang_version: Optional[str], suite: str, fault: Optional[str] = None, probe: bool = True
+) -> Path:
     """Where records of (machine, sglang version, suite) live; a fault run's records apart from the
     clean ones, in ``SUITE+fault-NAME.jsonl``, and a bare (probe-less) run's in ``SUITE+bare.jsonl``.
     Each name must be a safe path component (``check_path_part``) and the path must resolve inside
@@ -115,10 +116,10 @@ def _append_line(path: Path, text: str) -> None:
     try:
         size = os.fstat(fd).st_size
         if size and os.pread(fd, 1, size - 1) != b"\n":
-            data = b"\n" + data     # seal a torn line so it stays a lone, skippable line
+            data = b"\n" + data  # seal a torn line so it stays a lone, skippable line
         view = memoryview(data)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
         os.fsync(fd)
     except OSError as e:
         if size is not None:
@@ -153,8 +154,11 @@ class WriterLock:
             os.close(fd)
             if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise StoreWriteError(self.lock_path, f"cannot lock: {e.strerror or e}") from None
-            raise SpecwatchInputError(self.path, f"another writer (pid {holder}) holds {self.lock_path.name}; "
-                                      "wait for it to finish or write to another results root") from None
+            raise SpecwatchInputError(
+                self.path,
+                f"another writer (pid {holder}) holds {self.lock_path.name}; "
+                "wait for it to finish or write to another results root",
+            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
@@ -162,12 +166,17 @@ class WriterLock:
 
     def __exit__(self, *exc) -> None:
         if self._fd is not None:
-            os.close(self._fd)          # closing the descriptor releases the flock
+            os.close(self._fd)  # closing the descriptor releases the flock
             self._fd = None
 
 
-def _lines(path: Path, strict: bool, quarantine: Optional[Quarantine],
-           parse: Callable[[Any, str], Any], span: tuple[int, Optional[int], int] = (0, None, 1)) -> Iterator[Any]:
+def _lines(
+    path: Path,
+    strict: bool,
+    quarantine: Optional[Quarantine],
+    parse: Callable[[Any, str], Any],
+    span: tuple[int, Optional[int], int] = (0, None, 1),
+) -> Iterator[Any]:
     """``parse(data, 'file:line')`` of each non-empty line of ``path``; what cannot be read or
     parsed is quarantined (or, with ``strict``, raised as ``SpecwatchInputError``). ``span``:
     (start byte, stop byte or None for the end, number of the line at start), line-aligned."""
@@ -213,8 +222,12 @@ def _lines(path: Path, strict: bool, quarantine: Optional[Quarantine],
                 q.add(f"{e}; skipped")
 
 
-def read_records(path: Path, strict: bool = False, quarantine: Optional[Quarantine] = None,
-                 span: tuple[int, Optional[int], int] = (0, None, 1)) -> Iterator[CaseRecord]:
+def read_records(
+    path: Path,
+    strict: bool = False,
+    quarantine: Optional[Quarantine] = None,
+    span: tuple[int, Optional[int], int] = (0, None, 1),
+) -> Iterator[CaseRecord]:
     """Valid records of one file (or of a line-aligned byte ``span`` of it), in order; invalid lines
     quarantined (see the module doc), or with ``strict`` the first one raised as
     ``SpecwatchInputError`` naming file and line."""
@@ -225,7 +238,9 @@ def result_files(root: Path) -> list[Path]:
     return sorted(Path(root).rglob("*.jsonl"))
 
 
-def load_records(paths: Iterable[Path], strict: bool = False, quarantine: Optional[Quarantine] = None) -> list[CaseRecord]:
+def load_records(
+    paths: Iterable[Path], strict: bool = False, quarantine: Optional[Quarantine] = None
+) -> list[CaseRecord]:
     """Every valid record of ``paths``; ``strict``: the first invalid line raises (``results --strict``)."""
     out: list[CaseRecord] = []
     for p in paths:
@@ -239,8 +254,9 @@ def recorded_case_ids(path: Path, statuses: Optional[Iterable[Status]] = None) -
     if not Path(path).exists():
         return set()
     keep = None if statuses is None else set(statuses)
-    return {r.case_id for r in read_records(path)
-            if (keep is None or r.status in keep) and host_interference(r) is None}
+    return {
+        r.case_id for r in read_records(path) if (keep is None or r.status in keep) and host_interference(r) is None
+    }
 
 
 def finished_case_ids(path: Path) -> set[str]:
@@ -278,8 +294,13 @@ def import_records(paths: Iterable[Path], root: Path) -> dict[Path, int]:
 
 
 def _identity(r: CaseRecord) -> tuple:
-    return (r.case_id, r.provenance.hostname, r.provenance.started_at.isoformat(), r.provenance.fault,
-            r.provenance.probe)
+    return (
+        r.case_id,
+        r.provenance.hostname,
+        r.provenance.started_at.isoformat(),
+        r.provenance.fault,
+        r.provenance.probe,
+    )
 
 
 RUNS_FILE = "runs.ndjson"

@@ -33,7 +33,7 @@ def latest_by_case(records: Iterable[CaseRecord]) -> dict[str, CaseRecord]:
     keys: dict[str, tuple] = {}
     for r in records:
         k = latest_key(r)
-        if r.case_id not in out or k >= keys[r.case_id]:     # later-read wins a full tie
+        if r.case_id not in out or k >= keys[r.case_id]:  # later-read wins a full tie
             out[r.case_id], keys[r.case_id] = r, k
     return out
 
@@ -46,7 +46,6 @@ def latest_rows(df: "pd.DataFrame", by: list[Hashable]) -> "pd.DataFrame":
         return df
     measured = df.host_interference.isna() if "host_interference" in df else True
     finished = df.finished_at if "finished_at" in df else df.started_at
-    keyed = df.assign(_measured=measured, _run=df.run_id.fillna("") if "run_id" in df else "",
-                      finished_at=finished)
+    keyed = df.assign(_measured=measured, _run=df.run_id.fillna("") if "run_id" in df else "", finished_at=finished)
     picked = keyed.sort_values(ORDER_COLUMNS, kind="mergesort").drop_duplicates(by, keep="last")
     return picked.drop(columns=["_measured", "_run"] + ([] if "finished_at" in df else ["finished_at"]))

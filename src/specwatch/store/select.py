@@ -50,7 +50,7 @@ def select(spec: str, root: Path) -> list[CaseRecord]:
     earlier runs of the same version).
     ``FIELD=A|B`` matches either value (``run=ID1|ID2``: a side made of two runs).
     ``run`` takes a run id or ``-N``, the N-th newest run of the records the other terms select
-    (``run=-2`` and ``run=-1``: the last two runs, an A/A pair of one session).
+    (``run=-2`` and ``run=-1``: the last two runs, an A/A pair run back to back).
     Fault-injection and bare (probe-off) runs share case ids with clean runs, so a FIELD=VALUE
     selection holds clean, probed runs only unless it names ``fault`` or ``probe`` (``probe=off``),
     and runs whose starts overlapped timed batches (``--overlap-starts``: noisier timing) only when
@@ -62,8 +62,9 @@ def select(spec: str, root: Path) -> list[CaseRecord]:
     for term in spec.split(","):
         key, sep, value = term.partition("=")
         if not sep or key.rstrip("!") not in SELECT_FIELDS:
-            raise SpecwatchInputError(None, f"not a results file or FIELD=VALUE with FIELD in {sorted(SELECT_FIELDS)}",
-                                      field=spec)
+            raise SpecwatchInputError(
+                None, f"not a results file or FIELD=VALUE with FIELD in {sorted(SELECT_FIELDS)}", field=spec
+            )
         terms.append((key.rstrip("!"), key.endswith("!"), value))
     recs = load_records(result_files(root))
     named = {key for key, _, _ in terms}
@@ -73,9 +74,9 @@ def select(spec: str, root: Path) -> list[CaseRecord]:
         recs = [r for r in recs if r.provenance.probe]
     if "overlap" not in named:
         recs = [r for r in recs if not r.overlap_starts]
-    for key, negate, value in sorted(terms, key=lambda t: t[0] == "run"):   # run=-N counts within the rest
+    for key, negate, value in sorted(terms, key=lambda t: t[0] == "run"):  # run=-N counts within the rest
         if key == "run" and value.startswith("-") and value[1:].isdigit():
             value = newest_run(recs, int(value[1:]), spec)
-        values = set(value.split("|"))                      # FIELD=A|B: either
+        values = set(value.split("|"))  # FIELD=A|B: either
         recs = [r for r in recs if (str(SELECT_FIELDS[key](r)) in values) != negate]
     return recs

@@ -39,19 +39,29 @@ def sglang_refusal(e: BaseException) -> str | None:
 
 def engine_kwargs(case: Case, target: Path, draft, max_bs: int, kv_tokens: int | None = None) -> dict:
     kw = dict(
-        model_path=str(target), skip_tokenizer_init=True, dtype="bfloat16",
-        attention_backend=case.attention_backend.value, page_size=case.page_size,
-        tp_size=case.tp, max_running_requests=max(max_bs, 8), max_total_tokens=kv_tokens or KV_TOKENS[case.model],
-        cuda_graph_max_bs_decode=max(max_bs, 8), disable_cuda_graph=not case.cuda_graph,
+        model_path=str(target),
+        skip_tokenizer_init=True,
+        dtype="bfloat16",
+        attention_backend=case.attention_backend.value,
+        page_size=case.page_size,
+        tp_size=case.tp,
+        max_running_requests=max(max_bs, 8),
+        max_total_tokens=kv_tokens or KV_TOKENS[case.model],
+        cuda_graph_max_bs_decode=max(max_bs, 8),
+        disable_cuda_graph=not case.cuda_graph,
         # Prefill graphs cost ~1 min of capture per engine and do not touch the decode path timed here.
         disable_prefill_cuda_graph=True,
-        random_seed=0, log_level="error", mem_fraction_static=0.7,
+        random_seed=0,
+        log_level="error",
+        mem_fraction_static=0.7,
         # An idle SGLang scheduler spins one CPU thread at 100% unless it sleeps on idle; under
         # --parallel-starts the engines waiting for the timing lock would load the CPU that the
         # timed engine's launch path needs (batch-1 decode on small models is CPU-bound).
         sleep_on_idle=True,
-        speculative_algorithm=case.algorithm.value, speculative_num_steps=case.num_steps,
-        speculative_eagle_topk=case.topk, speculative_num_draft_tokens=case.num_draft_tokens,
+        speculative_algorithm=case.algorithm.value,
+        speculative_num_steps=case.num_steps,
+        speculative_eagle_topk=case.topk,
+        speculative_num_draft_tokens=case.num_draft_tokens,
     )
     if case.dcp > 1:
         kw["dcp_size"] = case.dcp
@@ -84,8 +94,12 @@ RENAMED_ARGS = {
 releases (0.5.12-0.5.13: one ``cuda_graph_max_bs``; prefill graphs were the "piecewise" graphs)."""
 
 
-HARNESS_ARGS = {"sleep_on_idle", "enforce_disable_flashinfer_allreduce_fusion", "disable_prefill_cuda_graph",
-                "nccl_port"}
+HARNESS_ARGS = {
+    "sleep_on_idle",
+    "enforce_disable_flashinfer_allreduce_fusion",
+    "disable_prefill_cuda_graph",
+    "nccl_port",
+}
 """Arguments that only tune how specwatch runs the engine, not the case: dropped (and recorded)
 where the installed SGLang lacks them. Any other unknown argument goes to SGLang, which refuses
 it: a version without a feature the case needs (e.g. ``dcp_size`` before 0.5.15) is a result."""
@@ -113,6 +127,7 @@ def server_arg_names() -> set[str] | None:
         import dataclasses
 
         from sglang.srt.server_args import ServerArgs
+
         return {f.name for f in dataclasses.fields(ServerArgs)}
     except Exception:
         return None
@@ -161,8 +176,12 @@ def rendezvous_port(seed: int | None = None) -> int:
 def server_facts(engine) -> dict:
     info = engine.get_server_info()
     states = info.get("internal_states") or [{}]
-    return {"specwatch": states[0].get("specwatch", {}), "avg_spec_accept_length": states[0].get("avg_spec_accept_length"),
-            "memory_usage": states[0].get("memory_usage"), "version": info.get("version")}
+    return {
+        "specwatch": states[0].get("specwatch", {}),
+        "avg_spec_accept_length": states[0].get("avg_spec_accept_length"),
+        "memory_usage": states[0].get("memory_usage"),
+        "version": info.get("version"),
+    }
 
 
 def greedy_sampling(case: Case) -> dict:

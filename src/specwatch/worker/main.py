@@ -59,9 +59,14 @@ class Emitter:
         try:
             CaseLine.model_validate(line)
         except ValidationError as e:
-            line = {"case_id": line.get("case_id"), "status": Status.failed.value, "started_at": line.get("started_at"),
-                    "finished_at": now(), "reason": f"worker line refused: {e}"[:2000],
-                    "log_tail": dump_line(line)[-4000:]}
+            line = {
+                "case_id": line.get("case_id"),
+                "status": Status.failed.value,
+                "started_at": line.get("started_at"),
+                "finished_at": now(),
+                "reason": f"worker line refused: {e}"[:2000],
+                "log_tail": dump_line(line)[-4000:],
+            }
         self(line)
 
 
@@ -89,8 +94,10 @@ def main(spec_path: str, child: bool = False) -> int:
     guard = lifeline.hold(spec.timeout_s) if child else lifeline.Lifeline(None, None)
     emit = Emitter(spec.results)
     if spec.fault != (os.environ.get(FAULT_ENV) or None):
-        reason = (f"spec fault {spec.fault!r} but {FAULT_ENV}={os.environ.get(FAULT_ENV)!r}: the probe applies "
-                  f"the environment's, so the records would name the wrong fault")
+        reason = (
+            f"spec fault {spec.fault!r} but {FAULT_ENV}={os.environ.get(FAULT_ENV)!r}: the probe applies "
+            f"the environment's, so the records would name the wrong fault"
+        )
         _report_all(emit, spec.cases, Status.failed, reason, None)
         return 0
     lock = WorkerTimingLock()
@@ -104,8 +111,7 @@ def main(spec_path: str, child: bool = False) -> int:
     if spec.probe and "allocator" in run.facts_start["specwatch"]:
         # the pool layout before any case runs: a crashed or timed-out case still records it
         pool_metrics, pool_verdicts, coverage = pool_checks(run.facts_start["specwatch"])
-        emit(EngineFacts(metrics=pool_metrics, checks=pool_verdicts,
-                         details={"pool_coverage_at_start": coverage}))
+        emit(EngineFacts(metrics=pool_metrics, checks=pool_verdicts, details={"pool_coverage_at_start": coverage}))
     for c in spec.cases:
         emit.case(run_one(spec, run, c, lock))
     try:
@@ -118,8 +124,16 @@ def main(spec_path: str, child: bool = False) -> int:
 
 def _report_all(emit: Emitter, cases: list[Case], status: Status, reason: str, tail: Optional[str]) -> None:
     for c in cases:
-        emit.case({"case_id": c.case_id, "status": status.value, "started_at": now(), "finished_at": now(),
-                   "reason": reason[:2000], "log_tail": tail})
+        emit.case(
+            {
+                "case_id": c.case_id,
+                "status": status.value,
+                "started_at": now(),
+                "finished_at": now(),
+                "reason": reason[:2000],
+                "log_tail": tail,
+            }
+        )
 
 
 def start_engine(spec: WorkerSpec, emit: Emitter) -> Optional[Engine]:
@@ -131,17 +145,20 @@ def start_engine(spec: WorkerSpec, emit: Emitter) -> Optional[Engine]:
     gen_s = time.perf_counter() - t0
     import sglang
 
-    known = server_arg_names()       # before the clock: the engine imports it anyway
+    known = server_arg_names()  # before the clock: the engine imports it anyway
     t0 = time.perf_counter()
     try:
         kwargs = engine_kwargs(first, target, draft, max(c.batch_size for c in cases), kv_pool_tokens(cases))
-        kwargs["nccl_port"] = rendezvous_port()     # tp 1 too: its process group has a TCP store
+        kwargs["nccl_port"] = rendezvous_port()  # tp 1 too: its process group has a TCP store
         kwargs, dropped_args = fit_server_args(kwargs, known) if known else (kwargs, [])
         engine = sglang.Engine(**kwargs)
     except Exception as e:
         where = sglang_refusal(e)
-        status, reason = ((Status.skipped, f"refused by SGLang {getattr(sglang, '__version__', '?')} ({where}): {e}")
-                          if where else (Status.failed, f"engine start: {type(e).__name__}: {e}"))
+        status, reason = (
+            (Status.skipped, f"refused by SGLang {getattr(sglang, '__version__', '?')} ({where}): {e}")
+            if where
+            else (Status.failed, f"engine start: {type(e).__name__}: {e}")
+        )
         _report_all(emit, cases, status, reason, traceback.format_exc()[-4000:])
         return None
     start_s = time.perf_counter() - t0
@@ -160,7 +177,7 @@ def run_one(spec: WorkerSpec, run: Engine, c: Case, lock: WorkerTimingLock) -> d
             res = run_case(run.engine, c, spec.repeats, spec.warmup, calibrate=spec.probe)
         if spec.probe:
             mem_metrics, mem_checks, details = memory_and_leaks(run.engine, c)
-        else:   # bare run: no probe in SGLang's processes, so no facts to read (timing baseline)
+        else:  # bare run: no probe in SGLang's processes, so no facts to read (timing baseline)
             mem_metrics, mem_checks, details = {}, {"flush_cache": flush_cache(run.engine)[0]}, {"bare": True}
         metrics = MetricSet().merge(res["metrics"]).merge(mem_metrics)
         metrics.put("engine_start_time", run.start_s, "s", higher_is_better=False)
@@ -175,8 +192,14 @@ def run_one(spec: WorkerSpec, run: Engine, c: Case, lock: WorkerTimingLock) -> d
             res["details"]["non_finite_metrics"] = metrics.refused
         return {"case_id": c.case_id, "status": Status.ok.value, "started_at": started, "finished_at": now(), **res}
     except Exception as e:
-        return {"case_id": c.case_id, "status": Status.failed.value, "started_at": started, "finished_at": now(),
-                "reason": f"{type(e).__name__}: {e}"[:2000], "log_tail": traceback.format_exc()[-4000:]}
+        return {
+            "case_id": c.case_id,
+            "status": Status.failed.value,
+            "started_at": started,
+            "finished_at": now(),
+            "reason": f"{type(e).__name__}: {e}"[:2000],
+            "log_tail": traceback.format_exc()[-4000:],
+        }
 
 
 def _engine_details(details: dict, run: Engine, lock: WorkerTimingLock, load_before) -> None:
@@ -189,5 +212,5 @@ def _engine_details(details: dict, run: Engine, lock: WorkerTimingLock, load_bef
     if lock.enabled:
         details["parallel_starts"] = int(os.environ.get(PARALLEL_ENV, "0")) or None
         if lock.overlapping:
-            details["overlap_starts"] = True     # timed while other engines started
+            details["overlap_starts"] = True  # timed while other engines started
         details["waited_for_timing_s"] = round(run.waited_s, 3)

@@ -51,16 +51,20 @@ def host_load() -> float | None:
 def draft_oracle_for(case: Case, oracle: Oracle) -> Oracle | None:
     """The oracle the draft follows, where its acceptance has a closed form: the case's own profile
     for EAGLE/EAGLE3, the perfect chain for STANDALONE; None for NGRAM and random drafts."""
-    if case.profile is Profile.random or case.algorithm not in (Algorithm.EAGLE, Algorithm.EAGLE3,
-                                                                Algorithm.STANDALONE):
+    if case.profile is Profile.random or case.algorithm not in (
+        Algorithm.EAGLE,
+        Algorithm.EAGLE3,
+        Algorithm.STANDALONE,
+    ):
         return None
     return oracle if case.algorithm is not Algorithm.STANDALONE else Oracle(oracle.shape, 0, Profile.perfect)
 
 
 def expected_accept_length(draft_oracle: Oracle, case: Case, expected_output: list[int]) -> float:
     """Oracle acceptance length of one request whose greedy output is ``expected_output``."""
-    return case.output_len / draft_oracle.expected_verifies(expected_output[0], case.output_len, case.num_steps,
-                                                            case.topk, case.num_draft_tokens)
+    return case.output_len / draft_oracle.expected_verifies(
+        expected_output[0], case.output_len, case.num_steps, case.topk, case.num_draft_tokens
+    )
 
 
 def mismatched_tokens(output_ids: list[int], expected: list[int]) -> int:
@@ -95,7 +99,7 @@ def run_multi_turn(engine, case: Case, repeats: int, warmup: bool) -> dict:
             outs = engine.generate(input_ids=[c[:n] for c in chains], sampling_params=sp)
             wall += time.perf_counter() - t0
             for o, c in zip(outs, chains):
-                exp = c[n:n + case.output_len]
+                exp = c[n : n + case.output_len]
                 digest.add(o["output_ids"])
                 mismatches += mismatched_tokens(o["output_ids"], exp)
                 n_out += len(o["output_ids"])
@@ -116,16 +120,26 @@ def run_multi_turn(engine, case: Case, repeats: int, warmup: bool) -> dict:
     metrics = MetricSet()
     metrics.put("output_throughput", med(tps), "tokens/s", tps, higher_is_better=True)
     metrics.put("wall_time", med(walls), "s", walls, higher_is_better=False)
-    metrics.put("accept_length", med(als), "tokens/verify", als, expected=med(expected_als) if expected_als else None,
-                exact=True, higher_is_better=True)
+    metrics.put(
+        "accept_length",
+        med(als),
+        "tokens/verify",
+        als,
+        expected=med(expected_als) if expected_als else None,
+        exact=True,
+        higher_is_better=True,
+    )
     metrics.put("lossless_mismatches", mismatches, "tokens", exact=True, higher_is_better=False)
     # prompt tokens of turns 2.. served by the radix cache (the previous turn's prompt + answer)
     metrics.put("prefix_cache_hit_share", med(hit_shares), "1", hit_shares, higher_is_better=True)
     checks = {"lossless": mismatches == 0}
     if expected_als:
         checks["accept_length_matches_oracle"] = matches_oracle(als, expected_als)
-    return {"metrics": metrics, "checks": checks,
-            "details": {"output_digest": digest.hexdigest(), "turn_prompt_lens": lens}}
+    return {
+        "metrics": metrics,
+        "checks": checks,
+        "details": {"output_digest": digest.hexdigest(), "turn_prompt_lens": lens},
+    }
 
 
 NGRAM_ONE_PREFILL_TOKENS = 8192
@@ -189,28 +203,35 @@ class Prompts:
         """(prompts, expected outputs, the chain starts they come from)."""
         starts = prompt_starts(self.case, tag, self.case.batch_size)
         chains = [self.oracle.chain(s, self.input_len + self.case.output_len) for s in starts]
-        return [c[:self.input_len] for c in chains], [c[self.input_len:] for c in chains], starts
+        return [c[: self.input_len] for c in chains], [c[self.input_len :] for c in chains], starts
 
 
 def calibrate_near_full(engine, case: Case, prompts: Prompts) -> dict | None:
     """A probed near-full case after its warm-up: lengthen every prompt by ``near_full_extension``
     of the decode peak the probe measured on the warm-up; returns what was done (None: nothing)."""
-    sw = server_facts(engine)["specwatch"]      # reads (and resets) the warm-up's occupancy
+    sw = server_facts(engine)["specwatch"]  # reads (and resets) the warm-up's occupancy
     occ, alloc = sw.get("occupancy") or {}, sw.get("allocator") or {}
     if not (occ.get("batches") and alloc.get("size")):
         return None
     extension = near_full_extension(occ, alloc["size"], case)
     prompts.input_len += extension
-    return {"warmup_peak_token_usage": occ["peak"], "prompt_extension": extension,
-            "input_len": prompts.input_len, "warmup_occupancy": occ}
+    return {
+        "warmup_peak_token_usage": occ["peak"],
+        "prompt_extension": extension,
+        "input_len": prompts.input_len,
+        "warmup_occupancy": occ,
+    }
 
 
 def ngram_model_for(case: Case, oracle: Oracle) -> NgramCorpusModel | None:
     """NGRAM: its corpus simulated (flushed before the timed batch, so it starts empty); only where
     the batch decodes together from its prefill on: not near full, and prompts that one prefill
     batch takes whole (SGLang's chunked_prefill_size on the H200s: 8192)."""
-    if case.algorithm is Algorithm.NGRAM and case.workload is Workload.standard \
-            and case.batch_size * case.input_len <= NGRAM_ONE_PREFILL_TOKENS:
+    if (
+        case.algorithm is Algorithm.NGRAM
+        and case.workload is Workload.standard
+        and case.batch_size * case.input_len <= NGRAM_ONE_PREFILL_TOKENS
+    ):
         return NgramCorpusModel(oracle)
     return None
 
@@ -230,11 +251,11 @@ class CaseTally:
         self.verify: list[int] = []
         self.prefills: list[float] = []
         self.expected_per_repeat: list[float] = []
-        self.timed: list[list[int]] = []         # each timed batch's chain starts
+        self.timed: list[list[int]] = []  # each timed batch's chain starts
         self.mismatches = 0
         self.digest = OutputDigest()
         self.hist = None
-        self.flush_failures = self.flush_refusals = 0   # SGLang refuses a flush until idle: retried
+        self.flush_failures = self.flush_refusals = 0  # SGLang refuses a flush until idle: retried
 
     def fresh_cache(self, engine) -> None:
         flushed, refused = flush_cache(engine)
@@ -267,8 +288,13 @@ class CaseTally:
     def metrics(self) -> MetricSet:
         med, b, m = statistics.median, self.case.batch_size, MetricSet()
         m.put("output_throughput", med(self.tps), "tokens/s", self.tps, higher_is_better=True)
-        m.put("request_throughput", med([b / w for w in self.walls]), "requests/s", [b / w for w in self.walls],
-              higher_is_better=True)
+        m.put(
+            "request_throughput",
+            med([b / w for w in self.walls]),
+            "requests/s",
+            [b / w for w in self.walls],
+            higher_is_better=True,
+        )
         m.put("wall_time", med(self.walls), "s", self.walls, higher_is_better=False)
         m.put("prefill_time", med(self.prefills), "s", self.prefills, higher_is_better=False)
         if self.decode_tps:
@@ -276,8 +302,15 @@ class CaseTally:
             m.put("step_time", med(self.step_ms), "ms", self.step_ms, higher_is_better=False)
             m.put("itl", med(self.itl_ms), "ms", self.itl_ms, higher_is_better=False)
         expected_al = med(self.expected_per_repeat) if self.expected_per_repeat else None
-        m.put("accept_length", med(self.als), "tokens/verify", self.als, expected=expected_al, exact=True,
-              higher_is_better=True)
+        m.put(
+            "accept_length",
+            med(self.als),
+            "tokens/verify",
+            self.als,
+            expected=expected_al,
+            exact=True,
+            higher_is_better=True,
+        )
         # SGLang's own: correct drafts / (verify steps x (num_draft_tokens - 1))
         m.put("accept_rate", med(self.rates), "1", self.rates, exact=True, higher_is_better=True)
         m.put("verify_steps", med(self.verify), "steps", self.verify, exact=True, higher_is_better=False)
@@ -292,13 +325,18 @@ class CaseTally:
         return checks
 
     def details(self, calibration: dict | None) -> dict:
-        return {"accept_histogram": self.hist, "prefill_s": self.prefills, "near_full_calibration": calibration,
-                "cache_flush_failures": self.flush_failures, "cache_flush_refusals": self.flush_refusals,
-                # identical prompts (seeded by dcp_twin_id) must give identical outputs
-                "output_digest": self.digest.hexdigest(),
-                # what the outputs answer: a twin's digest is comparable only with the same
-                "prompt_starts": self.timed,
-                "decode_split_repeats": len(self.decode_tps)}
+        return {
+            "accept_histogram": self.hist,
+            "prefill_s": self.prefills,
+            "near_full_calibration": calibration,
+            "cache_flush_failures": self.flush_failures,
+            "cache_flush_refusals": self.flush_refusals,
+            # identical prompts (seeded by dcp_twin_id) must give identical outputs
+            "output_digest": self.digest.hexdigest(),
+            # what the outputs answer: a twin's digest is comparable only with the same
+            "prompt_starts": self.timed,
+            "decode_split_repeats": len(self.decode_tps),
+        }
 
 
 def run_case(engine, case: Case, repeats: int, warmup: bool, calibrate: bool = False) -> dict:
@@ -319,16 +357,19 @@ def run_case(engine, case: Case, repeats: int, warmup: bool, calibrate: bool = F
         expected, starts = _timed_repeat(engine, case, r, prompts, sp, tally)
         if ngram is not None:
             ngram.flush()
-            tally.expected_per_repeat.append(statistics.mean(ngram.decode_batch(
-                starts, prompts.input_len, case.output_len, case.num_draft_tokens)))
+            tally.expected_per_repeat.append(
+                statistics.mean(ngram.decode_batch(starts, prompts.input_len, case.output_len, case.num_draft_tokens))
+            )
         if draft_oracle is not None:
-            tally.expected_per_repeat.append(statistics.mean(expected_accept_length(draft_oracle, case, exp)
-                                                             for exp in expected))
+            tally.expected_per_repeat.append(
+                statistics.mean(expected_accept_length(draft_oracle, case, exp) for exp in expected)
+            )
     return {"metrics": tally.metrics(), "checks": tally.checks(), "details": tally.details(calibration)}
 
 
-def _timed_repeat(engine, case: Case, r: int, prompts: Prompts, sp: dict,
-                  tally: CaseTally) -> tuple[list[list[int]], list[int]]:
+def _timed_repeat(
+    engine, case: Case, r: int, prompts: Prompts, sp: dict, tally: CaseTally
+) -> tuple[list[list[int]], list[int]]:
     """Repeat ``r``: a prefill-only batch, then the timed batch, each on an empty radix cache;
     returns the timed batch's expected outputs and chain starts."""
     # Nothing of an earlier batch stays in the radix cache: a timed prompt whose start an earlier
@@ -372,9 +413,17 @@ def memory_and_leaks(engine, case: Case) -> tuple[dict, dict, dict]:
             metrics.put("peak_gpu_memory", sw["cuda"]["max_allocated"], "bytes", higher_is_better=False)
         sizing_details = _sizing_checks(case, sw["req_to_token"], facts.get("version"), metrics, checks)
     checks["flush_cache"] = ok_flush
-    return metrics, checks, {"probe": sw, "pool_coverage": coverage, "sglang_sizing": sizing_details,
-                             "engine_memory_usage": facts.get("memory_usage"),
-                             "leak_check_flush_refusals": flush_refusals}
+    return (
+        metrics,
+        checks,
+        {
+            "probe": sw,
+            "pool_coverage": coverage,
+            "sglang_sizing": sizing_details,
+            "engine_memory_usage": facts.get("memory_usage"),
+            "leak_check_flush_refusals": flush_refusals,
+        },
+    )
 
 
 def _pool_facts(sw: dict, metrics: MetricSet, checks: dict) -> dict:
@@ -431,11 +480,12 @@ def _sizing_checks(case: Case, r: dict, version, metrics: MetricSet, checks: dic
     functions on the same inputs: when a row width moves between versions, this says whether the
     sizing rule moved or something else did. Returns the sizing's details."""
     inputs, model, checks["req_to_token_matches_model"] = req_to_token_vs_model(
-        case, r["size"], r["row_width"], r["bytes"], version)
+        case, r["size"], r["row_width"], r["bytes"], version
+    )
     metrics.put("model_req_to_token_bytes", model.req_to_token_bytes, "bytes", exact=True)
     try:
         own = sglang_sizing(inputs)
-    except Exception as e:                       # an older SGLang without the sizing module
+    except Exception as e:  # an older SGLang without the sizing module
         return {"error": f"{type(e).__name__}: {e}"[:300]}
     metrics.put("sglang_alloc_len_per_decode", own.alloc_len_per_decode, "tokens", exact=True)
     checks["req_to_token_matches_sglang_sizing"] = own.req_to_token_row_width == r["row_width"]

@@ -8,8 +8,13 @@ from specwatch.core.case import Case, ModelSize, Workload
 from specwatch.oracle.shapes import SHAPES
 from specwatch.rules.memory_model import SizingInput, reference_sizing
 
-KV_TOKENS = {ModelSize.tiny: 1 << 18, ModelSize.tiny_attn: 1 << 18, ModelSize.tiny_mla: 1 << 18, ModelSize.llama_1b: 1 << 17,
-             ModelSize.llama_8b: 1 << 16}
+KV_TOKENS = {
+    ModelSize.tiny: 1 << 18,
+    ModelSize.tiny_attn: 1 << 18,
+    ModelSize.tiny_mla: 1 << 18,
+    ModelSize.llama_1b: 1 << 17,
+    ModelSize.llama_8b: 1 << 16,
+}
 """KV pool size per model for standard workloads (keeps start fast, memory numbers comparable
 within a model, and several engines on one GPU under ``--parallel-starts``)."""
 
@@ -24,8 +29,9 @@ def near_full_request_tokens(case: Case) -> int:
     ratio is 1, ``schedule_policy.add_req_state``) + the per-decode reserve speculative decoding
     allocates ahead from the first decode step on (``alloc_reserve_per_decode``, specwatch's model;
     it exceeds what admission reserves, so the whole batch is admitted)."""
-    reserve = reference_sizing(SizingInput.for_case(case, context_len=case.input_len + case.output_len,
-                                                    max_running_requests=case.batch_size)).alloc_reserve_per_decode
+    reserve = reference_sizing(
+        SizingInput.for_case(case, context_len=case.input_len + case.output_len, max_running_requests=case.batch_size)
+    ).alloc_reserve_per_decode
     page = case.page_size * case.dcp
     return -(-(case.input_len + case.output_len + reserve) // page) * page
 
@@ -46,14 +52,14 @@ def near_full_extension(occupancy: dict, allocator_slots: int, case: Case) -> in
     to num_steps tokens), and
     ``validity`` keeps output_len within 5% of the request, so usage stays above 0.95 from the first
     decode step on. Occupancy without a decode peak (older probes): the overall peak, whole batch."""
-    page = case.page_size * case.dcp                 # a prompt token is one allocator (virtual) slot
+    page = case.page_size * case.dcp  # a prompt token is one allocator (virtual) slot
     usage = occupancy.get("decode_peak") or occupancy["peak"]
     running = occupancy.get("decode_peak_requests") or case.batch_size
     per_request = usage * allocator_slots / running
     spare = allocator_slots - case.batch_size * (per_request + page)
     pages = math.floor(spare / (case.batch_size * page))
-    room = SHAPES[case.model].max_position - case.input_len - case.output_len   # the context still fits
-    floor_pages = -(case.input_len // 2 // page)      # never below half the planned prompt
+    room = SHAPES[case.model].max_position - case.input_len - case.output_len  # the context still fits
+    floor_pages = -(case.input_len // 2 // page)  # never below half the planned prompt
     return max(floor_pages, min(pages, room // page)) * page
 
 

@@ -20,4 +20,5 @@ def module_getattr(module: str):
         if name.startswith("__"):
             raise AttributeError(name)
         return Missing(f"{module}.{name}")
+
     return __getattr__

@@ -22,6 +22,7 @@ def on_import(module_name):
     def register(fn):
         _HOOKS.setdefault(module_name, []).append(fn)
         return fn
+
     return register
 
 
@@ -74,9 +75,13 @@ def _buffer_rows(pool):
 def _pool_facts(pool):
     if pool is None:
         return None
-    out = {"class": type(pool).__name__, "size": getattr(pool, "size", None),
-           "page_size": getattr(pool, "page_size", None), "dtype": str(getattr(pool, "dtype", "")),
-           "rows": _buffer_rows(pool)}
+    out = {
+        "class": type(pool).__name__,
+        "size": getattr(pool, "size", None),
+        "page_size": getattr(pool, "page_size", None),
+        "dtype": str(getattr(pool, "dtype", "")),
+        "rows": _buffer_rows(pool),
+    }
     try:
         k, v = pool.get_kv_size_bytes()
         out["bytes"] = int(k + v)
@@ -135,8 +140,14 @@ def scheduler_facts(sched):
     facts = {}
     r = sched.req_to_token_pool
     t = r.req_to_token
-    facts["req_to_token"] = {"shape": list(t.shape), "dtype": str(t.dtype), "bytes": _nbytes(t),
-                             "row_width": int(t.shape[1]), "size": r.size, "free_slots": len(r.free_slots)}
+    facts["req_to_token"] = {
+        "shape": list(t.shape),
+        "dtype": str(t.dtype),
+        "bytes": _nbytes(t),
+        "row_width": int(t.shape[1]),
+        "size": r.size,
+        "free_slots": len(r.free_slots),
+    }
     a = sched.token_to_kv_pool_allocator
     release = getattr(a, "release_pages", None)
     free_pages = len(a.free_pages) + (len(release) if release is not None else 0)
@@ -146,10 +157,15 @@ def scheduler_facts(sched):
         unique_free = int(torch.unique(pages).numel())
     except Exception:
         pass
-    facts["allocator"] = {"class": type(a).__name__, "size": a.size, "page_size": a.page_size,
-                          "available": int(a.available_size()), "free_pages": free_pages,
-                          "unique_free_pages": unique_free,
-                          "num_pages": getattr(a, "num_pages", a.size // max(a.page_size, 1))}
+    facts["allocator"] = {
+        "class": type(a).__name__,
+        "size": a.size,
+        "page_size": a.page_size,
+        "available": int(a.available_size()),
+        "free_pages": free_pages,
+        "unique_free_pages": unique_free,
+        "num_pages": getattr(a, "num_pages", a.size // max(a.page_size, 1)),
+    }
     facts["target_kv_pool"] = _pool_facts(a.get_kvcache())
     args = getattr(sched, "server_args", None)
     facts["dcp_size"] = int(getattr(args, "dcp_size", 1) or 1)
@@ -172,17 +188,21 @@ def scheduler_facts(sched):
     # the scheduler). With SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE (default on) a leak raises in
     # the scheduler, so a run that gets here has a clean verdict or counted warnings.
     holder = getattr(sched, "invariant_checker", None) or sched
-    facts["leak_warnings"] = {k: getattr(holder, k, None) for k in
-                              ("count_memory_leak_warnings", "count_req_pool_leak_warnings")}
+    facts["leak_warnings"] = {
+        k: getattr(holder, k, None) for k in ("count_memory_leak_warnings", "count_req_pool_leak_warnings")
+    }
     facts["strict_idle_check"] = os.environ.get("SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE", "default (on)")
     facts["startup"] = startup_facts(sched)
     # the scheduler's admission limits as it resolved them (a near-full batch must fit them all)
-    facts["scheduler_limits"] = {k: getattr(sched, k, None) for k in
-                                 ("max_running_requests", "chunked_prefill_size", "max_prefill_tokens")}
+    facts["scheduler_limits"] = {
+        k: getattr(sched, k, None) for k in ("max_running_requests", "chunked_prefill_size", "max_prefill_tokens")
+    }
     if torch.cuda.is_available():
-        facts["cuda"] = {"max_allocated": torch.cuda.max_memory_allocated(),
-                         "allocated": torch.cuda.memory_allocated(),
-                         "max_reserved": torch.cuda.max_memory_reserved()}
+        facts["cuda"] = {
+            "max_allocated": torch.cuda.max_memory_allocated(),
+            "allocated": torch.cuda.memory_allocated(),
+            "max_reserved": torch.cuda.max_memory_reserved(),
+        }
     return facts
 
 
@@ -227,9 +247,18 @@ loses one runs that request alone afterwards, far below full."""
 
 
 def _new_occupancy() -> dict:
-    return {"batches": 0, "near_full": 0, "peak": 0.0, "decode_batches": 0, "decode_near_full": 0,
-            "decode_peak": 0.0, "decode_peak_requests": 0, "max_decode_requests": 0, "decode_waiting_max": 0,
-            "probe_s": 0.0}
+    return {
+        "batches": 0,
+        "near_full": 0,
+        "peak": 0.0,
+        "decode_batches": 0,
+        "decode_near_full": 0,
+        "decode_peak": 0.0,
+        "decode_peak_requests": 0,
+        "max_decode_requests": 0,
+        "decode_waiting_max": 0,
+        "probe_s": 0.0,
+    }
 
 
 def _patch_run_batch(cls):
@@ -250,16 +279,17 @@ def _patch_run_batch(cls):
             occ["near_full"] += u > NEAR_FULL
             occ["peak"] = max(occ["peak"], u)
             mode = getattr(batch, "forward_mode", None)
-            if mode is not None and mode.is_decode():   # decode steps: where near-full must hold
+            if mode is not None and mode.is_decode():  # decode steps: where near-full must hold
                 n = len(getattr(batch, "reqs", ()) or ())
-                occ["decode_waiting_max"] = max(occ["decode_waiting_max"],
-                                                len(getattr(self, "waiting_queue", ()) or ()))
+                occ["decode_waiting_max"] = max(
+                    occ["decode_waiting_max"], len(getattr(self, "waiting_queue", ()) or ())
+                )
                 occ["decode_batches"] += 1
                 occ["decode_near_full"] += u > NEAR_FULL
                 occ["max_decode_requests"] = max(occ["max_decode_requests"], n)
                 if u > occ["decode_peak"]:
                     occ["decode_peak"], occ["decode_peak_requests"] = u, n
-            occ["probe_s"] += time.perf_counter() - t0      # the probe's own cost on the batch's path
+            occ["probe_s"] += time.perf_counter() - t0  # the probe's own cost on the batch's path
         except Exception:
             pass
         return original(self, batch, *args, **kwargs)
@@ -275,7 +305,7 @@ def _patch_retract(module):
     def retract_decode(self, *args, **kwargs):
         ret = original(self, *args, **kwargs)
         try:
-            _RETRACTED[0] += len(ret[0])            # (retracted_reqs, new_token_ratio, ...)
+            _RETRACTED[0] += len(ret[0])  # (retracted_reqs, new_token_ratio, ...)
         except Exception:
             pass
         return ret
