@@ -67,3 +67,17 @@ def test_health_counts_the_cases_of_overlapped_runs(tmp_path):
     )
     (health,) = release_verdict(tmp_path).health
     assert health.statuses["ok"] == 1 and health.statuses["crashed"] == 1
+
+
+def test_a_release_run_only_with_overlapped_starts_is_compared_on_those_runs(tmp_path):
+    """compare's default selection leaves overlapped runs out; a release with no other run must
+    not read as 'no change' from an empty side."""
+    a = case(page_size=1)
+    base, head = record(a, sglang_version="0.5.16"), record(a, sglang_version="0.5.17")
+    base.metrics["accept_length"] = Metric(value=4.0, unit="tokens/verify", exact=True, higher_is_better=True)
+    head.metrics["accept_length"] = Metric(value=3.0, unit="tokens/verify", exact=True, higher_is_better=True)
+    head.details["overlap_starts"] = True
+    _store(tmp_path, "0.5.16", [base])
+    _store(tmp_path, "0.5.17", [head])
+    v = release_verdict(tmp_path)
+    assert v.regressions == 1 and v.compared[0].head.endswith(",overlap=on")

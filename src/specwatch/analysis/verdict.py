@@ -135,9 +135,19 @@ def suite_health(suite: str, records: list[CaseRecord]) -> SuiteHealth:
 def compare_suite(
     suite: str, base_version: str, head_version: str, root: Path, budgets: Optional[dict[str, float]]
 ) -> SuiteComparison:
-    """One suite's comparison between two releases, on the selections ``scripts/reports.sh`` names."""
-    base, head = (f"sglang_version={v},suite={suite}" for v in (base_version, head_version))
-    rows = compare_records(select(base, root), select(head, root), budgets=budgets)
+    """One suite's comparison between two releases, on the selections ``scripts/reports.sh`` names.
+    A release whose only runs of the suite overlapped engine starts is compared on those
+    (``overlap=on``, as the selection then says): an empty side would compare as no change."""
+    sides = []
+    for version in (base_version, head_version):
+        spec = f"sglang_version={version},suite={suite}"
+        records = select(spec, root)
+        if not records:
+            spec += ",overlap=on"
+            records = select(spec, root)
+        sides.append((spec, records))
+    (base, base_records), (head, head_records) = sides
+    rows = compare_records(base_records, head_records, budgets=budgets)
     return SuiteComparison(
         suite=suite,
         base=base,
