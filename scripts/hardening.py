@@ -665,6 +665,8 @@ def run_trial(trial: Trial, trial_dir: Path, python: str) -> Outcome:
         )
     except subprocess.TimeoutExpired:
         return Outcome(trial.klass, trial.variant, False, f"ran past {TRIAL_TIMEOUT_S} s", time.monotonic() - t0)
+    except OSError as e:  # an unprivileged trial whose interpreter that user cannot run (e.g. under /root)
+        return Outcome(trial.klass, trial.variant, False, f"not run: the CLI could not start ({e})", 0.0)
     wall = time.monotonic() - t0
     allowed = (str(R.relative_to(trial_dir)), "out", ".mpl", ".home")
     stray = {f for f in _files(trial_dir) - before if not f.startswith(allowed)}

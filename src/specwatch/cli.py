@@ -99,6 +99,8 @@ def plan(
     where: Where = [],
     known: Optional[Path] = typer.Option(
         None,
+        exists=True,
+        file_okay=False,
         help="Leave out cases recorded under this results root for "
         "--machine and --sglang-version (as run --known does) and estimate "
         "the device time of the rest from that machine's runs.ndjson.",

@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 from rich.text import Text
 
-from specwatch.commands.options import Positive
+from specwatch.commands.options import CsvOut, bounded
 from specwatch.commands.output import console, print_table
 from specwatch.core.errors import SpecwatchInputError
 
@@ -18,15 +18,15 @@ model_app = typer.Typer(no_args_is_help=True, help="CPU tier: memory model and a
 
 @model_app.command("memory")
 def model_memory(
-    page: Positive = 1,
-    topk: Positive = 1,
-    steps: Positive = 3,
-    draft: Positive = 4,
-    context_len: Positive = 4096,
-    max_running: Positive = 48,
-    dcp: Positive = 1,
+    page: bounded(4096) = 1,
+    topk: bounded(64) = 1,
+    steps: bounded(32) = 3,
+    draft: bounded(1024) = 4,
+    context_len: bounded(1048576) = 4096,
+    max_running: bounded(4096) = 48,
+    dcp: bounded(64) = 1,
     algorithm: str = typer.Option("EAGLE", help="EAGLE, EAGLE3, STANDALONE, NGRAM or none."),
-    csv: Optional[Path] = typer.Option(None),
+    csv: CsvOut = None,
     json_out: Optional[Path] = typer.Option(None, "--json"),
 ) -> None:
     """Spec-decode KV sizing for one configuration: specwatch's formulas next to SGLang's."""
@@ -77,17 +77,17 @@ def model_memory(
 
 @model_app.command("simulate")
 def model_simulate(
-    page: Positive = 64,
-    topk: Positive = 8,
-    steps: Positive = 3,
-    draft: Positive = 16,
-    context_len: Positive = 512,
-    requests: Positive = 4,
-    input_len: Positive = 300,
+    page: bounded(4096) = 64,
+    topk: bounded(64) = 8,
+    steps: bounded(32) = 3,
+    draft: bounded(1024) = 16,
+    context_len: bounded(1048576) = 512,
+    requests: bounded(4096) = 4,
+    input_len: bounded(1048576) = 300,
     accept: str = typer.Option("random", help="full, one or random."),
-    dcp: Positive = 1,
+    dcp: bounded(64) = 1,
     seed: int = typer.Option(0, "--seed"),
-    output_len: Positive = 10_000,
+    output_len: bounded(1048576) = 10_000,
     near_full: bool = typer.Option(False, "--near-full", help="Pool sized to the peak demand."),
     kv_write_ignores_dcp: bool = typer.Option(
         False,

@@ -60,6 +60,21 @@ Output = Annotated[Optional[Path], typer.Option("--output", "-o", help="Write th
 Positive = Annotated[int, typer.Option(min=1)]
 
 
+def bounded(hi: int) -> object:
+    """An integer option from 1 to ``hi`` (the suite axes' bounds: ``suite.AXIS_BOUNDS``)."""
+    return Annotated[int, typer.Option(min=1, max=hi)]
+
+
+def check_output_folder(path: Optional[Path]) -> Optional[Path]:
+    """An output file's folder must exist: one line naming the file, not pandas' message about its folder."""
+    if path is not None and not path.parent.is_dir():
+        raise typer.BadParameter(f"{path}: its folder {path.parent} does not exist")
+    return path
+
+
+CsvOut = Annotated[Optional[Path], typer.Option(callback=check_output_folder, help="Also write the table as CSV.")]
+
+
 def load_suite_file(path: Path):
     from specwatch.suite import load_suite
 

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.text import Text
 
-from specwatch.commands.options import ResultsArg, StoredResults
+from specwatch.commands.options import CsvOut, ResultsArg, StoredResults
 from specwatch.commands.output import console, print_frame
 from specwatch.core.errors import SpecwatchInputError
 
@@ -83,7 +82,7 @@ def asv_import_cmd(
 
 def results_cmd(
     root: ResultsArg = Path("results"),
-    csv: Optional[Path] = typer.Option(None, help="Also write the frame as CSV."),
+    csv: CsvOut = None,
     strict: bool = typer.Option(
         False,
         "--strict",
