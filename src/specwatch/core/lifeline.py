@@ -1,6 +1,6 @@
 """A worker dies with its runner, and past its own deadline.
 
-Workers run in their own session and process group (SGLang kills its parent's process group when
+Workers run in a process group of their own (setsid) (SGLang kills its parent's process group when
 a scheduler dies, so that group must not be the runner's), which also means nothing kills them
 when the runner dies. Three things do here, each started by ``hold`` in the worker:
 

@@ -194,7 +194,7 @@ def worker_env(job: "GroupJob", extra_env: Optional[dict]) -> dict:
 def _launch(
     job: "GroupJob", options: RunOptions, spec: Path, log: Path, watch: "Watch", on_event: Callable[[str], None]
 ) -> tuple[Optional[int], bool]:
-    """Start the worker in its own session with a lifeline pipe (``core.lifeline``), watch it until
+    """Start the worker in a process group of its own (setsid) with a lifeline pipe (``core.lifeline``), watch it until
     it exits or its clock runs out, tear it down; returns (exit code, timed out). Whatever goes
     wrong here (a record that cannot be written), the worker's process group is killed first."""
     pipe = lifeline.Pipe()

@@ -144,7 +144,7 @@ def stop_signals_held():
 def _kill_workers_on_sigterm(
     on_stop: Optional[Callable[[str], None]] = None, record_lock: Optional[threading.Lock] = None
 ):
-    """Workers run in their own sessions (SGLang kills its parent's group when a scheduler dies),
+    """Workers run in process groups of their own (setsid; SGLang kills its parent's group when a scheduler dies),
     so a runner stopped by SIGTERM/SIGINT kills them itself; their cases stay unrecorded (resume).
     ``on_stop`` gets the signal's name first (the run's summary is written then), after a record
     being written finishes (``stop_signals_held``, ``record_lock``) and with no other one started."""
