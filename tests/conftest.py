@@ -40,3 +40,24 @@ def pytest_collection_modifyitems(config, items):
             it.add_marker(pytest.mark.skip(reason="sglang not importable (install requirements/sglang-cpu*.txt)"))
         if "gpu" in it.keywords and not cuda_ok:
             it.add_marker(pytest.mark.skip(reason="no CUDA GPU"))
+
+
+def harness_suite(tmp_path, name="harness", topks="[1, 2]", draft=7, extra="", timeout_s=10):
+    """A small triton suite for the fake worker (page 1 and 64, batch 1 and 8), written under ``tmp_path``."""
+    from specwatch.suite import load_suite
+
+    p = tmp_path / "s.toml"
+    p.write_text(f"""
+[suite]
+name = "{name}"
+repeats = 1
+timeout_s = {timeout_s}
+[[matrix]]
+attention_backend = ["triton"]
+page_size = [1, 64]
+topk = {topks}
+num_draft_tokens = [{draft}]
+batch_size = [1, 8]
+{extra}
+""")
+    return load_suite(p)

@@ -1,6 +1,6 @@
 import os
 
-from conftest import SUITES
+from conftest import SUITES, harness_suite
 from specwatch.core.record import Status
 from specwatch.run.runner import RunOptions, Shard, engine_groups, run_suite
 from specwatch.store.jsonl import read_records
@@ -10,21 +10,7 @@ HERE = os.path.dirname(__file__)
 
 
 def _suite(tmp_path, topks="[1, 2]", extra="", timeout_s=10):
-    p = tmp_path / "s.toml"
-    p.write_text(f"""
-[suite]
-name = "harness"
-repeats = 1
-timeout_s = {timeout_s}
-[[matrix]]
-attention_backend = ["triton"]
-page_size = [1, 64]
-topk = {topks}
-num_draft_tokens = [7]
-batch_size = [1, 8]
-{extra}
-""")
-    return load_suite(p)
+    return harness_suite(tmp_path, topks=topks, extra=extra, timeout_s=timeout_s)
 
 
 def _run(tmp_path, suite, **kw):

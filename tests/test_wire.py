@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import harness_suite
 from records import case
 from specwatch.core import lifeline
 from specwatch.core.protocol import (
@@ -28,7 +29,6 @@ from specwatch.core.record import Status
 from specwatch.run.group import MALFORMED
 from specwatch.run.runner import RunOptions, run_suite
 from specwatch.store.jsonl import read_records
-from specwatch.suite import load_suite
 
 HERE = os.path.dirname(__file__)
 FAKE_ENV = {"PYTHONPATH": HERE + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -55,20 +55,7 @@ def _gone_within(pids, seconds: float) -> list[int]:
 
 
 def _suite(tmp_path, topks="[1]", timeout_s=30):
-    p = tmp_path / "s.toml"
-    p.write_text(f"""
-[suite]
-name = "wire"
-repeats = 1
-timeout_s = {timeout_s}
-[[matrix]]
-attention_backend = ["triton"]
-page_size = [1, 64]
-topk = {topks}
-num_draft_tokens = [9]
-batch_size = [1, 8]
-""")
-    return load_suite(p)
+    return harness_suite(tmp_path, name="wire", topks=topks, draft=9, timeout_s=timeout_s)
 
 
 def test_every_wire_line_parses_to_its_type_and_a_bad_one_to_malformed_without_raising():

@@ -108,6 +108,8 @@ def stabilise_env_names(results_dir: Path) -> None:
     (file name, ``env_name``, ``python`` and the ``python`` parameter): published graphs then lie
     under ``python-specwatch`` wherever the checkout lives."""
     for f in Path(results_dir).glob("*/*-existing-*.json"):
+        if f.name.endswith(f"-existing-{ENV_LABEL}.json"):
+            continue  # written so by an earlier import
         d = json.loads(f.read_text())
         d["env_name"] = f"existing-{ENV_LABEL}"
         d["python"] = ENV_LABEL
@@ -175,12 +177,12 @@ def asv_import(
             "--quick",
             env=env,
         )
-        stabilise_env_names(work / "results")
         done[(machine, version)] = hashes[version]
         say(
             f"[{i}/{len(pairs)}] {machine} sglang {version}: asv commit {hashes[version][:8]} "
             f"({time.monotonic() - started:.0f} s)"
         )
+    stabilise_env_names(work / "results")
     if publish and done:
         say("asv publish ...")
         _asv(cfg, "publish")
