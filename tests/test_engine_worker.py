@@ -9,7 +9,8 @@ from specwatch.oracle.prompts import prompt_starts
 from specwatch.oracle.shapes import FIRST_ACTIVE, SHAPES
 from specwatch.rules.pools import pool_coverage
 from specwatch.worker.engine_args import engine_kwargs, sglang_refusal
-from specwatch.worker.measure import memory_and_leaks, run_case
+from specwatch.worker.measure import run_case
+from specwatch.worker.memory_facts import memory_and_leaks
 
 
 class FakeEngine:
@@ -345,7 +346,7 @@ def test_deepseek_at_tp2_runs_without_allreduce_fusion_and_records_its_kwargs():
 def test_multi_turn_resends_each_answer_and_reads_the_prefix_cache():
     from specwatch.core.case import Workload
     from specwatch.rules.validity import skip_reason
-    from specwatch.worker.measure import run_multi_turn
+    from specwatch.worker.multi_turn import run_multi_turn
 
     case = CASE.model_copy(
         update={"workload": Workload.long_prompt_multi_turn, "input_len": 1024, "output_len": 256, "page_size": 256}
@@ -418,6 +419,61 @@ def test_worker_main_end_to_end_on_a_fake_sglang(tmp_path, monkeypatch, workload
     assert got["shutdown"] and got["model_path"] == str(tmp_path / "t")
     assert ("no_kv_leak" in rec["checks"]) == probe and rec["details"].get("bare", False) == (not probe)
     assert ("prefix_cache_hit_share" in rec["metrics"]) == (workload == "long-prompt-multi-turn")
+
+
+@pytest.mark.parametrize(
+    "release,status,module",
+    [
+        ("0.5.12", "skipped", None),
+        ("0.5.17", "ok", "sglang.srt.speculative.eagle_utils"),
+        ("0.5.23", "ok", "sglang.srt.mem_cache.allocation_sizing"),
+    ],
+)
+def test_the_worker_plans_the_fault_for_the_running_release(tmp_path, monkeypatch, release, status, module):
+    """The fault's edit is the running release's (the probe of SGLang's processes gets it through
+    the environment); a release without an edit records every case skipped with the adapter's
+    reason instead of running it clean."""
+    import json
+    import os
+    import sys
+    import types
+
+    from specwatch.inject.faults import PLAN_ENV, FaultPlan
+    from specwatch.worker import main as worker_main
+
+    seen = {}
+
+    class Engine(FakeEngine):
+        def __init__(self, **kw):
+            seen["plan"] = os.environ.get(PLAN_ENV)
+            super().__init__(CASE)
+
+    monkeypatch.setitem(sys.modules, "sglang", types.SimpleNamespace(Engine=Engine, __version__=release))
+    monkeypatch.setattr(worker_main, "ensure_models", lambda *a, **k: (tmp_path / "t", tmp_path / "d"))
+    monkeypatch.setenv("SPECWATCH_FAULT", "unaligned-watermark")
+    monkeypatch.delenv(PLAN_ENV, raising=False)
+    out, spec = tmp_path / "out.jsonl", tmp_path / "spec.json"
+    spec.write_text(
+        json.dumps(
+            {
+                "cases": [CASE.params()],
+                "repeats": 1,
+                "warmup": False,
+                "models_dir": str(tmp_path),
+                "fault": "unaligned-watermark",
+                "probe": False,
+                "results": str(out),
+            }
+        )
+    )
+    assert worker_main.main(str(spec)) == 0
+    rec = [json.loads(x) for x in out.read_text().splitlines()][-1]
+    assert rec["status"] == status, rec.get("reason")
+    if module is None:
+        assert "0.5.12" in rec["reason"] and "not rounded up" in rec["reason"] and "plan" not in seen
+    else:
+        plan = FaultPlan.from_json(seen["plan"])
+        assert plan.release == release and plan.modules == (module,)
 
 
 @pytest.mark.sglang
@@ -549,7 +605,7 @@ def test_near_full_prompts_are_calibrated_to_the_warmups_measured_peak():
 
 
 def test_near_full_share_is_also_counted_over_decode_steps_only():
-    from specwatch.worker.measure import memory_and_leaks
+    from specwatch.worker.memory_facts import memory_and_leaks
 
     class Eng(FakeEngine):
         def get_server_info(self):

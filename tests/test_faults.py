@@ -4,6 +4,7 @@ from specwatch.core.case import Algorithm
 from specwatch.cpu.allocator_sim import AcceptPattern, SimConfig, simulate
 from specwatch.inject import faults
 from specwatch.rules.memory_model import SizingInput, compare
+from specwatch.rules.releases import FaultNotInRelease, fault_plan
 
 pytestmark = pytest.mark.sglang
 
@@ -12,20 +13,20 @@ pytestmark = pytest.mark.sglang
 def test_every_fault_applies_to_installed_sglang_and_restores(name):
     import importlib
 
-    fault = faults.get(name)
-    with faults.applied(name) as f:
+    plan = fault_plan(name)
+    with faults.applied(plan) as f:
         assert f.name == name
     # applying twice after restore works: the original source is back
-    with faults.applied(name):
+    with faults.applied(plan):
         pass
-    assert importlib.import_module(fault.modules[0])
+    assert importlib.import_module(plan.modules[0])
 
 
 def test_row_widen_revert_is_caught_by_the_cpu_tier():
     x = SizingInput(Algorithm.EAGLE, 64, 8, 3, 16, 512, 4)
     assert compare(x)[2] == []
     before = faults.HITS["row-widen-revert"]
-    with faults.applied("row-widen-revert"):
+    with faults.applied(fault_plan("row-widen-revert")):
         _, _, diffs = compare(x)
         assert faults.HITS["row-widen-revert"] > before  # the edit counts its own runs
         assert {d.field for d in diffs} == {
@@ -56,9 +57,29 @@ def test_draft_page_mismatch_changes_the_draft_pool_page():
         fake.loc_space_scale = kcc.KVCacheConfigurator.loc_space_scale.fget(fake)
         assert prop.fget(fake) == 512  # 0.5.17: the draft pool pages like the allocator
         before = faults.HITS["draft-page-mismatch"]
-        with faults.applied("draft-page-mismatch"):
+        with faults.applied(fault_plan("draft-page-mismatch")):
             assert kcc.KVCacheConfigurator.pool_page_size.fget(fake) == 64
         assert faults.HITS["draft-page-mismatch"] == before + 1
         assert kcc.KVCacheConfigurator.__dict__["pool_page_size"] is prop
     finally:
         kcc.get_schedule = orig_sched
+
+
+def test_a_plan_names_the_release_its_edit_was_made_for_and_survives_the_environment():
+    plan = fault_plan("unaligned-watermark", "0.5.23")
+    assert plan.release == "0.5.23"
+    assert plan.modules == ("sglang.srt.mem_cache.allocation_sizing",)
+    assert "page_aligned_decode_alloc_lens" in plan.patch_yaml
+    assert faults.FaultPlan.from_json(plan.to_json()) == plan
+
+
+def test_the_unaligned_watermark_edits_the_inline_watermark_before_0_5_19():
+    assert fault_plan("unaligned-watermark", "0.5.18").modules == ("sglang.srt.speculative.eagle_utils",)
+    assert "eagle_prepare_for_decode" in fault_plan("unaligned-watermark", "0.5.17").patch_yaml
+
+
+def test_a_fault_without_an_edit_in_a_release_is_refused_with_the_release_reason():
+    with pytest.raises(FaultNotInRelease, match="0.5.12.*not rounded up"):
+        fault_plan("unaligned-watermark", "0.5.12")
+    with pytest.raises(FaultNotInRelease, match="pool_page_size"):
+        fault_plan("draft-page-mismatch", "0.5.16")

@@ -338,11 +338,9 @@ NOTES: list[str] = []
 def _fault_checks(a, _srt, root, _args):
     import importlib
 
-    import yaml
+    from specwatch.inject.faults import FAULTS, hit_expression
 
-    from specwatch.inject.faults import FAULTS, _hit
-
-    edits = {n for n, f in FAULTS.items() if f.yaml is not None}
+    edits = {n for n, f in FAULTS.items() if f.edits_source}
     yield (
         "faults cover the source-patcher faults",
         lambda: (
@@ -376,8 +374,7 @@ def _fault_checks(a, _srt, root, _args):
                 return True  # noted by the match-text check
             from sglang.srt.debug_utils.source_patcher import apply_patches_from_config
 
-            edit = {"match": s.match + "\n", "replacement": s.replacement.format(hit=_hit(n)) + "\n"}
-            states = apply_patches_from_config(yaml.safe_dump({"patches": [{"target": s.target, "edits": [edit]}]}))
+            states = apply_patches_from_config(s.patch_yaml(hit_expression(n)))
             for st in reversed(states):
                 st.restore()
             return True

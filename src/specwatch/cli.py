@@ -428,7 +428,9 @@ def inject(name: Optional[str] = typer.Argument(None, help="Fault to check again
         )
         return
     try:
-        with faults.applied(name):
+        from specwatch.rules.releases import fault_plan
+
+        with faults.applied(fault_plan(name)):
             pass
     except ImportError as e:
         raise SpecwatchInputError(

@@ -84,9 +84,9 @@ class WorkerSpec(BaseModel):
     models_dir: str
     """Where the oracle checkpoints are written and read (``oracle.checkpoints.ensure_models``)."""
     fault: Optional[str] = None
-    """The injected fault (None: a clean run). The probe applies it from ``SPECWATCH_FAULT``, which
-    it reads at interpreter start, before any spec is read; the worker refuses to run when the two
-    disagree (a fault that would not be applied, or one applied unasked)."""
+    """The injected fault (None: a clean run). The runner also names it in ``SPECWATCH_FAULT`` (the
+    worker refuses to run when the two disagree); the worker makes its plan for the installed
+    release and hands it to the probe of every SGLang process (``inject.faults.PLAN_ENV``)."""
     probe: bool = True
     """False: a bare run, no specwatch probe in SGLang's processes (no memory facts are read)."""
     results: str

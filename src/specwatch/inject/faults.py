@@ -1,22 +1,30 @@
 """Named, reversible faults for the installed SGLang: each re-creates a bug class from SGLang's history.
 
-A fault is a set of source edits applied at run time with SGLang's own source patcher
+A fault is a source edit applied at run time with SGLang's own source patcher
 (``sglang.srt.debug_utils.source_patcher``: match text in a function, replace it, swap the
-function's ``__code__``; ``PatchState.restore`` undoes it). Nothing in site-packages is touched.
-In GPU runs the probe applies the fault inside every SGLang process once the target module is
-imported (``SPECWATCH_FAULT=NAME``); in the CPU tier ``applied(NAME)`` patches this process.
+function's ``__code__``; ``PatchState.restore`` undoes it), or a property swap (``Fault.patch``)
+where the patcher cannot reach. Nothing in site-packages is touched.
 
-Edits are written against SGLang 0.5.17; a version where the matched text is gone fails loudly
-(``PatchApplicationError``) instead of silently running clean.
+Where each edit goes moves between SGLang releases, so the edit itself is not kept here: the
+release adapters (``rules.release_ranges``) hold one ``FaultSite`` per fault and release range, and
+``rules.releases.fault_plan`` turns it into a ``FaultPlan`` for one release. In GPU runs the worker
+hands the plan to the probe through ``PLAN_ENV`` and the probe applies it inside every SGLang
+process once the target module is imported; in the CPU tier ``applied(plan)`` patches this
+process. An edit whose matched text is gone fails loudly (``PatchApplicationError``) instead of
+silently running clean.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 from collections import Counter
 from dataclasses import dataclass
 from enum import Enum
 from typing import Callable, Iterator, Optional
+
+PLAN_ENV = "SPECWATCH_FAULT_PLAN"
+"""Environment variable holding the active fault's plan (``FaultPlan.to_json``) for SGLang's processes."""
 
 
 class SimFault(str, Enum):
@@ -44,26 +52,60 @@ def hit(name: str) -> int:
     return 0
 
 
-def _hit(name: str) -> str:
+def hit_expression(name: str) -> str:
     """The statement (or term) an edit adds to count its own runs."""
     return f'__import__("specwatch.inject.faults", fromlist=["hit"]).hit("{name}")'
 
 
+_hit = hit_expression
+
+
 @dataclass(frozen=True)
 class Fault:
-    """One injectable fault."""
+    """One injectable fault: what it re-creates and what should catch it."""
 
     name: str
+    """The fault's name (``--fault NAME``)."""
     recreates: str
-    yaml: Optional[str]
-    """SGLang source-patcher edits, or None when ``patch`` does the work."""
-    modules: tuple[str, ...]
-    """Modules whose import triggers the patch in SGLang's processes."""
+    """The bug class it re-creates, in SGLang's terms."""
     sim_fault: Optional[SimFault] = None
     """The same bug in the CPU allocator simulation, where it has one."""
     expected_flag: str = ""
+    """The metric or check expected to catch it."""
     patch: Optional[Callable[[], Callable[[], None]]] = None
-    """For targets the source patcher cannot edit (properties): patch, return the undo."""
+    """For targets the source patcher cannot edit (properties): patch, return the undo. None for a
+    source edit (its text comes from the release adapter)."""
+    patch_modules: tuple[str, ...] = ()
+    """Modules whose import triggers ``patch`` in SGLang's processes."""
+
+    @property
+    def edits_source(self) -> bool:
+        """Whether the fault is a source-patcher edit (its site is per release)."""
+        return self.patch is None
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    """One fault as one SGLang release needs it applied."""
+
+    name: str
+    """The fault's name."""
+    release: str
+    """The SGLang version the plan was made for."""
+    modules: tuple[str, ...]
+    """Modules whose import triggers the fault in SGLang's processes."""
+    patch_yaml: Optional[str] = None
+    """The source patcher's configuration; None where ``Fault.patch`` does the work."""
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {"name": self.name, "release": self.release, "modules": list(self.modules), "patch_yaml": self.patch_yaml}
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> "FaultPlan":
+        d = json.loads(text)
+        return cls(d["name"], d["release"], tuple(d["modules"]), d.get("patch_yaml"))
 
 
 def _draft_pool_paged_by_server_page() -> Callable[[], None]:
@@ -86,49 +128,23 @@ FAULTS: dict[str, Fault] = {
             name="row-widen-revert",
             recreates="req_to_token row headroom back to 4 + num_draft_tokens for page > 1 (PR #26972 reverted): "
             "the page-aligned tree reserve overruns the row, over-allocated slots are never freed",
-            yaml="""
-patches:
-  - target: sglang.srt.mem_cache.allocation_sizing.get_req_to_token_extra_context_len
-    edits:
-      - match: |
-          if server_args.speculative_algorithm is not None and server_args.page_size > 1:
-        replacement: |
-          """
-            + _hit("row-widen-revert")
-            + """
-          if False:
-""",
-            modules=("sglang.srt.mem_cache.allocation_sizing",),
             sim_fault=SimFault.row_widen_revert,
             expected_flag="CPU: memory model disagrees with SGLang, simulation leaks; GPU: eagle_prepare_for_decode's "
             "row-width assertion (crash) at page>1 topk>1 near the context limit",
         ),
         Fault(
             name="unaligned-watermark",
-            recreates="decode reservation not rounded up to whole pages (the ceil in eagle_prepare_for_decode dropped)",
-            yaml="""
-patches:
-  - target: sglang.srt.speculative.eagle_utils.eagle_prepare_for_decode
-    edits:
-      - match: |
-          (r.kv_committed_len + double_alloc + page_size - 1)
-          // page_size
-          * page_size,
-        replacement: |
-          r.kv_committed_len + double_alloc + 0 * """
-            + _hit("unaligned-watermark")
-            + """,
-""",
-            modules=("sglang.srt.speculative.eagle_utils",),
+            recreates="decode reservation not rounded up to whole pages (the ceil of the page-aligned decode "
+            "watermark dropped: inline in eagle_prepare_for_decode, or in allocation_sizing."
+            "page_aligned_decode_alloc_lens, shared by EAGLE and DFLASH)",
             sim_fault=SimFault.unaligned_watermark,
             expected_flag="leak check after flush (GPU); the CPU simulation's host allocator does not leak on it",
         ),
         Fault(
             name="draft-page-mismatch",
             recreates="draft KV pool paged by the server page while the DCP allocator pages in page*dcp (seed 004)",
-            yaml=None,
             patch=_draft_pool_paged_by_server_page,
-            modules=("sglang.srt.mem_cache.kv_cache_configurator",),
+            patch_modules=("sglang.srt.mem_cache.kv_cache_configurator",),
             sim_fault=SimFault.draft_page_mismatch,
             expected_flag="probe check draft_pool_page_matches_allocator (GPU, dcp>1); CPU simulation: missing draft "
             "rows near full occupancy",
@@ -137,20 +153,6 @@ patches:
             name="no-prefix-tail-dup",
             recreates="prefix partial-tail page not copied into each draft branch (page>1, topk>1): the draft's "
             "expand pass reads stale KV",
-            yaml="""
-patches:
-  - target: sglang.srt.speculative.eagle_worker_common.duplicate_prefix_tail_to_draft_branches
-    edits:
-      - match: |
-          if topk <= 1:
-              return
-        replacement: |
-          """
-            + _hit("no-prefix-tail-dup")
-            + """
-          return
-""",
-            modules=("sglang.srt.speculative.eagle_worker_common",),
             expected_flag="acceptance below the oracle's on the tiny-attn oracle (its draft reads the prefix tail "
             "through attention); invisible to the tiny oracle, whose attention output never "
             "reaches the logits (seen on the H200, 0.5.17)",
@@ -160,20 +162,6 @@ patches:
             recreates="verify reports one token fewer than it accepted (off-by-one between the bonus token and "
             "accept_lens): the scheduler drops each step's last token from the output while the next "
             "draft starts after it",
-            yaml="""
-patches:
-  - target: sglang.srt.speculative.eagle_worker_common.run_eagle_verify
-    edits:
-      - match: |
-          next_draft_input = EagleDraftInput(bonus_tokens=bonus_tokens)
-        replacement: |
-          """
-            + _hit("accept-off-by-one")
-            + """
-          accept_lens = torch.clamp(accept_lens - 1, min=1)
-          next_draft_input = EagleDraftInput(bonus_tokens=bonus_tokens)
-""",
-            modules=("sglang.srt.speculative.eagle_worker_common",),
             expected_flag="lossless check (output skips one chain token per verify step) and acceptance below the "
             "oracle's exact value",
         ),
@@ -188,27 +176,27 @@ def get(name: str) -> Fault:
         raise ValueError(f"unknown fault {name!r}; known: {', '.join(FAULTS)}") from None
 
 
-def apply(name: str) -> list[Callable[[], None]]:
+def apply(plan: FaultPlan) -> list[Callable[[], None]]:
     """Patch this process; returns the undo callables (call in reverse order to restore)."""
     from specwatch.core.sglang_host import _quiet_import
 
-    fault = get(name)
-    for mod in fault.modules:
+    fault = get(plan.name)
+    for mod in plan.modules:
         _quiet_import(mod)
     if fault.patch is not None:
         return [fault.patch()]
     _quiet_import("sglang.srt.debug_utils.source_patcher")
     from sglang.srt.debug_utils.source_patcher import apply_patches_from_config
 
-    return [state.restore for state in apply_patches_from_config(fault.yaml)]
+    return [state.restore for state in apply_patches_from_config(plan.patch_yaml)]
 
 
 @contextlib.contextmanager
-def applied(name: str) -> Iterator[Fault]:
+def applied(plan: FaultPlan) -> Iterator[Fault]:
     """Context manager: the fault is active inside, restored after."""
-    undo = apply(name)
+    undo = apply(plan)
     try:
-        yield get(name)
+        yield get(plan.name)
     finally:
         for u in reversed(undo):
             u()

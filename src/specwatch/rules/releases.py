@@ -4,437 +4,42 @@ specwatch drives the installed SGLang and reads its internals: the host-side siz
 allocator and pool classes (CPU tier, ``core.sglang_host``), the functions its faults edit with
 SGLang's source patcher (``inject.faults``), the scheduler attributes the probe reads
 (``inject.probe``), the engine arguments and ``meta_info`` keys the worker uses (``worker``).
-Those names move between releases. ``ReleaseAdapter`` holds them for a range of releases;
-``adapter_for(version)`` picks the range, and refuses a version outside every known range
-(``UnknownReleaseError``) instead of guessing.
-
-Every value here was read from the release's own wheel (``scripts/fetch_sglang_sources.sh``
-unpacks them; ``tests/test_releases.py`` imports each release's modules and checks every name,
-signature and match text below against them).
+Those names move between releases. ``ReleaseAdapter`` (``rules.release_model``) holds them for a
+range of releases, ``rules.release_ranges.ADAPTERS`` lists the ranges; ``adapter_for(version)``
+picks the range, and refuses a version outside every known range (``UnknownReleaseError``)
+instead of guessing. ``fault_plan`` turns a fault's site in one release into what the probe
+applies, and refuses a fault the release has no edit for (``FaultNotInRelease``), naming why.
 """
 
 from __future__ import annotations
 
-from enum import Enum
 from typing import Optional
 
-from pydantic import BaseModel, ConfigDict
-
 from specwatch.core.errors import SpecwatchInputError
-
-
-class WatermarkSite(str, Enum):
-    """How a release computes the EAGLE decode watermark (``nxt``: the KV length a request is
-    allocated up to before a decode step)."""
-
-    inline_unaligned = "inline-unaligned"
-    """``nxt = max(cur, committed + reserve)`` inside the EAGLE prepare function, no round-up to a
-    whole page: the allocator's partial last page is never recorded (the unaligned-watermark bug
-    class is the release's own behaviour)."""
-    inline_aligned = "inline-aligned"
-    """Rounded up to a whole page inside ``eagle_prepare_for_decode`` itself."""
-    page_aligned_helper = "page-aligned-helper"
-    """``allocation_sizing.page_aligned_decode_alloc_lens``, shared by EAGLE and DFLASH (and, from
-    0.5.20, UNO and the NPU DSv4 allocator): one function computes every caller's watermark."""
-
-
-class SizingArgs(str, Enum):
-    """How SGLang's host-side sizing functions get the server configuration."""
-
-    server_args = "server-args"
-    """They take ``server_args`` as their argument (a duck-typed namespace with the fields they
-    read works: ``memory_model.server_args_for``)."""
-    runtime_context = "runtime-context"
-    """They take no argument and read the published runtime context
-    (``sglang.srt.runtime_context``: ``get_spec()``, ``get_schedule()``, ``get_parallel()``), which
-    ``runtime_context.publish(server_args, role=...)`` fills; a namespace argument is a TypeError."""
-
-
-class ServerArgsFields(str, Enum):
-    """How the names of ``ServerArgs``'s fields can be listed without building one."""
-
-    dataclass = "dataclass"
-    """``ServerArgs`` is a dataclass: ``dataclasses.fields(ServerArgs)``."""
-    signature = "signature"
-    """``ServerArgs`` is assembled from ``arg_groups/fields/`` namespaces and is no dataclass:
-    ``dataclasses.fields`` raises TypeError; ``inspect.signature(ServerArgs).parameters`` lists
-    them."""
-
-
-class FaultSite(BaseModel):
-    """Where one specwatch fault edits a release, in the source patcher's terms."""
-
-    model_config = ConfigDict(frozen=True, use_attribute_docstrings=True)
-
-    target: str
-    """Dotted path of the function the source patcher edits (``module.function`` or
-    ``module.Class.method``)."""
-    module: str
-    """Module whose import triggers the patch in SGLang's processes (``Fault.modules``)."""
-    match: str
-    """Lines the patcher finds in the target's source (compared stripped, must occur exactly once)."""
-    replacement: str
-    """Lines that replace ``match``; ``{hit}`` stands for the fault's hit-count expression
-    (``inject.faults._hit(name)``, which evaluates to 0)."""
-
-
-class ReleaseAdapter(BaseModel):
-    """What specwatch needs to know about one range of SGLang releases (inclusive bounds)."""
-
-    model_config = ConfigDict(frozen=True, use_attribute_docstrings=True)
-
-    first: str
-    """First release of the range (``0.5.X``)."""
-    last: str
-    """Last release of the range (``0.5.X``)."""
-    torch_pin: str
-    """The ``torch==`` version the release's wheel requires (its ``Requires-Dist``)."""
-
-    accept_histogram_key: Optional[str]
-    """``meta_info`` key of the per-request acceptance histogram under its old name
-    (``spec_accept_histogram``); None where the release no longer sends it."""
-    correct_drafts_histogram_key: str
-    """``meta_info`` key of the same histogram under its current name (sent by every known
-    release): index i counts verify steps that accepted i draft tokens."""
-
-    sizing_module: str
-    """Module holding the per-decode sizing functions."""
-    alloc_len_fn: str
-    """Dotted path of the KV length one request may allocate per decode step."""
-    alloc_reserve_fn: Optional[str]
-    """Dotted path of the per-decode reserve (2 x alloc len); None where the release has none
-    (the caller doubles the alloc len inline)."""
-    extra_context_len_fn: Optional[str]
-    """Dotted path of the req_to_token row headroom past the context length; None where the row
-    is sized inline (``row_sizing_site``)."""
-    alloc_page_size_fn: Optional[str]
-    """Dotted path of the allocator page (server page x DCP size) the sizing functions round to;
-    None where they round to the server page."""
-    sizing_args: SizingArgs
-    """How the sizing functions (and ``reserved_tokens_fn``) get the configuration."""
-    reserved_tokens_fn: Optional[str]
-    """Dotted path of the admission reserve per request (``compute_num_reserved_tokens``); None
-    where ``TokenizerManager.__init__`` computes ``num_reserved_tokens`` inline."""
-    row_sizing_site: str
-    """Where the req_to_token row width is decided (``path.py:function`` inside ``sglang/srt``)."""
-
-    watermark: WatermarkSite
-    """How the decode watermark is computed."""
-    watermark_function: str
-    """Dotted path of the function that computes the watermark."""
-    watermark_callers: tuple[str, ...]
-    """Dotted paths of the spec-decode functions that call ``watermark_function`` (itself where the
-    watermark is inline)."""
-
-    req_to_token_pool_class: str
-    """Dotted path of ``ReqToTokenPool`` (built on the ``meta`` device by the CPU tier with
-    ``size``, ``max_context_len``, ``device``, ``enable_memory_saver``)."""
-    paged_allocator_module: str
-    """Module holding ``PagedTokenToKVPoolAllocator`` and ``alloc_extend_naive``."""
-    token_allocator_class: str
-    """Dotted path of the page-1 ``TokenToKVPoolAllocator``."""
-    num_new_pages_fn: str
-    """Dotted path of ``get_num_new_pages`` (the paged allocator's page count per extend)."""
-    kv_cache_configurator_class: Optional[str]
-    """Dotted path of ``KVCacheConfigurator`` (pool construction); None before it exists."""
-    draft_pool_page_size_property: bool
-    """Whether ``KVCacheConfigurator.pool_page_size`` is a property reading
-    ``kv_cache_configurator.get_schedule().page_size`` (what the draft-page-mismatch fault swaps)."""
-
-    server_args_fields: ServerArgsFields
-    """How ``ServerArgs``'s field names are listed."""
-    renamed_args: dict[str, str]
-    """Engine arguments specwatch passes under one name -> this release's name for the setting."""
-    absent_args: frozenset[str]
-    """Engine arguments specwatch may pass that this release's ``ServerArgs`` lacks (under any
-    name)."""
-    arg_validation_files: tuple[str, ...]
-    """Files (under ``sglang/``) whose checks refuse an engine's arguments before it starts."""
-    page_tree_spec_backends_site: Optional[str]
-    """``path.py:function`` whose ``_PAGE_TREE_SPEC_BACKENDS`` lists the backends that allow
-    topk > 1 on paged KV; None where the release has no such list."""
-
-    leak_counters_on: str
-    """Object holding ``count_memory_leak_warnings`` / ``count_req_pool_leak_warnings``:
-    ``invariant_checker`` (the scheduler's ``invariant_checker`` attribute) or ``scheduler``."""
-    scheduler_startup_time: bool
-    """Whether the scheduler keeps ``startup_time`` and ``scheduler_startup_begin``."""
-
-    faults: dict[str, FaultSite]
-    """Each source-patcher fault that has an edit in this range, by fault name (draft-page-mismatch
-    is a property swap, not a source edit: ``draft_pool_page_size_property``)."""
-    faults_absent: dict[str, str]
-    """Each source-patcher fault without an edit in this range, by name -> why."""
-
-
-_ARGS_OLD_NAMES = {
-    "cuda_graph_max_bs_decode": "cuda_graph_max_bs",
-    "disable_prefill_cuda_graph": "disable_piecewise_cuda_graph",
-}
-_ARG_FILES_OLD = ("srt/server_args.py",)
-_ARG_FILES = ("srt/server_args.py", "srt/arg_groups/")
-
-
-def _row_widen(target: str, match: str) -> FaultSite:
-    """row-widen-revert: the condition that widens the row for paged spec decode made false."""
-    return FaultSite(target=target, module=target.rsplit(".", 1)[0], match=match, replacement="{hit}\nif False:")
-
-
-def _tail_dup(module: str) -> FaultSite:
-    """no-prefix-tail-dup: the prefix tail copy returns before copying, for every topk."""
-    return FaultSite(
-        target=f"{module}.duplicate_prefix_tail_to_draft_branches",
-        module=module,
-        match="if topk <= 1:\n    return",
-        replacement="{hit}\nreturn",
-    )
-
-
-def _off_by_one(target: str) -> FaultSite:
-    """accept-off-by-one: accept_lens one short right before the next draft input is built."""
-    return FaultSite(
-        target=target,
-        module=target.rsplit(".", 2)[0] if "EAGLEWorkerV2" in target else target.rsplit(".", 1)[0],
-        match="next_draft_input = EagleDraftInput(bonus_tokens=bonus_tokens)",
-        replacement="{hit}\naccept_lens = torch.clamp(accept_lens - 1, min=1)\n"
-        "next_draft_input = EagleDraftInput(bonus_tokens=bonus_tokens)",
-    )
-
-
-_S = "sglang.srt."
-_UNALIGNED_INLINE = FaultSite(
-    target=_S + "speculative.eagle_utils.eagle_prepare_for_decode",
-    module=_S + "speculative.eagle_utils",
-    match="(r.kv_committed_len + double_alloc + page_size - 1)\n// page_size\n* page_size,",
-    replacement="r.kv_committed_len + double_alloc + 0 * {hit},",
+from specwatch.inject.faults import FaultPlan, get, hit_expression
+from specwatch.rules.release_model import (
+    FaultSite,
+    ReleaseAdapter,
+    ServerArgsFields,
+    SizingArgs,
+    WatermarkSite,
 )
-_UNALIGNED_HELPER = FaultSite(
-    target=_S + "mem_cache.allocation_sizing.page_aligned_decode_alloc_lens",
-    module=_S + "mem_cache.allocation_sizing",
-    match="(r.kv.kv_committed_len + reserve + page_size - 1) // page_size * page_size,",
-    replacement="r.kv.kv_committed_len + reserve + 0 * {hit},",
-)
+from specwatch.rules.release_ranges import ADAPTERS
 
-
-def _common(**kw) -> dict:
-    """Fields most ranges share; each range overrides what differs."""
-    base = dict(
-        correct_drafts_histogram_key="spec_correct_drafts_histogram",
-        accept_histogram_key="spec_accept_histogram",
-        req_to_token_pool_class=_S + "mem_cache.memory_pool.ReqToTokenPool",
-        paged_allocator_module=_S + "mem_cache.allocator.paged",
-        token_allocator_class=_S + "mem_cache.allocator.token.TokenToKVPoolAllocator",
-        num_new_pages_fn=_S + "utils.common.get_num_new_pages",
-        server_args_fields=ServerArgsFields.dataclass,
-        renamed_args={},
-        absent_args=frozenset(),
-        arg_validation_files=_ARG_FILES,
-        leak_counters_on="invariant_checker",
-        scheduler_startup_time=True,
-    )
-    base.update(kw)
-    return base
-
-
-_NO_ROUND_UP = "the release's watermark is not rounded up to whole pages: the bug class is its own behaviour"
-_SIZING_013 = _S + "mem_cache.common"
-_SIZING = _S + "mem_cache.allocation_sizing"
-_WORKER_V2_VERIFY = _S + "speculative.eagle_worker_v2.EAGLEWorkerV2.verify"
-_RUN_EAGLE_VERIFY = _S + "speculative.eagle_worker_common.run_eagle_verify"
-_PREPARE_V2 = _S + "speculative.eagle_info_v2.EagleDraftInputV2Mixin.prepare_for_decode"
-_PREPARE = _S + "speculative.eagle_utils.eagle_prepare_for_decode"
-_HELPER = _SIZING + ".page_aligned_decode_alloc_lens"
-_HELPER_CALLERS = (_PREPARE, _S + "speculative.dflash_info_v2.DFlashDraftInputV2.prepare_for_decode")
-_ROW_SA = "if server_args.speculative_algorithm is not None and server_args.page_size > 1:"
-_ROW_SPEC = "if get_spec().speculative_algorithm is not None and page_size > 1:"
-_ROW_UNO = "if page_size > 1 or spec_algo.is_uno():"
-_ROW_013 = "server_args.speculative_algorithm is not None\nand server_args.page_size > 1"
-
-
-def _sizing(
-    module: str, sizing_args: SizingArgs, reserve: bool = True, page_fn: bool = False, reserved: bool = True
-) -> dict:
-    """The sizing fields of a range whose sizing functions live in ``module``."""
-    return dict(
-        sizing_module=module,
-        alloc_len_fn=f"{module}.get_alloc_len_per_decode",
-        alloc_reserve_fn=f"{module}.get_alloc_reserve_per_decode" if reserve else None,
-        extra_context_len_fn=f"{module}.get_req_to_token_extra_context_len" if reserve else None,
-        alloc_page_size_fn=f"{module}.get_alloc_page_size" if page_fn else None,
-        sizing_args=sizing_args,
-        reserved_tokens_fn=_S + "managers.utils.compute_num_reserved_tokens" if reserved else None,
-        row_sizing_site="mem_cache/kv_cache_configurator.py:KVCacheConfigurator._build_req_to_token_pool"
-        if module == _SIZING
-        else "model_executor/model_runner_kv_cache_mixin.py:_init_pools",
-    )
-
-
-def _later_faults(row_match: str, unaligned: FaultSite) -> dict:
-    """The fault edits of 0.5.16 on (eagle_worker_common holds the EAGLE worker's shared code)."""
-    return dict(
-        faults={
-            "row-widen-revert": _row_widen(_SIZING + ".get_req_to_token_extra_context_len", row_match),
-            "unaligned-watermark": unaligned,
-            "no-prefix-tail-dup": _tail_dup(_S + "speculative.eagle_worker_common"),
-            "accept-off-by-one": _off_by_one(_RUN_EAGLE_VERIFY),
-        },
-        faults_absent={},
-    )
-
-
-_KCC = _S + "mem_cache.kv_cache_configurator.KVCacheConfigurator"
-_TREE_HOOK = "srt/arg_groups/speculative_hook.py:_handle_eagle_family"
-
-ADAPTERS: tuple[ReleaseAdapter, ...] = (
-    ReleaseAdapter(
-        **_common(
-            first="0.5.12",
-            last="0.5.12",
-            torch_pin="2.11.0",
-            **_sizing(_S + "managers.utils", SizingArgs.server_args, reserve=False, reserved=False),
-            watermark=WatermarkSite.inline_unaligned,
-            watermark_function=_PREPARE_V2,
-            watermark_callers=(_PREPARE_V2,),
-            paged_allocator_module=_S + "mem_cache.allocator",
-            token_allocator_class=_S + "mem_cache.allocator.TokenToKVPoolAllocator",
-            kv_cache_configurator_class=None,
-            draft_pool_page_size_property=False,
-            renamed_args=_ARGS_OLD_NAMES,
-            absent_args=frozenset({"dcp_size"}),
-            arg_validation_files=_ARG_FILES_OLD,
-            page_tree_spec_backends_site=None,
-            leak_counters_on="scheduler",
-            scheduler_startup_time=False,
-            faults={},
-            faults_absent={
-                "row-widen-revert": "rows are 4 + num_draft_tokens wide whatever the reserve "
-                "(model_runner_kv_cache_mixin.py): the reverted sizing is the release's own",
-                "unaligned-watermark": _NO_ROUND_UP,
-                "no-prefix-tail-dup": "no duplicate_prefix_tail_to_draft_branches in this release",
-                "accept-off-by-one": "EAGLEWorkerV2.verify builds new_seq_lens from accept_lens before the draft "
-                "input: no line matches the edit",
-            },
-        )
-    ),
-    *(
-        ReleaseAdapter(
-            **_common(
-                first=f"0.5.{x}",
-                last=f"0.5.{x}",
-                torch_pin="2.11.0",
-                **_sizing(_SIZING_013, SizingArgs.server_args, reserved=False),
-                watermark=WatermarkSite.inline_unaligned,
-                watermark_function=_PREPARE if x == 15 else _PREPARE_V2,
-                watermark_callers=(_PREPARE if x == 15 else _PREPARE_V2,),
-                kv_cache_configurator_class=None,
-                draft_pool_page_size_property=False,
-                renamed_args=_ARGS_OLD_NAMES if x == 13 else {},
-                absent_args=frozenset() if x == 15 else frozenset({"dcp_size"}),
-                page_tree_spec_backends_site=_TREE_HOOK,
-                scheduler_startup_time=False,
-                faults={
-                    "row-widen-revert": FaultSite(
-                        target=_SIZING_013 + ".get_req_to_token_extra_context_len",
-                        module=_SIZING_013,
-                        match=_ROW_013,
-                        replacement="{hit} != 0\nand server_args.page_size > 1",
-                    ),
-                    "no-prefix-tail-dup": _tail_dup(
-                        _S + ("speculative.eagle_info_v2" if x == 13 else "speculative.base_spec_worker")
-                    ),
-                    "accept-off-by-one": _off_by_one(_WORKER_V2_VERIFY),
-                },
-                faults_absent={"unaligned-watermark": _NO_ROUND_UP},
-            )
-        )
-        for x in (13, 14, 15)
-    ),
-    ReleaseAdapter(
-        **_common(
-            first="0.5.16",
-            last="0.5.16",
-            torch_pin="2.11.0",
-            scheduler_startup_time=False,
-            **_sizing(_SIZING, SizingArgs.server_args, reserved=False),
-            watermark=WatermarkSite.inline_aligned,
-            watermark_function=_PREPARE,
-            watermark_callers=(_PREPARE,),
-            kv_cache_configurator_class=_KCC,
-            draft_pool_page_size_property=False,
-            page_tree_spec_backends_site=_TREE_HOOK,
-            **_later_faults(_ROW_SA, _UNALIGNED_INLINE),
-        )
-    ),
-    ReleaseAdapter(
-        **_common(
-            first="0.5.17",
-            last="0.5.17",
-            torch_pin="2.11.0",
-            **_sizing(_SIZING, SizingArgs.server_args),
-            watermark=WatermarkSite.inline_aligned,
-            watermark_function=_PREPARE,
-            watermark_callers=(_PREPARE,),
-            kv_cache_configurator_class=_KCC,
-            draft_pool_page_size_property=True,
-            page_tree_spec_backends_site=_TREE_HOOK,
-            **_later_faults(_ROW_SA, _UNALIGNED_INLINE),
-        )
-    ),
-    ReleaseAdapter(
-        **_common(
-            first="0.5.18",
-            last="0.5.18",
-            torch_pin="2.13.0",
-            **_sizing(_SIZING, SizingArgs.runtime_context),
-            watermark=WatermarkSite.inline_aligned,
-            watermark_function=_PREPARE,
-            watermark_callers=(_PREPARE,),
-            kv_cache_configurator_class=_KCC,
-            draft_pool_page_size_property=True,
-            page_tree_spec_backends_site=_TREE_HOOK,
-            **_later_faults(_ROW_SPEC, _UNALIGNED_INLINE),
-        )
-    ),
-    ReleaseAdapter(
-        **_common(
-            first="0.5.19",
-            last="0.5.19",
-            torch_pin="2.13.0",
-            **_sizing(_SIZING, SizingArgs.runtime_context, page_fn=True),
-            watermark=WatermarkSite.page_aligned_helper,
-            watermark_function=_HELPER,
-            watermark_callers=_HELPER_CALLERS,
-            kv_cache_configurator_class=_KCC,
-            draft_pool_page_size_property=True,
-            page_tree_spec_backends_site=_TREE_HOOK,
-            **_later_faults(_ROW_SPEC, _UNALIGNED_HELPER),
-        )
-    ),
-    *(
-        ReleaseAdapter(
-            **_common(
-                first=first,
-                last=last,
-                torch_pin=torch,
-                **_sizing(_SIZING, SizingArgs.runtime_context, page_fn=True),
-                accept_histogram_key="spec_accept_histogram" if first == "0.5.20" else None,
-                watermark=WatermarkSite.page_aligned_helper,
-                watermark_function=_HELPER,
-                watermark_callers=_HELPER_CALLERS,
-                kv_cache_configurator_class=_KCC,
-                draft_pool_page_size_property=True,
-                server_args_fields=ServerArgsFields.signature,
-                page_tree_spec_backends_site=_TREE_HOOK,
-                **_later_faults(_ROW_UNO, _UNALIGNED_HELPER),
-            )
-        )
-        for first, last, torch in (
-            ("0.5.20", "0.5.20", "2.13.0"),
-            ("0.5.21", "0.5.21", "2.13.0"),
-            ("0.5.22", "0.5.23", "2.14.1"),
-        )
-    ),
-)
+__all__ = [
+    "ADAPTERS",
+    "FaultNotInRelease",
+    "FaultSite",
+    "ReleaseAdapter",
+    "ServerArgsFields",
+    "SizingArgs",
+    "UnknownReleaseError",
+    "WatermarkSite",
+    "adapter_for",
+    "fault_plan",
+    "installed_version",
+    "releases",
+]
 
 
 class UnknownReleaseError(SpecwatchInputError):
@@ -477,3 +82,40 @@ def releases() -> list[str]:
         lo, hi = _release(a.first), _release(a.last)
         out += [".".join(map(str, lo[:-1] + (p,))) for p in range(lo[-1], hi[-1] + 1)]
     return out
+
+
+class FaultNotInRelease(SpecwatchInputError):
+    """A fault the release has no edit for: running it would measure the release clean and call
+    the fault not caught."""
+
+
+def installed_version() -> str:
+    """The installed SGLang's version, from its distribution metadata (no import of SGLang)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("sglang")
+    except PackageNotFoundError:
+        raise SpecwatchInputError(None, "SGLang is not installed here", field="sglang version") from None
+
+
+def fault_plan(name: str, version: Optional[str] = None) -> FaultPlan:
+    """Fault ``name`` as SGLang ``version`` (default: the installed one) needs it applied. Raises
+    ``FaultNotInRelease`` with the adapter's reason where the release has no edit for it, and
+    ``ValueError`` for an unknown fault."""
+    fault = get(name)
+    version = version or installed_version()
+    a = adapter_for(version)
+    if not fault.edits_source:
+        if name == "draft-page-mismatch" and not a.draft_pool_page_size_property:
+            raise FaultNotInRelease(
+                None,
+                f"SGLang {version} has no KVCacheConfigurator.pool_page_size property for draft-page-mismatch to swap",
+                field=name,
+            )
+        return FaultPlan(name, version, fault.patch_modules)
+    site = a.faults.get(name)
+    if site is None:
+        why = a.faults_absent.get(name, "no edit known for this release")
+        raise FaultNotInRelease(None, f"no edit in SGLang {version}: {why}", field=name)
+    return FaultPlan(name, version, (site.module,), site.patch_yaml(hit_expression(name)))

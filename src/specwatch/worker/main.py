@@ -13,11 +13,14 @@ from pydantic import BaseModel, ValidationError
 
 from specwatch.core import lifeline
 from specwatch.core.case import Case, Workload
+from specwatch.core.errors import SpecwatchInputError
 from specwatch.core.protocol import CaseLine, EngineFacts, EngineStarted, WorkerSpec, dump_line
 from specwatch.core.record import Status
 from specwatch.core.timing_lock import PARALLEL_ENV, WorkerTimingLock
+from specwatch.inject.faults import PLAN_ENV
 from specwatch.oracle.checkpoints import ensure_models
 from specwatch.rules.pools import pool_checks
+from specwatch.rules.releases import FaultNotInRelease, fault_plan, installed_version
 from specwatch.worker.engine_args import (
     engine_kwargs,
     fit_server_args,
@@ -27,15 +30,9 @@ from specwatch.worker.engine_args import (
     server_facts,
     sglang_refusal,
 )
-from specwatch.worker.measure import (
-    MetricSet,
-    flush_cache,
-    host_load,
-    memory_and_leaks,
-    now,
-    run_case,
-    run_multi_turn,
-)
+from specwatch.worker.measure import MetricSet, flush_cache, host_load, now, run_case
+from specwatch.worker.memory_facts import memory_and_leaks
+from specwatch.worker.multi_turn import run_multi_turn
 from specwatch.worker.near_full import kv_pool_tokens
 
 FAULT_ENV = "SPECWATCH_FAULT"
@@ -100,6 +97,8 @@ def main(spec_path: str, child: bool = False) -> int:
         )
         _report_all(emit, spec.cases, Status.failed, reason, None)
         return 0
+    if spec.fault and not plan_fault(spec, emit):
+        return 0
     lock = WorkerTimingLock()
     lock.starting(emit)
     run = start_engine(spec, emit)
@@ -120,6 +119,38 @@ def main(spec_path: str, child: bool = False) -> int:
         pass
     lock.release()
     return 0
+
+
+def plan_fault(spec: WorkerSpec, emit: Emitter) -> bool:
+    """Make the spec's fault's plan for the installed SGLang release and hand it to the probe of
+    every SGLang process this worker starts (``PLAN_ENV``; this process's probe too). A release with
+    no edit for the fault gets every case ``skipped`` with the adapter's reason, an unknown release
+    every case ``failed`` naming it: neither is run and read as "not caught". False: nothing to run."""
+    import sys
+
+    try:
+        plan = fault_plan(spec.fault, _sglang_version())
+    except FaultNotInRelease as e:
+        _report_all(emit, spec.cases, Status.skipped, e.message, None)
+        return False
+    except SpecwatchInputError as e:
+        _report_all(emit, spec.cases, Status.failed, f"fault {spec.fault}: {e.message}", None)
+        return False
+    os.environ[PLAN_ENV] = plan.to_json()
+    probe = sys.modules.get("sitecustomize")
+    if probe is not None and hasattr(probe, "_register_fault"):
+        probe._register_fault(os.environ[PLAN_ENV])
+    return True
+
+
+def _sglang_version() -> str:
+    """The SGLang this worker drives: the imported module's version, else its distribution's."""
+    try:
+        import sglang
+
+        return getattr(sglang, "__version__", None) or installed_version()
+    except ImportError:
+        return installed_version()
 
 
 def _report_all(emit: Emitter, cases: list[Case], status: Status, reason: str, tail: Optional[str]) -> None:

@@ -25,14 +25,26 @@ from specwatch.oracle.predict import NgramCorpusModel, Oracle
 from specwatch.oracle.prompts import (
     OutputDigest,
     prompt_starts,
-    timed_starts,
     timed_tag,
 )
 from specwatch.oracle.shapes import SHAPES
-from specwatch.rules.memory_model import sglang_sizing
-from specwatch.rules.pools import pool_checks, radix_cache_tokens, req_to_token_vs_model
+from specwatch.rules.releases import adapter_for
 from specwatch.worker.engine_args import greedy_sampling, server_facts
 from specwatch.worker.near_full import MIN_DECODE_SHARE, near_full_extension
+
+
+def histogram_key() -> str:
+    """The ``meta_info`` key of the running SGLang's per-request acceptance histogram (its release
+    adapter's; the old ``spec_accept_histogram`` alias is gone from 0.5.21)."""
+    from specwatch.rules.releases import installed_version
+
+    try:
+        import sglang
+
+        version = getattr(sglang, "__version__", None) or installed_version()
+    except ImportError:
+        version = installed_version()
+    return adapter_for(version).correct_drafts_histogram_key
 
 
 def now() -> str:
@@ -75,71 +87,6 @@ def mismatched_tokens(output_ids: list[int], expected: list[int]) -> int:
 def matches_oracle(measured: list[float], expected: list[float]) -> bool:
     """Every repeat's acceptance length equal to its oracle value (relative 1e-6: float noise only)."""
     return all(abs(m - e) <= 1e-6 * e for m, e in zip(measured, expected, strict=True))
-
-
-def run_multi_turn(engine, case: Case, repeats: int, warmup: bool) -> dict:
-    """Long-prompt multi-turn: each repeat is one batch per turn (``Case.prompt_lens``), sent in order,
-    every prompt a prefix of the oracle chain that contains the previous turn's prompt and answer
-    (so the radix cache serves it) plus new tokens. Outputs, acceptance and the share of prompt
-    tokens the cache served are recorded per repeat; timing covers the whole conversation."""
-    oracle = Oracle(SHAPES[case.model], 0, case.profile)
-    sp = greedy_sampling(case)
-    lens = case.prompt_lens()
-    if warmup:
-        starts = prompt_starts(case, "warmup", case.batch_size)
-        engine.generate(input_ids=[oracle.chain(s, lens[0]) for s in starts], sampling_params=sp)
-    tps, walls, als, expected_als, hit_shares = [], [], [], [], []
-    mismatches, digest = 0, OutputDigest()
-    draft_oracle = draft_oracle_for(case, oracle)
-    for starts in timed_starts(case, repeats):
-        chains = [oracle.chain(s, lens[-1] + case.output_len) for s in starts]
-        n_out, wall, al_turns, exp_turns, cached, later_prompt = 0, 0.0, [], [], 0, 0
-        for t, n in enumerate(lens):
-            t0 = time.perf_counter()
-            outs = engine.generate(input_ids=[c[:n] for c in chains], sampling_params=sp)
-            wall += time.perf_counter() - t0
-            for o, c in zip(outs, chains):
-                exp = c[n : n + case.output_len]
-                digest.add(o["output_ids"])
-                mismatches += mismatched_tokens(o["output_ids"], exp)
-                n_out += len(o["output_ids"])
-                m = o["meta_info"]
-                al_turns.append(m.get("spec_accept_length", 0.0))
-                if draft_oracle is not None:
-                    exp_turns.append(expected_accept_length(draft_oracle, case, exp))
-                if t > 0:
-                    cached += m.get("cached_tokens", 0)
-                    later_prompt += n
-        walls.append(wall)
-        tps.append(n_out / wall)
-        als.append(statistics.mean(al_turns))
-        if exp_turns:
-            expected_als.append(statistics.mean(exp_turns))
-        hit_shares.append(cached / max(later_prompt, 1))
-    med = statistics.median
-    metrics = MetricSet()
-    metrics.put("output_throughput", med(tps), "tokens/s", tps, higher_is_better=True)
-    metrics.put("wall_time", med(walls), "s", walls, higher_is_better=False)
-    metrics.put(
-        "accept_length",
-        med(als),
-        "tokens/verify",
-        als,
-        expected=med(expected_als) if expected_als else None,
-        exact=True,
-        higher_is_better=True,
-    )
-    metrics.put("lossless_mismatches", mismatches, "tokens", exact=True, higher_is_better=False)
-    # prompt tokens of turns 2.. served by the radix cache (the previous turn's prompt + answer)
-    metrics.put("prefix_cache_hit_share", med(hit_shares), "1", hit_shares, higher_is_better=True)
-    checks = {"lossless": mismatches == 0}
-    if expected_als:
-        checks["accept_length_matches_oracle"] = matches_oracle(als, expected_als)
-    return {
-        "metrics": metrics,
-        "checks": checks,
-        "details": {"output_digest": digest.hexdigest(), "turn_prompt_lens": lens},
-    }
 
 
 NGRAM_ONE_PREFILL_TOKENS = 8192
@@ -255,6 +202,7 @@ class CaseTally:
         self.mismatches = 0
         self.digest = OutputDigest()
         self.hist = None
+        self.hist_key = histogram_key()
         self.flush_failures = self.flush_refusals = 0  # SGLang refuses a flush until idle: retried
 
     def fresh_cache(self, engine) -> None:
@@ -283,7 +231,7 @@ class CaseTally:
         if decode_s is not None:
             self.step_ms.append(1e3 * decode_s / max(vct, 1))
             self.itl_ms.append(1e3 * decode_s / max(case.output_len - 1, 1))
-        self.hist = metas[0].get("spec_accept_histogram", self.hist)
+        self.hist = metas[0].get(self.hist_key, self.hist)
 
     def metrics(self) -> MetricSet:
         med, b, m = statistics.median, self.case.batch_size, MetricSet()
@@ -389,104 +337,3 @@ def _timed_repeat(
     outs = engine.generate(input_ids=batch, sampling_params=sp)
     tally.add_batch(outs, expected, time.perf_counter() - t, prefill_s)
     return expected, starts
-
-
-def memory_and_leaks(engine, case: Case) -> tuple[dict, dict, dict]:
-    """After a case: flush, read the probe's facts and judge them (leaks, pools, occupancy, the
-    memory model and SGLang's own sizing); returns (metrics, checks, details)."""
-    ok_flush, flush_refusals = flush_cache(engine)
-    facts = server_facts(engine)
-    sw = facts["specwatch"]
-    metrics, checks, coverage, sizing_details = MetricSet(), {}, {}, None
-    if "allocator" in sw:
-        coverage = _pool_facts(sw, metrics, checks)
-        if sw.get("occupancy") and sw["occupancy"].get("batches"):
-            _occupancy_metrics(sw["occupancy"], metrics)
-        if "fault_code_runs" in sw:
-            # a fault run whose edited code never ran in this case could not have been caught
-            metrics.put("fault_code_runs", sw["fault_code_runs"], "calls", exact=False, higher_is_better=None)
-        warn = sw.get("leak_warnings") or {}
-        if any(v is not None for v in warn.values()):
-            # SGLang's own idle leak check (strict by default: a leak would have crashed the scheduler)
-            checks["sglang_idle_check_clean"] = not any(warn.values())
-        if sw.get("cuda"):
-            metrics.put("peak_gpu_memory", sw["cuda"]["max_allocated"], "bytes", higher_is_better=False)
-        sizing_details = _sizing_checks(case, sw["req_to_token"], facts.get("version"), metrics, checks)
-    checks["flush_cache"] = ok_flush
-    return (
-        metrics,
-        checks,
-        {
-            "probe": sw,
-            "pool_coverage": coverage,
-            "sglang_sizing": sizing_details,
-            "engine_memory_usage": facts.get("memory_usage"),
-            "leak_check_flush_refusals": flush_refusals,
-        },
-    )
-
-
-def _pool_facts(sw: dict, metrics: MetricSet, checks: dict) -> dict:
-    """Leaks of KV slots and req slots, the pools' sizes and their coverage of the allocator;
-    returns the coverage (``rules.pools.pool_checks``)."""
-    a, r = sw["allocator"], sw["req_to_token"]
-    capacity_pages = a["num_pages"]
-    free_pages = a["unique_free_pages"] if a["unique_free_pages"] is not None else a["free_pages"]
-    # After a flush the cache holds nothing; if the flush was refused, what it holds is not a leak.
-    leaked = (capacity_pages - free_pages) * a["page_size"] - radix_cache_tokens(sw)
-    metrics.put("leaked_tokens", leaked, "tokens", exact=True, higher_is_better=False)
-    metrics.put("leaked_req_slots", r["size"] - r["free_slots"], "slots", exact=True, higher_is_better=False)
-    checks["no_kv_leak"] = leaked == 0
-    checks["no_req_slot_leak"] = r["size"] == r["free_slots"]
-    checks["no_double_free"] = a["unique_free_pages"] in (None, a["free_pages"])
-    metrics.put("req_to_token_row_width", r["row_width"], "tokens", exact=True)
-    metrics.put("req_to_token_bytes", r["bytes"], "bytes", exact=True, higher_is_better=False)
-    metrics.put("allocator_page_size", a["page_size"], "tokens", exact=True)
-    # token slots the allocator hands out: with DCP, max_total_tokens x dcp virtual slots, while
-    # kv_pool_tokens below is the target pool of one rank
-    metrics.put("allocator_tokens", a["size"], "tokens", exact=True)
-    if sw.get("target_kv_pool"):
-        tp = sw["target_kv_pool"]
-        metrics.put("kv_pool_tokens", tp["size"], "tokens", exact=True)
-        if tp.get("bytes"):
-            metrics.put("kv_pool_bytes", tp["bytes"], "bytes", exact=True, higher_is_better=False)
-    dp = sw.get("draft_kv_pool")
-    if dp and dp.get("bytes"):
-        metrics.put("draft_kv_pool_bytes", dp["bytes"], "bytes", exact=True, higher_is_better=False)
-    pool_metrics, pool_verdicts, coverage = pool_checks(sw)
-    metrics.update(pool_metrics)
-    checks.update(pool_verdicts)
-    return coverage
-
-
-def _occupancy_metrics(occ: dict, metrics: MetricSet) -> None:
-    """How full the KV pool ran during the case, per batch (the probe samples every batch)."""
-    metrics.put("peak_token_usage", occ["peak"], "1", exact=False, higher_is_better=None)
-    metrics.put("near_full_batch_share", occ["near_full"] / occ["batches"], "1")
-    if occ.get("decode_batches"):
-        # decode steps only (prefill chunks and the prefill-only batches run below it by design)
-        metrics.put("near_full_decode_share", occ["decode_near_full"] / occ["decode_batches"], "1")
-    if "probe_s" in occ:
-        # what the probe's per-batch sample itself costs (timed inside the scheduler): the
-        # harness-overhead bound that engine-to-engine noise cannot blur (specwatch overhead)
-        metrics.put("probe_time_per_batch", occ["probe_s"] / occ["batches"] * 1e6, "us", higher_is_better=False)
-    if "retracted_requests" in occ:
-        # requests SGLang took out of a decode batch for lack of KV slots (each one then reruns)
-        metrics.put("retracted_requests", occ["retracted_requests"], "requests", exact=True, higher_is_better=False)
-
-
-def _sizing_checks(case: Case, r: dict, version, metrics: MetricSet, checks: dict) -> dict:
-    """The CPU-tier memory model next to the real req_to_token, and the running SGLang's own sizing
-    functions on the same inputs: when a row width moves between versions, this says whether the
-    sizing rule moved or something else did. Returns the sizing's details."""
-    inputs, model, checks["req_to_token_matches_model"] = req_to_token_vs_model(
-        case, r["size"], r["row_width"], r["bytes"], version
-    )
-    metrics.put("model_req_to_token_bytes", model.req_to_token_bytes, "bytes", exact=True)
-    try:
-        own = sglang_sizing(inputs)
-    except Exception as e:  # an older SGLang without the sizing module
-        return {"error": f"{type(e).__name__}: {e}"[:300]}
-    metrics.put("sglang_alloc_len_per_decode", own.alloc_len_per_decode, "tokens", exact=True)
-    checks["req_to_token_matches_sglang_sizing"] = own.req_to_token_row_width == r["row_width"]
-    return own.as_dict()

@@ -4,8 +4,8 @@ It patches nothing on disk. After ``sglang.srt.managers.scheduler`` is imported 
 ``Scheduler.get_internal_state`` so that ``Engine.get_server_info()["internal_states"][i]
 ["specwatch"]`` carries facts read from the real objects in the scheduler process: the
 req_to_token tensor, the token-to-KV allocator, the target and draft KV pools, the tree cache,
-and CUDA memory. ``SPECWATCH_FAULT=NAME`` applies a specwatch fault (``specwatch.inject.faults``) the
-same way. ``on_import`` is the one hook mechanism; set SPECWATCH_PROBE=0 to disable.
+and CUDA memory. ``SPECWATCH_FAULT_PLAN`` (a ``specwatch.inject.faults.FaultPlan`` the worker makes
+for the installed release) applies a specwatch fault the same way. ``on_import`` is the one hook mechanism; set SPECWATCH_PROBE=0 to disable.
 """
 
 import importlib.abc
@@ -347,19 +347,25 @@ def _patch_scheduler(module):
     cls.get_internal_state = get_internal_state
 
 
-def _register_fault(name):
-    """Apply the named specwatch fault (specwatch.inject.faults) in this process when its module loads."""
-    from specwatch.inject.faults import apply, get
+def _register_fault(plan_json):
+    """Apply the planned specwatch fault (``specwatch.inject.faults.FaultPlan``, made by the worker
+    for the installed SGLang release) in this process when its module loads."""
+    from specwatch.inject.faults import FaultPlan, apply
+
+    plan = FaultPlan.from_json(plan_json)
 
     def hook(module):
-        apply(name)
-        sys.stderr.write(f"[specwatch probe] fault {name} applied in pid {os.getpid()}\n")
+        apply(plan)
+        sys.stderr.write(f"[specwatch probe] fault {plan.name} applied in pid {os.getpid()}\n")
 
-    for mod in get(name).modules:
-        on_import(mod)(hook)
+    for mod in plan.modules:
+        if mod in sys.modules:  # imported before the plan was made (the worker's own process)
+            hook(sys.modules[mod])
+        else:
+            on_import(mod)(hook)
 
 
 if os.environ.get("SPECWATCH_PROBE", "1") == "1":
     sys.meta_path.insert(0, _PostImportFinder())
-    if os.environ.get("SPECWATCH_FAULT"):
-        _register_fault(os.environ["SPECWATCH_FAULT"])
+    if os.environ.get("SPECWATCH_FAULT_PLAN"):
+        _register_fault(os.environ["SPECWATCH_FAULT_PLAN"])
