@@ -822,3 +822,36 @@ def test_rendezvous_port_is_below_the_ephemeral_range_and_skips_a_taken_one():
     assert second != first and RENDEZVOUS_PORTS_FROM <= second < floor
     assert rendezvous_port(seed + 1000) != rendezvous_port(seed)  # parallel workers start apart
     assert "nccl_port" not in recorded_kwargs({"nccl_port": first, "page_size": 1})
+
+
+@pytest.mark.parametrize(
+    "version,page,unaligned,verdict",
+    [
+        ("0.5.23", 64, 3, False),
+        ("0.5.23", 64, 0, True),
+        ("0.5.17", 64, 3, False),
+        ("0.5.12", 64, 3, None),  # its own watermark is unaligned: not judged by this rule
+        ("0.5.23", 1, 3, None),  # page 1: every length is whole pages
+    ],
+)
+def test_a_decode_watermark_left_unrecorded_is_judged_where_the_release_rounds_it_up(version, page, unaligned, verdict):
+    from specwatch.worker.memory_facts import memory_and_leaks
+
+    case = CASE.model_copy(update={"page_size": page})
+
+    class Eng(FakeEngine):
+        def get_server_info(self):
+            info = super().get_server_info()
+            info["version"] = version
+            info["internal_states"][0]["specwatch"]["occupancy"] = {
+                "batches": 10,
+                "near_full": 0,
+                "peak": 0.5,
+                "decode_unrecorded_tail_max": 56 * unaligned,
+                "decode_unaligned_batches": unaligned,
+            }
+            return info
+
+    metrics, checks, _ = memory_and_leaks(Eng(case), case)
+    assert checks.get("decode_watermark_page_aligned") is verdict
+    assert metrics["decode_unaligned_batches"]["value"] == unaligned

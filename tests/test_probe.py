@@ -61,6 +61,8 @@ def test_occupancy_is_sampled_per_batch_and_reset_on_read():
         "decode_peak_requests": 3,
         "max_decode_requests": 3,
         "decode_waiting_max": 0,
+        "decode_unrecorded_tail_max": 0,
+        "decode_unaligned_batches": 0,
         "retracted_requests": 0,
     }
     assert facts["scheduler_limits"] == {
@@ -70,6 +72,44 @@ def test_occupancy_is_sampled_per_batch_and_reset_on_read():
     }
     assert facts["req_to_token"]["row_width"] == 8 and facts["allocator"]["available"] == 300
     assert s.get_internal_state(None)["specwatch"]["occupancy"] is None  # reset: a new case starts
+
+
+@pytest.mark.parametrize("layout", ["kv", "flat"])
+def test_kv_allocated_past_a_requests_record_is_counted_after_each_decode_step(layout):
+    """Seed 003's invariant: with whole-page decode watermarks every request's kv_allocated_len is
+    a page multiple after its decode step; an unaligned one leaves the page's rest unrecorded.
+    0.5.19+ keep the length on ``req.kv``, older releases on the request."""
+    probe = load_probe()
+
+    class Fresh(Scheduler):  # a class of its own: the probe wraps the methods it finds on it
+        def run_batch(self, batch):
+            return batch
+
+        def get_internal_state(self, recv_req):
+            return {}
+
+    probe._patch_scheduler(types.SimpleNamespace(Scheduler=Fresh))
+    s = Fresh()
+    s.token_to_kv_pool_allocator.page_size = 64
+
+    def req(n):
+        return (
+            types.SimpleNamespace(kv=types.SimpleNamespace(kv_allocated_len=n))
+            if layout == "kv"
+            else (types.SimpleNamespace(kv_allocated_len=n))
+        )
+
+    def decode(*lens):
+        return types.SimpleNamespace(
+            forward_mode=types.SimpleNamespace(is_decode=lambda: True), reqs=[req(n) for n in lens]
+        )
+
+    prefill = types.SimpleNamespace(forward_mode=types.SimpleNamespace(is_decode=lambda: False), reqs=[req(500)])
+    for batch in (prefill, decode(512, 1024), decode(520, 1030), decode(576, 1088)):
+        s.run_batch(batch)
+    occ = s.get_internal_state(None)["specwatch"]["occupancy"]
+    assert occ["decode_unrecorded_tail_max"] == (576 - 520) + (1088 - 1030)
+    assert occ["decode_unaligned_batches"] == 1  # a prefill's unaligned length is not a decode watermark
 
 
 def test_the_target_attention_backend_is_named_with_whether_its_source_knows_dcp(monkeypatch, tmp_path):

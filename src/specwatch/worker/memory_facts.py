@@ -4,8 +4,11 @@ req_to_token against the memory model and SGLang's own sizing)."""
 from __future__ import annotations
 
 from specwatch.core.case import Case
+from specwatch.core.errors import SpecwatchInputError
 from specwatch.rules.memory_model import sglang_sizing
 from specwatch.rules.pools import pool_checks, radix_cache_tokens, req_to_token_vs_model
+from specwatch.rules.release_model import WatermarkSite
+from specwatch.rules.releases import adapter_for
 from specwatch.worker.engine_args import server_facts
 from specwatch.worker.measure import MetricSet, flush_cache
 
@@ -21,6 +24,7 @@ def memory_and_leaks(engine, case: Case) -> tuple[dict, dict, dict]:
         coverage = _pool_facts(sw, metrics, checks)
         if sw.get("occupancy") and sw["occupancy"].get("batches"):
             _occupancy_metrics(sw["occupancy"], metrics)
+            _watermark_check(case, sw["occupancy"], facts.get("version"), checks)
         if "fault_code_runs" in sw:
             # a fault run whose edited code never ran in this case could not have been caught
             metrics.put("fault_code_runs", sw["fault_code_runs"], "calls", exact=False, higher_is_better=None)
@@ -89,9 +93,29 @@ def _occupancy_metrics(occ: dict, metrics: MetricSet) -> None:
         # what the probe's per-batch sample itself costs (timed inside the scheduler): the
         # harness-overhead bound that engine-to-engine noise cannot blur (specwatch overhead)
         metrics.put("probe_time_per_batch", occ["probe_s"] / occ["batches"] * 1e6, "us", higher_is_better=False)
+    if "decode_unaligned_batches" in occ:
+        # allocated but unrecorded KV slots after a decode step (seed 003: "unaligned tails leak at ps>1")
+        metrics.put("decode_unrecorded_tail_max", occ["decode_unrecorded_tail_max"], "tokens", exact=True)
+        metrics.put("decode_unaligned_batches", occ["decode_unaligned_batches"], "batches", exact=True)
     if "retracted_requests" in occ:
         # requests SGLang took out of a decode batch for lack of KV slots (each one then reruns)
         metrics.put("retracted_requests", occ["retracted_requests"], "requests", exact=True, higher_is_better=False)
+
+
+def _watermark_check(case: Case, occ: dict, version, checks: dict) -> None:
+    """``decode_watermark_page_aligned``: after every decode step, what the allocator handed the
+    batch's requests is what they recorded (no partial last page beyond ``kv_allocated_len``).
+    Judged where the running release rounds its draft decode watermark up to whole pages (its
+    adapter's ``watermark`` site) and the case drafts into KV at page > 1; elsewhere only the
+    metrics are kept (a release whose own watermark is unaligned is not judged by this rule)."""
+    if "decode_unaligned_batches" not in occ or case.page_size <= 1 or not case.algorithm.has_draft_kv:
+        return
+    try:
+        site = adapter_for(str(version)).watermark
+    except SpecwatchInputError:
+        return
+    if site is not WatermarkSite.inline_unaligned:
+        checks["decode_watermark_page_aligned"] = occ["decode_unaligned_batches"] == 0
 
 
 def _sizing_checks(case: Case, r: dict, version, metrics: MetricSet, checks: dict) -> dict:

@@ -257,8 +257,27 @@ def _new_occupancy() -> dict:
         "decode_peak_requests": 0,
         "max_decode_requests": 0,
         "decode_waiting_max": 0,
+        "decode_unrecorded_tail_max": 0,
+        "decode_unaligned_batches": 0,
         "probe_s": 0.0,
     }
+
+
+def unrecorded_tail(sched, batch) -> int:
+    """KV slots allocated to the batch's requests but not recorded: the distance of each request's
+    ``kv_allocated_len`` (0.5.19+: ``req.kv.kv_allocated_len``) up to a whole allocator page,
+    summed. The paged allocator hands out whole pages, so a watermark rounded up to a page leaves
+    0 after every decode step (``allocation_sizing.page_aligned_decode_alloc_lens``: "allocated ==
+    recorded"); an unaligned one leaves the partial last page unrecorded."""
+    ps = int(getattr(sched.token_to_kv_pool_allocator, "page_size", 1) or 1)
+    if ps <= 1:
+        return 0
+    tail = 0
+    for r in getattr(batch, "reqs", ()) or ():
+        n = getattr(getattr(r, "kv", r), "kv_allocated_len", None)
+        if isinstance(n, int) and n > 0:
+            tail += -n % ps
+    return tail
 
 
 def _patch_run_batch(cls):
@@ -292,7 +311,19 @@ def _patch_run_batch(cls):
             occ["probe_s"] += time.perf_counter() - t0  # the probe's own cost on the batch's path
         except Exception:
             pass
-        return original(self, batch, *args, **kwargs)
+        ret = original(self, batch, *args, **kwargs)
+        try:  # after the step: its decode watermark is allocated and recorded by now
+            mode = getattr(batch, "forward_mode", None)
+            if mode is not None and mode.is_decode():
+                t0 = time.perf_counter()
+                occ = self.__dict__["_specwatch_occupancy"]
+                tail = unrecorded_tail(self, batch)
+                occ["decode_unrecorded_tail_max"] = max(occ["decode_unrecorded_tail_max"], tail)
+                occ["decode_unaligned_batches"] += tail > 0
+                occ["probe_s"] += time.perf_counter() - t0
+        except Exception:
+            pass
+        return ret
 
     cls.run_batch = run_batch
 
