@@ -189,11 +189,11 @@ def test_run_on_gpu_path_shows_progress_and_records(tmp_path, monkeypatch):
     import dataclasses
     import os
 
-    import specwatch.cli as cli
+    import specwatch.commands.run as run_cmd
     import specwatch.run.runner as runner_mod
 
     here = os.path.dirname(__file__)
-    monkeypatch.setattr(cli, "_cuda_available", lambda: True)
+    monkeypatch.setattr(run_cmd, "_cuda_available", lambda: True)
     real = runner_mod.run_suites
     monkeypatch.setattr(
         runner_mod,

@@ -422,7 +422,7 @@ def test_rolling_queue_spreads_slow_starters_and_opens_with_one_of_each():
 
 def test_group_clock_does_not_run_while_queued_for_the_timing_lock():
     from specwatch.core.timing_lock import TIMING_EVENT
-    from specwatch.run.group import GroupClock
+    from specwatch.run.clock import GroupClock
 
     now = [0.0]
     clock = GroupClock(100, now=lambda: now[0])

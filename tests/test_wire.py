@@ -26,7 +26,7 @@ from specwatch.core.protocol import (
     parse_line,
 )
 from specwatch.core.record import Status
-from specwatch.run.group import MALFORMED
+from specwatch.run.case_records import MALFORMED
 from specwatch.run.runner import RunOptions, run_suite
 from specwatch.store.jsonl import read_records
 
@@ -136,7 +136,7 @@ def test_a_malformed_worker_line_fails_its_case_only_and_the_sweep_goes_on(tmp_p
 def test_a_nan_metric_becomes_a_failed_finite_metrics_check_and_the_record_reads_back(tmp_path, monkeypatch):
     import types
 
-    from specwatch.run.group import record_from_worker
+    from specwatch.run.case_records import record_from_worker
     from specwatch.store.jsonl import append_record
     from specwatch.worker import main as worker_main
     from test_engine_worker import CASE, FakeEngine

@@ -33,62 +33,81 @@ def dcp_matrix(df: pd.DataFrame, suite: str = "dcp") -> pd.DataFrame:
         "records"
     )  # dicts: check.* columns are not attribute names
     by_id = {(r["sglang_version"], r["case_id"]): r for r in recs}
+    return pd.DataFrame([matrix_row(r, by_id) for r in recs])
 
-    rows = []
-    for r in recs:
-        case = case_of(r)
-        outcome = r["status"] if r["status"] == "ok" else f"{r['status']}: {str(r['reason'])[:160]}"
-        rule = skip_reason(case) if r["status"] == "crashed" else None
-        if rule and rule.split(": ", 1)[-1] in str(r["reason"]):
-            # SGLang refused it at start with the words of a rule specwatch learnt since: a skip
-            outcome = f"skipped: {rule} (SGLang refused it at start; recorded crashed before the rule)"
-        if cell(r, "host_interference"):
-            outcome = f"not measured (host interference): {r['host_interference']}"
-        equiv = ""
-        if r["dcp"] > 1 and r["status"] == "ok":
-            twin = by_id.get((r["sglang_version"], case.dcp_twin_id()))
-            equiv = (
-                ("no dcp 1 run" if twin is None else f"dcp 1 {twin['status']}")
-                if twin is None or twin["status"] != "ok"
-                else twin_outputs(r, twin)
-            )
-        covers = [cell(r, c) for c in ("check.target_pool_covers_allocator", "check.draft_pool_covers_allocator")]
-        cover_text = ", ".join("yes" if c else "NO" for c in covers if c is not None)
-        if cover_text and r["dcp"] > 1 and cell(r, "probe_read_attention_backend") is False:
-            # an older probe: the target pool was taken as sharded per rank whatever the backend does
-            cover_text += " (target judged as sharded: probe predates the backend check)"
-        al = cell(r, "accept_length")
-        mismatch = cell(r, "draft_pool_page_mismatch")
-        rows.append(
-            {
-                "sglang": r["sglang_version"],
-                "model": r["model"],
-                "algo": r["algorithm"],
-                "backend": r["attention_backend"],
-                "page": r["page_size"],
-                "topk": r["topk"],
-                "tp": r["tp"],
-                "dcp": r["dcp"],
-                "workload": r["workload"],
-                "lengths": f"{r['input_len']}→{r['output_len']}",
-                "outcome": outcome,
-                "accept length": ""
-                if al is None
-                else f"{al:.3f}"
-                + {True: " (= oracle)", False: " (≠ oracle)"}.get(cell(r, "check.accept_length_matches_oracle"), ""),
-                "lossless mismatches": cell(r, "lossless_mismatches"),
-                "peak token usage": cell(r, "peak_token_usage"),
-                "pools cover allocator": cover_text,
-                "allocator page": cell(r, "allocator_page_size"),
-                "target pool": pool_text(r, "target"),
-                "draft pool": pool_text(r, "draft"),
-                # seed 004's flag: the draft pool paged other than the allocator (in the pool's slot space)
-                "draft_pool_page_mismatch": "" if mismatch is None else ("YES" if mismatch else "no"),
-                "draft pool missing rows": cell(r, "draft_pool_missing_rows"),
-                "same outputs as dcp 1": equiv,
-            }
-        )
-    return pd.DataFrame(rows)
+
+def matrix_row(r: dict, by_id: dict) -> dict:
+    """One record's row of the DCP support matrix; ``by_id``: the suite's rows by (SGLang version,
+    case id), where a dcp > 1 case finds its dcp-1 twin."""
+    case = case_of(r)
+    mismatch = cell(r, "draft_pool_page_mismatch")
+    return {
+        "sglang": r["sglang_version"],
+        "model": r["model"],
+        "algo": r["algorithm"],
+        "backend": r["attention_backend"],
+        "page": r["page_size"],
+        "topk": r["topk"],
+        "tp": r["tp"],
+        "dcp": r["dcp"],
+        "workload": r["workload"],
+        "lengths": f"{r['input_len']}→{r['output_len']}",
+        "outcome": outcome_text(r, case),
+        "accept length": accept_text(r),
+        "lossless mismatches": cell(r, "lossless_mismatches"),
+        "peak token usage": cell(r, "peak_token_usage"),
+        "pools cover allocator": cover_text(r),
+        "allocator page": cell(r, "allocator_page_size"),
+        "target pool": pool_text(r, "target"),
+        "draft pool": pool_text(r, "draft"),
+        # seed 004's flag: the draft pool paged other than the allocator (in the pool's slot space)
+        "draft_pool_page_mismatch": "" if mismatch is None else ("YES" if mismatch else "no"),
+        "draft pool missing rows": cell(r, "draft_pool_missing_rows"),
+        "same outputs as dcp 1": same_outputs(r, case, by_id),
+    }
+
+
+def outcome_text(r: dict, case: Case) -> str:
+    """``ok``, or the status with SGLang's reason; a crash at start in the words of a validity rule
+    reads as the skip that rule gives, and a case the host disturbed as not measured."""
+    outcome = r["status"] if r["status"] == "ok" else f"{r['status']}: {str(r['reason'])[:160]}"
+    rule = skip_reason(case) if r["status"] == "crashed" else None
+    if rule and rule.split(": ", 1)[-1] in str(r["reason"]):
+        # SGLang refused it at start with the words of a rule specwatch learnt since: a skip
+        outcome = f"skipped: {rule} (SGLang refused it at start; recorded crashed before the rule)"
+    if cell(r, "host_interference"):
+        outcome = f"not measured (host interference): {r['host_interference']}"
+    return outcome
+
+
+def same_outputs(r: dict, case: Case, by_id: dict) -> str:
+    """For an ok dcp > 1 case, how its greedy outputs compare with its dcp-1 twin's (``twin_outputs``)."""
+    if r["dcp"] <= 1 or r["status"] != "ok":
+        return ""
+    twin = by_id.get((r["sglang_version"], case.dcp_twin_id()))
+    if twin is None or twin["status"] != "ok":
+        return "no dcp 1 run" if twin is None else f"dcp 1 {twin['status']}"
+    return twin_outputs(r, twin)
+
+
+def cover_text(r: dict) -> str:
+    """Whether each KV pool (target, draft) covers every slot the allocator hands out: yes / NO."""
+    covers = [cell(r, c) for c in ("check.target_pool_covers_allocator", "check.draft_pool_covers_allocator")]
+    text = ", ".join("yes" if c else "NO" for c in covers if c is not None)
+    if text and r["dcp"] > 1 and cell(r, "probe_read_attention_backend") is False:
+        # an older probe: the target pool was taken as sharded per rank whatever the backend does
+        text += " (target judged as sharded: probe predates the backend check)"
+    return text
+
+
+def accept_text(r: dict) -> str:
+    """The acceptance length, with whether it equals the oracle's."""
+    al = cell(r, "accept_length")
+    if al is None:
+        return ""
+    return f"{al:.3f}" + {True: " (= oracle)", False: " (≠ oracle)"}.get(
+        cell(r, "check.accept_length_matches_oracle"), ""
+    )
 
 
 def case_of(r: dict) -> Case:

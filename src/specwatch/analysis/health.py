@@ -153,7 +153,7 @@ def throughput_spread(df: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def start_breakdown(df: pd.DataFrame) -> pd.DataFrame:
+def start_phase_medians(df: pd.DataFrame) -> pd.DataFrame:
     """Median engine start time and SGLang's own scheduler startup phases (``start.*`` columns) per
     machine, version and attention backend, over records that have the phases."""
     phases = [c for c in df.columns if c.startswith("start.")]

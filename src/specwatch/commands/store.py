@@ -1,4 +1,5 @@
-"""Commands that read the results store: ``results``, ``dashboard``, ``overhead``, ``roofline``, ``asv-import``."""
+"""Commands of the results store: ``import`` adds to it; ``results``, ``dashboard``, ``overhead``,
+``roofline`` and ``asv-import`` read it."""
 
 from __future__ import annotations
 
@@ -8,9 +9,32 @@ from pathlib import Path
 import typer
 from rich.text import Text
 
-from specwatch.commands.options import CsvOut, ResultsArg, StoredResults
+from specwatch.commands.options import CsvOut, Results, ResultsArg, StoredResults
 from specwatch.commands.output import console, print_frame
 from specwatch.core.errors import SpecwatchInputError
+
+
+def import_cmd(
+    files: list[Path] = typer.Argument(
+        ...,
+        exists=True,
+        help="JSONL record files (e.g. fetched from a "
+        "GPU host), or a folder of them (run summaries, runs.ndjson, too).",
+    ),
+    results: Results = Path("results"),
+) -> None:
+    """Validate records and append them to the results store (each to its machine/version/suite file)."""
+    from specwatch.store.jsonl import RUNS_FILE, import_records, import_runs
+
+    paths = [q for p in files for q in (sorted(p.rglob("*.jsonl")) + sorted(p.rglob(RUNS_FILE)) if p.is_dir() else [p])]
+    added = import_records([p for p in paths if p.name != RUNS_FILE], results)
+    runs = import_runs([p for p in paths if p.name == RUNS_FILE], results)
+    for dest, n in added.items():
+        console.print(f"{dest}: +{n} records")
+    if runs:
+        console.print(f"+{runs} run summaries")
+    if not added and not runs:
+        console.print("nothing new")
 
 
 def dashboard(
@@ -94,7 +118,7 @@ def results_cmd(
     skipped with a warning each and counted (``--strict`` refuses them)."""
     from specwatch.analysis.health import (
         failed_checks,
-        start_breakdown,
+        start_phase_medians,
         status_counts,
         throughput_spread,
     )
@@ -116,7 +140,10 @@ def results_cmd(
         ("records", status_counts(df)),
         ("sweep cost per run (wall / case time; goal < 2)", runs_frame(root)),
         ("decode tokens/s spread within a case's repeats ((max - min) / median; clean runs)", throughput_spread(df)),
-        ("engine start breakdown (median s; scheduler phases from SGLang's own startup timing)", start_breakdown(df)),
+        (
+            "engine start breakdown (median s; scheduler phases from SGLang's own startup timing)",
+            start_phase_medians(df),
+        ),
     ):
         if not table.empty:
             print_frame(title, table)

@@ -6,7 +6,7 @@ import math
 import re
 from datetime import datetime, timezone
 from enum import Enum
-from typing import Annotated, Any, Callable, Optional, Union
+from typing import Annotated, Any, Optional
 
 from pydantic import (
     AfterValidator,
@@ -14,18 +14,37 @@ from pydantic import (
     ConfigDict,
     Field,
     field_validator,
-    model_serializer,
     model_validator,
 )
 
 from specwatch.core.case import Case
+from specwatch.core.details import Details, HostLoad
 from specwatch.core.errors import NewerSchemaError, SpecwatchInputError
+from specwatch.core.migrations import MIGRATIONS, SCHEMA_VERSION, migrate, update_to_2, update_to_3
 
-SCHEMA_VERSION = 3
-"""Version of the record layout. Bump on any incompatible change; readers refuse newer ones and
-bring older ones up to date with ``MIGRATIONS``.
-2: ``provenance.run_id`` and ``RunSummary.run_id`` (version-1 records read as before, without it).
-3: ``details`` is a typed ``Details`` (known keys have declared types; unknown keys are kept)."""
+__all__ = [
+    "MIGRATIONS",
+    "PATH_PART_RE",
+    "SCHEMA_VERSION",
+    "CaseRecord",
+    "Details",
+    "HostLoad",
+    "Metric",
+    "PathPart",
+    "Provenance",
+    "RunSummary",
+    "Status",
+    "check_path_part",
+    "migrate",
+    "new_run_id",
+    "parse_record",
+    "update_to_2",
+    "update_to_3",
+    "utcnow",
+]
+"""The record schema's names; ``Details``/``HostLoad`` (core.details) and the schema version with
+its migrations (core.migrations) are read from here too."""
+
 
 PATH_PART_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 """What a record field that becomes a path component of the store (machine, SGLang version, suite,
@@ -127,134 +146,6 @@ class Provenance(BaseModel):
     )
 
 
-class HostLoad(BaseModel):
-    """The host's 1-minute load average around a case (``/proc/loadavg``)."""
-
-    model_config = ConfigDict(extra="allow", validate_assignment=True)
-
-    before: Optional[float] = Field(default=None, description="Load average as the engine started (None: unknown).")
-    after: Optional[float] = Field(default=None, description="Load average after the case's timed batches.")
-
-
-class Details(BaseModel):
-    """Facts read from SGLang and the worker, beside the metrics. The fields below are the keys that
-    readers use; any other key a worker writes is kept as it is (``extra="allow"``). Only the keys a
-    record holds are written back (``model_fields_set``), so a record re-serializes as it was read.
-    Item access (``details["probe"]``, ``get``, ``in``, ``del``) reads and sets the same keys, and
-    a ``Details`` equals the dict of the keys it holds."""
-
-    model_config = ConfigDict(extra="allow", validate_assignment=True)
-
-    probe: Optional[dict] = Field(
-        default=None,
-        description="What specwatch's probe read inside SGLang's "
-        "processes (allocator, req_to_token, pools, attention backend, startup phases).",
-    )
-    pool_coverage: Optional[dict] = Field(
-        default=None,
-        description="Per KV pool role ('target', 'draft'): its "
-        "page, where its valid slots end and where the allocator's last page "
-        "ends in its slot space (``rules.pools.pool_coverage``).",
-    )
-    pool_coverage_at_start: Optional[dict] = Field(
-        default=None, description="``pool_coverage`` read right after the engine started (a crashed case keeps these)."
-    )
-    sglang_sizing: Optional[dict] = Field(
-        default=None,
-        description="The running SGLang's own req_to_token sizing "
-        "fields, or ``{'error': ...}`` where this SGLang has no sizing module.",
-    )
-    engine_memory_usage: Optional[dict] = Field(default=None, description="SGLang's memory usage report.")
-    output_digest: Optional[str] = Field(
-        default=None, description="Hash of the timed batches' outputs (identical prompts must give identical digests)."
-    )
-    prompt_starts: Optional[list] = Field(
-        default=None,
-        description="The timed batches' prompt chain starts, per repeat (None: recorded before specwatch kept them).",
-    )
-    near_full_calibration: Optional[dict] = Field(
-        default=None, description="A near-full case's prompts lengthened after the warm-up (``input_len``)."
-    )
-    accept_histogram: Optional[list[int]] = Field(
-        default=None, description="Accepted draft tokens per verify step, counted by length."
-    )
-    prefill_s: Optional[Union[list[float], float]] = Field(
-        default=None, description="Prefill seconds per repeat (a single float on older records)."
-    )
-    decode_split_repeats: Optional[int] = Field(
-        default=None, description="Repeats whose decode throughput was split from their prefill."
-    )
-    turn_prompt_lens: Optional[list[int]] = Field(
-        default=None, description="Prompt length of each turn (multi-turn cases)."
-    )
-    cache_flush_failures: Optional[int] = Field(
-        default=None, description="Radix-cache flushes SGLang answered as failed between timed batches."
-    )
-    cache_flush_refusals: Optional[int] = Field(
-        default=None, description="Flushes SGLang refused (scheduler not idle) between timed batches."
-    )
-    leak_check_flush_refusals: Optional[int] = Field(default=None, description="Flushes refused before the leak check.")
-    host_load: Optional[HostLoad] = Field(default=None, description="The host's load average around the case.")
-    engine_kwargs: Optional[dict] = Field(default=None, description="The arguments ``sglang.Engine`` was given.")
-    engine_args_not_in_this_sglang: Optional[list] = Field(
-        default=None, description="Engine arguments the installed SGLang does not take (dropped)."
-    )
-    sglang_version: Optional[str] = Field(default=None, description="SGLang version the worker's engine reported.")
-    bare: Optional[bool] = Field(default=None, description="True: run without the probe (no memory facts).")
-    parallel_starts: Optional[int] = Field(
-        default=None, description="Engines started at once (K); None: one after another."
-    )
-    overlap_starts: Optional[bool] = Field(
-        default=None, description="Timed while other engines started (``--overlap-starts``): noisier timing."
-    )
-    waited_for_timing_s: Optional[float] = Field(
-        default=None, description="Seconds the case waited for the timing lock before its timed batches."
-    )
-
-    @model_serializer(mode="wrap")
-    def _only_keys_held(self, handler: Callable) -> dict:
-        data = handler(self)
-        return {k: v for k, v in data.items() if k in self.model_fields_set}
-
-    def _has(self, key: str) -> bool:
-        return key in self.model_fields_set or key in (self.__pydantic_extra__ or {})
-
-    def __getitem__(self, key: str) -> Any:
-        if not self._has(key):
-            raise KeyError(key)
-        return getattr(self, key)
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        setattr(self, key, value)
-
-    def __delitem__(self, key: str) -> None:
-        if not self._has(key):
-            raise KeyError(key)
-        if key in type(self).model_fields:
-            object.__setattr__(self, key, None)
-            self.model_fields_set.discard(key)
-        else:
-            del self.__pydantic_extra__[key]
-            self.model_fields_set.discard(key)
-
-    def __contains__(self, key: object) -> bool:
-        return isinstance(key, str) and self._has(key)
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self[key] if self._has(key) else default
-
-    def keys(self) -> list[str]:
-        return [k for k in self.model_dump()]
-
-    def __eq__(self, other: object) -> bool:
-        """Equal to another ``Details`` with the same keys and values, or to a dict of the keys held."""
-        if isinstance(other, dict):
-            return self.model_dump() == other
-        return super().__eq__(other)
-
-    __hash__ = None  # type: ignore[assignment]
-
-
 class CaseRecord(BaseModel):
     """One run of one case."""
 
@@ -306,29 +197,6 @@ def new_run_id() -> str:
     return utcnow().strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
 
 
-def update_to_2(d: dict) -> dict:
-    """Version 1 -> 2: ``provenance.run_id`` is new; a version-1 record has none (reads as None)."""
-    return {**d, "schema_version": 2}
-
-
-def update_to_3(d: dict) -> dict:
-    """Version 2 -> 3: ``details`` is a typed ``Details``; a record without details (or ``null``
-    ones) holds none. Every key an older record holds keeps its value."""
-    return {**d, "details": d.get("details") or {}, "schema_version": 3}
-
-
-MIGRATIONS: dict[int, Callable[[dict], dict]] = {2: update_to_2, 3: update_to_3}
-"""Target version -> the function that brings a record of the version before it up to it;
-``parse_record`` applies them in order, so a record of any older version reads as the current one."""
-
-
-def migrate(data: dict) -> dict:
-    """A record dict of an older ``schema_version`` brought up to ``SCHEMA_VERSION`` (``MIGRATIONS``)."""
-    for target in range(data["schema_version"] + 1, SCHEMA_VERSION + 1):
-        data = MIGRATIONS[target](data)
-    return data
-
-
 def parse_record(data: Any, source: str = "<record>") -> CaseRecord:
     """Validate one record dict (older schemas migrated first); a record that is not a JSON object,
     has a newer schema or an invalid field gives a ``SpecwatchInputError`` naming the source."""
@@ -358,7 +226,7 @@ def parse_record(data: Any, source: str = "<record>") -> CaseRecord:
 
 
 class RunSummary(BaseModel):
-    """One `specwatch run` on a GPU host: what the sweep cost (issue: sweep wall time vs generation)."""
+    """One `specwatch run` on a GPU host: what the sweep cost (its wall time against the generation it ran)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -408,5 +276,5 @@ class RunSummary(BaseModel):
 
     @property
     def cost_ratio(self) -> Optional[float]:
-        """Wall time over generation time (the issue's goal: under 2)."""
+        """Wall time over generation time (a sweep's target: under 2)."""
         return self.wall_s / self.case_s if self.case_s else None

@@ -20,16 +20,14 @@ from pydantic import ValidationError
 from specwatch.core import lifeline
 from specwatch.core.case import Case
 from specwatch.core.protocol import CaseLine, EngineFacts, Event, MalformedLine, WorkerSpec, parse_line
-from specwatch.core.record import CaseRecord, Metric, Status, utcnow
+from specwatch.core.record import CaseRecord, Status, utcnow
 from specwatch.core.timing_lock import ENV as TIMING_LOCK_ENV
 from specwatch.core.timing_lock import TimingLock
 from specwatch.rules.crashlog import WORKER_DIED, crash_cause, timeout_reason
+from specwatch.run.case_records import MALFORMED, failure_record, log_tail, record_from_worker
+from specwatch.run.clock import GroupClock
 from specwatch.run.options import RunOptions
-from specwatch.run.provenance import collect
 from specwatch.suite import Suite
-
-LOG_TAIL_LINES = 60
-
 
 POLL_S = 1.0
 """How often the parent reads the worker's finished cases."""
@@ -54,62 +52,6 @@ EXITED_EVENT = Event.worker_exited
 
 PROBE_DIR = Path(__file__).resolve().parents[1] / "inject" / "probe"
 """Holds the probe's sitecustomize.py; put first on every worker's PYTHONPATH."""
-
-
-MALFORMED = "malformed worker line: "
-"""Start of the reason of a case whose worker line did not validate (the error follows)."""
-
-
-def _tail(text: str, n: int = LOG_TAIL_LINES) -> str:
-    return "\n".join(text.splitlines()[-n:])
-
-
-def record_from_worker(
-    suite: Suite, case: Case, line: CaseLine, fault: Optional[str], probe: bool = True
-) -> CaseRecord:
-    """A worker's per-case line -> CaseRecord with provenance."""
-    return CaseRecord(
-        suite=suite.name,
-        case_id=case.case_id,
-        case=case,
-        status=line.status,
-        reason=line.reason if line.status is not Status.ok else None,
-        log_tail=line.log_tail,
-        metrics={k: Metric(**m.model_dump()) for k, m in line.metrics.items()},
-        checks=line.checks,
-        details=line.details,
-        provenance=collect(
-            line.started_at or utcnow(), line.finished_at or utcnow(), str(suite.path), suite.sha256, fault, probe
-        ),
-    )
-
-
-def failure_record(
-    suite: Suite,
-    case: Case,
-    status: Status,
-    reason: str,
-    log_tail: Optional[str],
-    fault: Optional[str],
-    started,
-    probe: bool = True,
-    at_start: Optional[EngineFacts] = None,
-) -> CaseRecord:
-    """A case the worker did not finish. ``at_start``: the worker's ``engine_facts`` line, whose
-    structural pool checks hold for every case of the engine, so the record keeps them."""
-    at_start = at_start or EngineFacts()
-    return CaseRecord(
-        suite=suite.name,
-        case_id=case.case_id,
-        case=case,
-        status=status,
-        reason=reason,
-        log_tail=log_tail,
-        metrics={k: Metric(**m.model_dump()) for k, m in at_start.metrics.items()},
-        checks=dict(at_start.checks),
-        details=dict(at_start.details),
-        provenance=collect(started, utcnow(), str(suite.path), suite.sha256, fault, probe),
-    )
 
 
 def run_group(job: "GroupJob", options: RunOptions, on_event: Optional[Callable[[str], None]] = None) -> None:
@@ -161,7 +103,7 @@ def _one_worker(
         for victim in victims:
             job.emit(
                 failure_record(
-                    job.suite, victim, status, reason, _tail(log_text), job.fault, started, job.probe, watch.at_start
+                    job.suite, victim, status, reason, log_tail(log_text), job.fault, started, job.probe, watch.at_start
                 )
             )
         return [c for c in remaining if c not in victims]
@@ -312,7 +254,7 @@ class Watch:
         if case is None:
             return
         log_text = self.log.read_text(errors="replace") if self.log.exists() else ""
-        tail = _tail(log_text) + f"\nthe worker's line:\n{bad.raw[:4000]}"
+        tail = log_tail(log_text) + f"\nthe worker's line:\n{bad.raw[:4000]}"
         self.job.emit(
             failure_record(
                 self.job.suite,
@@ -327,40 +269,6 @@ class Watch:
             )
         )
         self.done.add(case.case_id)
-
-
-class GroupClock:
-    """A group's timeout clock. It does not run while the worker's engine is up and the worker
-    queues for the timing lock (from ``engine_started`` to ``TIMING_EVENT``): under
-    ``--parallel-starts`` that wait is other groups' timed batches, not this group's work (on the
-    H200 three flashinfer groups of a wave of 10 were cut at 280 s while queued, their engines up)."""
-
-    def __init__(self, timeout_s: float, now: Callable[[], float] = time.monotonic):
-        self.timeout_s, self._now = timeout_s, now
-        self._t0 = now()
-        self._paused_s = 0.0
-        self._queued_since: Optional[float] = None
-        self.engine_started = False
-        """Whether the worker's engine came up (a death before it hits every case of the group)."""
-
-    def on_event(self, event: Optional[str]) -> None:
-        if event == Event.engine_started and not self.engine_started:
-            self.engine_started = True
-            self._queued_since = self._now()
-        elif event == Event.timing_lock_held and self._queued_since is not None:
-            self._paused_s += self._now() - self._queued_since
-            self._queued_since = None
-
-    @property
-    def queued_s(self) -> float:
-        """Seconds spent with the engine up, queued for the timing lock (not counted)."""
-        return self._paused_s + (self._now() - self._queued_since if self._queued_since is not None else 0.0)
-
-    def elapsed(self) -> float:
-        return self._now() - self._t0 - self.queued_s
-
-    def expired(self) -> bool:
-        return self.elapsed() > self.timeout_s
 
 
 TEARDOWN_WAIT_S = 30.0

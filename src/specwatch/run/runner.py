@@ -21,7 +21,8 @@ from typing import Callable, Iterable, Optional
 from specwatch.core.case import Case
 from specwatch.core.record import CaseRecord, RunSummary, Status, new_run_id, utcnow
 from specwatch.core.sglang_host import sglang_version
-from specwatch.run.group import STARTED_EVENT, GroupJob, failure_record
+from specwatch.run.case_records import failure_record
+from specwatch.run.group import STARTED_EVENT, GroupJob
 from specwatch.run.options import RunOptions, Shard
 from specwatch.run.provenance import host_facts, machine_label, specwatch_commit
 from specwatch.run.schedule import _kill_workers_on_sigterm, _run_rolling, _run_waves, stop_signals_held

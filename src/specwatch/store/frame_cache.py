@@ -30,6 +30,8 @@ CODE_FILES = [
     _PKG / "store" / "frame.py",
     _PKG / "store" / "frame_cache.py",
     _PKG / "core" / "record.py",
+    _PKG / "core" / "details.py",
+    _PKG / "core" / "migrations.py",
     _PKG / "core" / "case.py",
     *sorted((_PKG / "rules").glob("*.py")),
 ]

@@ -135,37 +135,12 @@ def _attention_backend_facts(sched):
 
 
 def scheduler_facts(sched):
+    """What the scheduler holds: req_to_token, the allocator and its KV pools (target and draft), the
+    radix cache, SGLang's own leak check, its startup phases and admission limits, CUDA memory."""
     import torch
 
-    facts = {}
-    r = sched.req_to_token_pool
-    t = r.req_to_token
-    facts["req_to_token"] = {
-        "shape": list(t.shape),
-        "dtype": str(t.dtype),
-        "bytes": _nbytes(t),
-        "row_width": int(t.shape[1]),
-        "size": r.size,
-        "free_slots": len(r.free_slots),
-    }
     a = sched.token_to_kv_pool_allocator
-    release = getattr(a, "release_pages", None)
-    free_pages = len(a.free_pages) + (len(release) if release is not None else 0)
-    unique_free = None
-    try:
-        pages = a.free_pages if release is None or len(release) == 0 else torch.cat((a.free_pages, release))
-        unique_free = int(torch.unique(pages).numel())
-    except Exception:
-        pass
-    facts["allocator"] = {
-        "class": type(a).__name__,
-        "size": a.size,
-        "page_size": a.page_size,
-        "available": int(a.available_size()),
-        "free_pages": free_pages,
-        "unique_free_pages": unique_free,
-        "num_pages": getattr(a, "num_pages", a.size // max(a.page_size, 1)),
-    }
+    facts = {"req_to_token": _req_to_token_facts(sched.req_to_token_pool), "allocator": _allocator_facts(a)}
     facts["target_kv_pool"] = _pool_facts(a.get_kvcache())
     args = getattr(sched, "server_args", None)
     facts["dcp_size"] = int(getattr(args, "dcp_size", 1) or 1)
@@ -177,21 +152,8 @@ def scheduler_facts(sched):
     draft_pool = _find(draft, "token_to_kv_pool") if draft is not None else None
     # NGRAM's worker has no pool of its own: what it finds is the target's (not a draft pool)
     facts["draft_kv_pool"] = None if draft_pool is None or draft_pool is a.get_kvcache() else _pool_facts(draft_pool)
-    tc = getattr(sched, "tree_cache", None)
-    if tc is not None:
-        for name in ("evictable_size", "protected_size"):
-            try:
-                facts[f"tree_cache_{name}"] = int(getattr(tc, name)())
-            except Exception:
-                pass
-    # SGLang's own idle-time leak check (0.5.17: on the scheduler's invariant_checker; older: on
-    # the scheduler). With SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE (default on) a leak raises in
-    # the scheduler, so a run that gets here has a clean verdict or counted warnings.
-    holder = getattr(sched, "invariant_checker", None) or sched
-    facts["leak_warnings"] = {
-        k: getattr(holder, k, None) for k in ("count_memory_leak_warnings", "count_req_pool_leak_warnings")
-    }
-    facts["strict_idle_check"] = os.environ.get("SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE", "default (on)")
+    facts.update(_tree_cache_facts(getattr(sched, "tree_cache", None)))
+    facts.update(_leak_check_facts(sched))
     facts["startup"] = startup_facts(sched)
     # the scheduler's admission limits as it resolved them (a near-full batch must fit them all)
     facts["scheduler_limits"] = {
@@ -204,6 +166,68 @@ def scheduler_facts(sched):
             "max_reserved": torch.cuda.max_memory_reserved(),
         }
     return facts
+
+
+def _req_to_token_facts(r):
+    """The req_to_token pool: its table's shape, dtype and bytes, row width, size and free slots."""
+    t = r.req_to_token
+    return {
+        "shape": list(t.shape),
+        "dtype": str(t.dtype),
+        "bytes": _nbytes(t),
+        "row_width": int(t.shape[1]),
+        "size": r.size,
+        "free_slots": len(r.free_slots),
+    }
+
+
+def _allocator_facts(a):
+    """The token-to-KV allocator: class, size, page, free pages (those waiting for release too) and
+    how many of them are distinct (a page freed twice shows as fewer unique than free)."""
+    import torch
+
+    release = getattr(a, "release_pages", None)
+    free_pages = len(a.free_pages) + (len(release) if release is not None else 0)
+    unique_free = None
+    try:
+        pages = a.free_pages if release is None or len(release) == 0 else torch.cat((a.free_pages, release))
+        unique_free = int(torch.unique(pages).numel())
+    except Exception:
+        pass
+    return {
+        "class": type(a).__name__,
+        "size": a.size,
+        "page_size": a.page_size,
+        "available": int(a.available_size()),
+        "free_pages": free_pages,
+        "unique_free_pages": unique_free,
+        "num_pages": getattr(a, "num_pages", a.size // max(a.page_size, 1)),
+    }
+
+
+def _tree_cache_facts(tc):
+    """The radix cache's evictable and protected sizes (``tree_cache_*``), those it reports."""
+    facts = {}
+    if tc is not None:
+        for name in ("evictable_size", "protected_size"):
+            try:
+                facts[f"tree_cache_{name}"] = int(getattr(tc, name)())
+            except Exception:
+                pass
+    return facts
+
+
+def _leak_check_facts(sched):
+    """SGLang's own idle-time leak check (0.5.17: on the scheduler's invariant_checker; older: on
+    the scheduler). With SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE (default on) a leak raises in
+    the scheduler, so a run that gets here has a clean verdict or counted warnings."""
+    holder = getattr(sched, "invariant_checker", None) or sched
+    return {
+        "leak_warnings": {
+            k: getattr(holder, k, None) for k in ("count_memory_leak_warnings", "count_req_pool_leak_warnings")
+        },
+        "strict_idle_check": os.environ.get("SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE", "default (on)"),
+    }
 
 
 def startup_facts(sched):

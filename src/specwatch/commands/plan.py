@@ -1,0 +1,130 @@
+"""``specwatch plan``: the cases a suite expands to, with the skipped ones and why; with ``--where`` /
+``--known``, only what a run would still do, and its device time from the machine's past runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.text import Text
+
+from specwatch.commands.options import Where, load_suite_file
+from specwatch.commands.output import console, print_table
+from specwatch.core.errors import SpecwatchInputError
+
+HEADERS = [
+    "case id",
+    "model",
+    "algo",
+    "backend",
+    "page",
+    "topk",
+    "steps",
+    "draft",
+    "tp",
+    "dcp",
+    "bs",
+    "in->out",
+    "profile",
+    "workload",
+    "status",
+]
+"""The plan table's columns: the case id, the case's parameters, and whether it runs or is skipped."""
+
+
+def plan(
+    suite: Path = typer.Argument(..., help="Suite file (suites/*.toml)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON lines instead of a table."),
+    where: Where = [],
+    known: Optional[Path] = typer.Option(
+        None,
+        exists=True,
+        file_okay=False,
+        help="Leave out cases recorded under this results root for "
+        "--machine and --sglang-version (as run --known does) and estimate "
+        "the device time of the rest from that machine's runs.ndjson.",
+    ),
+    machine: Optional[str] = typer.Option(None, help="With --known: the machine label, e.g. nvidia-h200-x1."),
+    sglang_version: Optional[str] = typer.Option(None, help="With --known: the SGLang version, e.g. 0.5.17."),
+) -> None:
+    """List the cases a suite expands to, with skipped ones and why; with --where / --known, only
+    what a run would still do, its engine groups and, from the machine's past runs, its device time."""
+    from specwatch.suite import matches, parse_where
+
+    s = load_suite_file(suite)
+    flt = parse_where(where)
+    if known is not None and not (machine and sglang_version):
+        raise SpecwatchInputError(
+            None, "--known needs --machine and --sglang-version (where the run will happen)", field="--known"
+        )
+    planned = [p for p in s.plan() if not flt or matches(p.case, flt)]
+    if flt and not planned:
+        raise SpecwatchInputError(suite, f"no case matches --where {' '.join(where)}", field="--where")
+    if known is not None:
+        planned = still_to_run(s.name, planned, known, machine, sglang_version)
+    if as_json:
+        for p in planned:
+            print(json.dumps({"case_id": p.case.case_id, "skip": p.skip, "duplicate": p.duplicate, **p.case.params()}))
+        return
+    print_plan(s.name, planned)
+
+
+def still_to_run(name: str, planned: list, known: Path, machine: str, sglang_version: str) -> list:
+    """The planned cases not yet recorded under ``known`` for the machine and SGLang version, after
+    printing how many are left, in how many engine groups and, at the recorded pace, in how long."""
+    from specwatch.run.estimate import estimate
+
+    est = estimate(name, planned, known, machine, sglang_version)
+    console.print(
+        f"{name}: {est.known} case(s) already recorded for {machine} / SGLang {sglang_version}; "
+        f"{len(est.left)} left in {est.groups} engine group(s)"
+    )
+    if est.device_minutes is not None:
+        console.print(
+            f"≈ {est.device_minutes:.0f} device minutes at the recorded pace (median "
+            f"{est.per_group_s:.0f} s of wall time per engine group over {est.runs} run(s) on "
+            f"{machine}; first-use compiles on a fresh host come on top)"
+        )
+    return est.left
+
+
+def print_plan(name: str, planned: list) -> None:
+    """The plan as a table: a parameter every case shares and each skip reason are said once, under it."""
+    reasons = list(dict.fromkeys(p.skip for p in planned if p.skip))
+    rows = [
+        plan_row(p.case, Text("run") if p.skip is None else Text(f"skip #{reasons.index(p.skip) + 1}", "yellow"))
+        for p in planned
+    ]
+    same = [i for i in range(1, len(HEADERS) - 1) if len(rows) > 1 and len({str(r[i]) for r in rows}) == 1]
+    print_table(
+        f"{name}: {len(planned)} cases ({sum(p.skip is None for p in planned)} runnable)",
+        [h for i, h in enumerate(HEADERS) if i not in same],
+        [[v for i, v in enumerate(r) if i not in same] for r in rows],
+    )
+    if same:
+        console.print("every case: " + ", ".join(f"{HEADERS[i]} {rows[0][i]}" for i in same), highlight=False)
+    for i, why in enumerate(reasons, 1):
+        console.print(f"skip #{i}: {why}", highlight=False)
+
+
+def plan_row(c, status: Text) -> list:
+    """One case's row of the plan table (``HEADERS``)."""
+    return [
+        c.case_id,
+        c.model.value,
+        c.algorithm.value,
+        c.attention_backend.value,
+        c.page_size,
+        c.topk,
+        c.num_steps,
+        c.num_draft_tokens,
+        c.tp,
+        c.dcp,
+        c.batch_size,
+        f"{c.input_len}->{c.output_len}",
+        c.profile.value,
+        c.workload.value,
+        status,
+    ]

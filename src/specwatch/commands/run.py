@@ -1,0 +1,246 @@
+"""``specwatch run``: suites on a GPU host through ``sglang.Engine`` (with a progress bar), or the CPU
+tier's tables where there is no GPU (or ``--cpu-tier``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from specwatch.commands.options import Results, Where, check_shard, load_suite_file
+from specwatch.commands.output import console, print_frame
+from specwatch.core.errors import SpecwatchInputError
+
+SuiteFiles = Annotated[list[Path], typer.Argument(help="Suite file(s); on a GPU their engine groups share waves.")]
+Resume = Annotated[bool, typer.Option(help="Skip cases already recorded ok or skipped.")]
+ShardOpt = Annotated[Optional[str], typer.Option(callback=check_shard, help="Run engine groups I of N: 'I/N'.")]
+Faults = Annotated[
+    list[str],
+    typer.Option(
+        help="Fault to inject (specwatch inject); repeatable, 'none' = a clean "
+        "run. Each fault's records go to SUITE+fault-NAME.jsonl.",
+    ),
+]
+ModelsDir = Annotated[Path, typer.Option(help="Where oracle checkpoints live.")]
+CpuTier = Annotated[bool, typer.Option("--cpu-tier", help="Run the CPU tier even when a GPU is present.")]
+CpuOut = Annotated[Path, typer.Option(help="CPU tier: where tables are written.")]
+ContextLen = Annotated[int, typer.Option(min=1, help="CPU tier: model context length for the memory model.")]
+Strict = Annotated[bool, typer.Option(help="CPU tier: exit 1 when a simulation finds a leak or row violation.")]
+ParallelStarts = Annotated[
+    int,
+    typer.Option(
+        min=1,
+        help="GPU: start this many engines at once, time them one at a time (starts never overlap a timed batch).",
+    ),
+]
+StopAfter = Annotated[
+    Optional[float],
+    typer.Option(
+        help="GPU: start no new engine group or wave after this many seconds (finish the rest later with --resume).",
+    ),
+]
+OverlapStarts = Annotated[
+    bool,
+    typer.Option(
+        "--overlap-starts",
+        help="GPU, with --parallel-starts K: no waves; "
+        "K engine groups in flight, the next started as soon as one ends, so "
+        "starts overlap other engines' timed batches (timed batches still "
+        "never overlap each other). Cheaper sweeps, noisier timing: for "
+        "memory and correctness sweeps; records say details.overlap_starts.",
+    ),
+]
+TimingLockFile = Annotated[
+    Optional[Path],
+    typer.Option(
+        help="GPU, with --overlap-starts: a lock file shared "
+        "with other specwatch runs on this host (e.g. one per "
+        "installed SGLang version), so no two timed batches of "
+        "any of them overlap.",
+    ),
+]
+Overlay = Annotated[
+    Optional[Path],
+    typer.Option(
+        help="GPU: a commit overlay (specwatch overlay) to run instead of the installed SGLang's Python code."
+    ),
+]
+GroupTimeout = Annotated[
+    Optional[int],
+    typer.Option(
+        min=10,
+        help="GPU: wall-clock limit per engine group "
+        "(seconds; default: the suite's timeout_s). A group past it "
+        "is recorded 'timeout' with its log tail.",
+    ),
+]
+Bare = Annotated[
+    bool,
+    typer.Option(
+        "--bare",
+        help="GPU: run SGLang without specwatch's probe (records in "
+        "SUITE+bare.jsonl): the baseline for harness overhead ('specwatch overhead').",
+    ),
+]
+KnownRoot = Annotated[
+    Optional[Path],
+    typer.Option(
+        help="GPU: leave out cases that already have a record of any "
+        "status under this results root for the same machine, SGLang "
+        "version, suite and fault (e.g. the committed results/: known "
+        "crashes are not re-run).",
+    ),
+]
+
+
+def run(
+    suites: SuiteFiles,
+    results: Results = Path("results"),
+    resume: Resume = False,
+    shard: ShardOpt = None,
+    where: Where = [],
+    fault: Faults = [],
+    models_dir: ModelsDir = Path("/tmp/specwatch-models"),
+    cpu_tier: CpuTier = False,
+    out: CpuOut = Path("out/cpu-tier"),
+    context_len: ContextLen = 4096,
+    strict: Strict = False,
+    parallel_starts: ParallelStarts = 1,
+    stop_after: StopAfter = None,
+    overlap_starts: OverlapStarts = False,
+    timing_lock: TimingLockFile = None,
+    overlay: Overlay = None,
+    group_timeout: GroupTimeout = None,
+    bare: Bare = False,
+    known: KnownRoot = None,
+) -> None:
+    """Run suites: on a GPU host through sglang.Engine; without a GPU, the CPU tier."""
+    from specwatch.run.options import RunOptions
+    from specwatch.suite import parse_where
+
+    if overlay is not None:
+        use_overlay(overlay)
+    loaded = [load_suite_file(p) for p in suites]
+    flt = parse_where(where)
+    if cpu_tier or not _cuda_available():
+        bad = False
+        for s in loaded:
+            bad |= cpu_tier_tables(s, flt, context_len, out, strict, announce=not cpu_tier)
+        raise typer.Exit(1 if bad else 0)
+    faults = tuple(None if f == "none" else f for f in fault) or (None,)
+    options = RunOptions(
+        faults=faults,
+        resume=resume,
+        shard=check_gpu_options(shard, faults, bare, overlap_starts, parallel_starts, timing_lock),
+        models_dir=models_dir,
+        where=flt,
+        parallel_starts=parallel_starts,
+        stop_after_s=stop_after,
+        group_timeout_s=group_timeout,
+        bare=bare,
+        known_root=known,
+        overlap_starts=overlap_starts,
+        timing_lock=timing_lock,
+    )
+    for path in dict.fromkeys(run_with_progress(loaded, results, options)):
+        console.print(f"results in {path}")
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+def use_overlay(path: Path) -> None:
+    """Put a commit overlay's SGLang first on this process's (and so the workers') PYTHONPATH."""
+    from specwatch.inject.overlay import load as load_overlay
+
+    ov = load_overlay(path)
+    os.environ.update(ov.env(os.environ.get("PYTHONPATH", "")))
+    console.print(f"overlay: SGLang {ov.commit[:12]} from {ov.root}, recorded as {ov.recorded_version}")
+
+
+def check_gpu_options(shard, faults, bare: bool, overlap_starts: bool, parallel_starts: int, timing_lock):
+    """The GPU run's options checked together (known faults, ``--bare`` without a fault,
+    ``--overlap-starts`` with its partners), one line on bad input; returns the parsed ``--shard``."""
+    from specwatch.inject.faults import get as get_fault
+    from specwatch.run.runner import Shard, check_bare, check_overlap
+
+    try:
+        sh = Shard.parse(shard) if shard else None
+        for f in faults:
+            if f:
+                get_fault(f)
+        check_bare(faults, bare)
+        check_overlap(overlap_starts, parallel_starts, timing_lock)
+    except ValueError as e:
+        raise SpecwatchInputError(None, str(e)) from None
+    return sh
+
+
+def run_with_progress(loaded: list, results: Path, options) -> list[Path]:
+    """``run_suites`` under a progress bar, a line per record as it lands; returns the results files."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    from specwatch.run.runner import run_suites
+    from specwatch.suite import matches
+
+    flt = options.where
+    total = len(options.faults) * sum(
+        1 for s in loaded for p in s.plan() if not p.duplicate and (not flt or matches(p.case, flt))
+    )
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console) as bar:
+        task = bar.add_task(" + ".join(s.name for s in loaded), total=total)
+
+        def progress(rec):
+            bar.console.print(
+                f"{rec.status.value:8s} {rec.case_id} {rec.suite} {rec.case.label()}"
+                + (f" [{rec.provenance.fault}]" if rec.provenance.fault else "")
+                + (f" — {rec.reason[:160]}" if rec.reason else ""),
+                highlight=False,
+            )
+            bar.advance(task)
+
+        return run_suites(loaded, results, dataclasses.replace(options, progress=progress))
+
+
+def cpu_tier_tables(s, flt, context_len: int, out: Path, strict: bool, announce: bool) -> bool:
+    """Run the CPU tier on one suite and print its tables; True when it should fail the command."""
+    from specwatch.cpu.cpu_tier import run_cpu_tier
+
+    console.print(f"[bold]no GPU: CPU tier on {s.path}[/bold]" if announce else f"[bold]CPU tier on {s.path}[/bold]")
+    report = run_cpu_tier(s, context_len=context_len, where=flt)
+    print_frame(
+        "memory model (specwatch formulas; sglang_agrees compares with SGLang's functions)",
+        report.memory.drop(columns=["label"]),
+    )
+    if report.simulation is not None:
+        print_frame("allocator simulation (SGLang's pools on CPU)", report.simulation)
+    else:
+        console.print("[yellow]sglang not importable: allocator simulation skipped[/yellow]")
+    for p in report.write(out / s.name):
+        console.print(f"wrote {p}")
+    disagree = bool(report.memory["sglang_agrees"].eq(False).any())
+    unclean = 0 if report.simulation is None else int((~report.simulation["clean"]).sum())
+    if disagree:
+        console.print("[red]specwatch's memory model and SGLang's functions disagree (see table)[/red]")
+    if unclean:
+        console.print(
+            f"[yellow]{unclean} of {len(report.simulation)} allocator simulations not clean "
+            "(leak, double free or row violation): see the simulation table[/yellow]"
+        )
+    return disagree or (strict and bool(unclean))

@@ -1,0 +1,135 @@
+"""``Details``: the facts a record keeps beside its metrics, read from SGLang and the worker."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
+
+
+class HostLoad(BaseModel):
+    """The host's 1-minute load average around a case (``/proc/loadavg``)."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
+
+    before: Optional[float] = Field(default=None, description="Load average as the engine started (None: unknown).")
+    after: Optional[float] = Field(default=None, description="Load average after the case's timed batches.")
+
+
+class Details(BaseModel):
+    """Facts read from SGLang and the worker, beside the metrics. The fields below are the keys that
+    readers use; any other key a worker writes is kept as it is (``extra="allow"``). Only the keys a
+    record holds are written back (``model_fields_set``), so a record re-serializes as it was read.
+    Item access (``details["probe"]``, ``get``, ``in``, ``del``) reads and sets the same keys, and
+    a ``Details`` equals the dict of the keys it holds."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
+
+    probe: Optional[dict] = Field(
+        default=None,
+        description="What specwatch's probe read inside SGLang's "
+        "processes (allocator, req_to_token, pools, attention backend, startup phases).",
+    )
+    pool_coverage: Optional[dict] = Field(
+        default=None,
+        description="Per KV pool role ('target', 'draft'): its "
+        "page, where its valid slots end and where the allocator's last page "
+        "ends in its slot space (``rules.pools.pool_coverage``).",
+    )
+    pool_coverage_at_start: Optional[dict] = Field(
+        default=None, description="``pool_coverage`` read right after the engine started (a crashed case keeps these)."
+    )
+    sglang_sizing: Optional[dict] = Field(
+        default=None,
+        description="The running SGLang's own req_to_token sizing "
+        "fields, or ``{'error': ...}`` where this SGLang has no sizing module.",
+    )
+    engine_memory_usage: Optional[dict] = Field(default=None, description="SGLang's memory usage report.")
+    output_digest: Optional[str] = Field(
+        default=None, description="Hash of the timed batches' outputs (identical prompts must give identical digests)."
+    )
+    prompt_starts: Optional[list] = Field(
+        default=None,
+        description="The timed batches' prompt chain starts, per repeat (None: recorded before specwatch kept them).",
+    )
+    near_full_calibration: Optional[dict] = Field(
+        default=None, description="A near-full case's prompts lengthened after the warm-up (``input_len``)."
+    )
+    accept_histogram: Optional[list[int]] = Field(
+        default=None, description="Accepted draft tokens per verify step, counted by length."
+    )
+    prefill_s: Optional[Union[list[float], float]] = Field(
+        default=None, description="Prefill seconds per repeat (a single float on older records)."
+    )
+    decode_split_repeats: Optional[int] = Field(
+        default=None, description="Repeats whose decode throughput was split from their prefill."
+    )
+    turn_prompt_lens: Optional[list[int]] = Field(
+        default=None, description="Prompt length of each turn (multi-turn cases)."
+    )
+    cache_flush_failures: Optional[int] = Field(
+        default=None, description="Radix-cache flushes SGLang answered as failed between timed batches."
+    )
+    cache_flush_refusals: Optional[int] = Field(
+        default=None, description="Flushes SGLang refused (scheduler not idle) between timed batches."
+    )
+    leak_check_flush_refusals: Optional[int] = Field(default=None, description="Flushes refused before the leak check.")
+    host_load: Optional[HostLoad] = Field(default=None, description="The host's load average around the case.")
+    engine_kwargs: Optional[dict] = Field(default=None, description="The arguments ``sglang.Engine`` was given.")
+    engine_args_not_in_this_sglang: Optional[list] = Field(
+        default=None, description="Engine arguments the installed SGLang does not take (dropped)."
+    )
+    sglang_version: Optional[str] = Field(default=None, description="SGLang version the worker's engine reported.")
+    bare: Optional[bool] = Field(default=None, description="True: run without the probe (no memory facts).")
+    parallel_starts: Optional[int] = Field(
+        default=None, description="Engines started at once (K); None: one after another."
+    )
+    overlap_starts: Optional[bool] = Field(
+        default=None, description="Timed while other engines started (``--overlap-starts``): noisier timing."
+    )
+    waited_for_timing_s: Optional[float] = Field(
+        default=None, description="Seconds the case waited for the timing lock before its timed batches."
+    )
+
+    @model_serializer(mode="wrap")
+    def _only_keys_held(self, handler: Callable) -> dict:
+        data = handler(self)
+        return {k: v for k, v in data.items() if k in self.model_fields_set}
+
+    def _has(self, key: str) -> bool:
+        return key in self.model_fields_set or key in (self.__pydantic_extra__ or {})
+
+    def __getitem__(self, key: str) -> Any:
+        if not self._has(key):
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        setattr(self, key, value)
+
+    def __delitem__(self, key: str) -> None:
+        if not self._has(key):
+            raise KeyError(key)
+        if key in type(self).model_fields:
+            object.__setattr__(self, key, None)
+            self.model_fields_set.discard(key)
+        else:
+            del self.__pydantic_extra__[key]
+            self.model_fields_set.discard(key)
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self._has(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self[key] if self._has(key) else default
+
+    def keys(self) -> list[str]:
+        return [k for k in self.model_dump()]
+
+    def __eq__(self, other: object) -> bool:
+        """Equal to another ``Details`` with the same keys and values, or to a dict of the keys held."""
+        if isinstance(other, dict):
+            return self.model_dump() == other
+        return super().__eq__(other)
+
+    __hash__ = None  # type: ignore[assignment]
