@@ -36,29 +36,14 @@ def run_multi_turn(engine, case: Case, repeats: int, warmup: bool) -> dict:
     draft_oracle = draft_oracle_for(case, oracle)
     for starts in timed_starts(case, repeats):
         chains = [oracle.chain(s, lens[-1] + case.output_len) for s in starts]
-        n_out, wall, al_turns, exp_turns, cached, later_prompt = 0, 0.0, [], [], 0, 0
-        for t, n in enumerate(lens):
-            t0 = time.perf_counter()
-            outs = engine.generate(input_ids=[c[:n] for c in chains], sampling_params=sp)
-            wall += time.perf_counter() - t0
-            for o, c in zip(outs, chains):
-                exp = c[n : n + case.output_len]
-                digest.add(o["output_ids"])
-                mismatches += mismatched_tokens(o["output_ids"], exp)
-                n_out += len(o["output_ids"])
-                m = o["meta_info"]
-                al_turns.append(m.get("spec_accept_length", 0.0))
-                if draft_oracle is not None:
-                    exp_turns.append(expected_accept_length(draft_oracle, case, exp))
-                if t > 0:
-                    cached += m.get("cached_tokens", 0)
-                    later_prompt += n
-        walls.append(wall)
-        tps.append(n_out / wall)
-        als.append(statistics.mean(al_turns))
-        if exp_turns:
-            expected_als.append(statistics.mean(exp_turns))
-        hit_shares.append(cached / max(later_prompt, 1))
+        turn = _conversation(engine, chains, case, sp, draft_oracle, digest)
+        mismatches += turn["mismatches"]
+        walls.append(turn["wall"])
+        tps.append(turn["n_out"] / turn["wall"])
+        als.append(statistics.mean(turn["als"]))
+        if turn["expected_als"]:
+            expected_als.append(statistics.mean(turn["expected_als"]))
+        hit_shares.append(turn["cached"] / max(turn["later_prompt"], 1))
     med = statistics.median
     metrics = MetricSet()
     metrics.put("output_throughput", med(tps), "tokens/s", tps, higher_is_better=True)
@@ -83,3 +68,26 @@ def run_multi_turn(engine, case: Case, repeats: int, warmup: bool) -> dict:
         "checks": checks,
         "details": {"output_digest": digest.hexdigest(), "turn_prompt_lens": lens},
     }
+
+
+def _conversation(engine, chains: list[list[int]], case: Case, sp, draft_oracle, digest: OutputDigest) -> dict:
+    """One timed conversation: every turn's batch in order; what it produced and what the radix
+    cache served (prompt tokens of turns 2..)."""
+    out = {"n_out": 0, "wall": 0.0, "als": [], "expected_als": [], "cached": 0, "later_prompt": 0, "mismatches": 0}
+    for t, n in enumerate(case.prompt_lens()):
+        t0 = time.perf_counter()
+        outs = engine.generate(input_ids=[c[:n] for c in chains], sampling_params=sp)
+        out["wall"] += time.perf_counter() - t0
+        for o, c in zip(outs, chains):
+            exp = c[n : n + case.output_len]
+            digest.add(o["output_ids"])
+            out["mismatches"] += mismatched_tokens(o["output_ids"], exp)
+            out["n_out"] += len(o["output_ids"])
+            m = o["meta_info"]
+            out["als"].append(m.get("spec_accept_length", 0.0))
+            if draft_oracle is not None:
+                out["expected_als"].append(expected_accept_length(draft_oracle, case, exp))
+            if t > 0:
+                out["cached"] += m.get("cached_tokens", 0)
+                out["later_prompt"] += n
+    return out
