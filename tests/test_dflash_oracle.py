@@ -7,6 +7,7 @@ A decode loop with SGLang's greedy verify (``compute_dflash_correct_drafts_and_b
 checks the acceptance against ``Oracle.expected_block_verifies``."""
 
 import contextlib
+import json
 
 import pytest
 
@@ -198,3 +199,19 @@ def test_greedy_decode_with_sglangs_verify_matches_the_closed_form(drafts, profi
     assert verifies == oracle.expected_block_verifies(chain[prompt], output_len, block)
     if profile is Profile.perfect:
         assert verifies == -(-(output_len - 1) // block)
+
+
+def test_sglang_reads_the_draft_config_as_the_oracle_means_it(tmp_path):
+    from specwatch.core.sglang_host import _quiet_import
+
+    utils = _quiet_import("sglang.srt.speculative.dflash_utils")
+    oracle = Oracle(SHAPES[ModelSize.tiny], 0, Profile.perfect)
+    folder = tmp_path / "d8"
+    write_dflash_draft(folder, oracle, 8)
+    config = json.loads((folder / "config.json").read_text())
+    parsed = utils.parse_dflash_draft_config(draft_hf_config=config)
+    target_layers = SHAPES[ModelSize.tiny].layers
+    assert parsed.resolve_block_size(default=16) == 8
+    assert parsed.mask_token_id == MASK_TOKEN_ID < SHAPES[ModelSize.tiny].vocab
+    assert parsed.resolve_target_layer_ids(target_num_layers=target_layers) == [0, 1, 2]
+    assert config["architectures"] == ["DFlashDraftModel"] and utils.get_dflash_layer_types(config) is None
