@@ -36,7 +36,7 @@ from pydantic_core import PydanticCustomError
 from specwatch.core.case import Algorithm, Backend, Case, ModelSize, Profile, Workload
 from specwatch.core.errors import SpecwatchInputError
 from specwatch.oracle.shapes import SHAPES
-from specwatch.rules.validity import normalize_draft_tokens, skip_reason
+from specwatch.rules.validity import normalize_dflash, normalize_draft_tokens, skip_reason
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -217,6 +217,8 @@ class PlannedCase:
     case: Case
     skip: Optional[str]
     duplicate: bool = False
+    adjusted: tuple[str, ...] = ()
+    """SGLang's words for each value it overrides in the matrix point (DFLASH's topk and num_steps)."""
 
 
 @dataclass(frozen=True)
@@ -362,6 +364,7 @@ def iter_expand(spec: SuiteSpec) -> Iterator[PlannedCase]:
         for values in itertools.product(*(getattr(m, f) for f in fields)):
             p = dict(zip(fields, values))
             requested = p["num_draft_tokens"]
+            p["topk"], p["num_steps"], adjusted = normalize_dflash(p["algorithm"], p["topk"], p["num_steps"])
             p["num_draft_tokens"] = normalize_draft_tokens(p["algorithm"], p["topk"], p["num_steps"], requested)
             case = Case(**p)
             cid = case.case_id
@@ -372,10 +375,12 @@ def iter_expand(spec: SuiteSpec) -> Iterator[PlannedCase]:
                         f" (SGLang adjusts speculative_num_draft_tokens={requested} to "
                         f"speculative_num_steps + 1 = {case.num_draft_tokens} when topk == 1)"
                     )
-                yield PlannedCase(case, why, duplicate=True)
+                if adjusted:
+                    why += " (SGLang: " + " ".join(adjusted) + ")"
+                yield PlannedCase(case, why, duplicate=True, adjusted=adjusted)
                 continue
             seen.add(cid)
-            yield PlannedCase(case, skip_reason(case))
+            yield PlannedCase(case, skip_reason(case), adjusted=adjusted)
 
 
 def expand(spec: SuiteSpec) -> list[PlannedCase]:

@@ -107,6 +107,8 @@ def print_plan(name: str, planned: list) -> None:
         console.print("every case: " + ", ".join(f"{HEADERS[i]} {rows[0][i]}" for i in same), highlight=False)
     for i, why in enumerate(reasons, 1):
         console.print(f"skip #{i}: {why}", highlight=False)
+    for said in dict.fromkeys(a for p in planned for a in p.adjusted):  # SGLang's words for what it overrides
+        console.print(f"SGLang: {said}", highlight=False)
 
 
 def plan_row(c, status: Text) -> list:

@@ -16,6 +16,9 @@ class Algorithm(str, Enum):
     EAGLE3 = "EAGLE3"
     STANDALONE = "STANDALONE"
     NGRAM = "NGRAM"
+    DFLASH = "DFLASH"
+    """Block-diffusion drafting (SGLang 0.5.11 on): one draft forward proposes a block of
+    ``num_draft_tokens`` (its block size); SGLang forces num_steps = topk = 1."""
 
     @property
     def has_draft_kv(self) -> bool:

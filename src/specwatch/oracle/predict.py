@@ -13,7 +13,7 @@ from typing import Optional
 
 import numpy as np
 
-from specwatch.core.case import Profile
+from specwatch.core.case import Algorithm, Profile
 from specwatch.oracle.shapes import FIRST_ACTIVE, RIGHT_WEIGHT, WRONG_WEIGHT, Shape
 
 
@@ -65,6 +65,27 @@ class Oracle:
         if self.profile is Profile.random:
             raise ValueError("random profile has no closed form")
         return expected_tree_verifies(self, first_output_token, output_len, num_steps, topk, num_draft_tokens)
+
+    def expected_block_verifies(self, first_output_token: int, output_len: int, block_size: int) -> int:
+        """Verify steps of the DFLASH oracle draft (``specwatch.oracle.dflash``) for ``output_len``
+        tokens: each block proposes ``block_size - 1`` tokens, right while the chain stays outside
+        the wrong set, so a verify accepts the chain run at depth ``block_size - 1``."""
+        return self.expected_chain_verifies(first_output_token, output_len, block_size - 1)
+
+    def expected_case_verifies(
+        self,
+        algorithm: Algorithm,
+        first_output_token: int,
+        output_len: int,
+        num_steps: int,
+        topk: int,
+        num_draft_tokens: int,
+    ) -> int:
+        """Verify steps of a case's algorithm: DFLASH's block (``num_draft_tokens``, SGLang's block
+        size), the EAGLE family's chain or tree (``expected_verifies``) otherwise."""
+        if algorithm is Algorithm.DFLASH:
+            return self.expected_block_verifies(first_output_token, output_len, num_draft_tokens)
+        return self.expected_verifies(first_output_token, output_len, num_steps, topk, num_draft_tokens)
 
     def expected_chain_verifies(self, first_output_token: int, output_len: int, num_steps: int) -> int:
         """Verify steps a chain (topk = 1) needs for ``output_len`` tokens, the first from prefill."""

@@ -70,7 +70,7 @@ def _ngram_tree_on_paged_kv(c: Case) -> Optional[str]:
 
 
 def _tree_holds_draft_tokens(c: Case) -> Optional[str]:
-    if c.algorithm is Algorithm.NGRAM:
+    if c.algorithm in (Algorithm.NGRAM, Algorithm.DFLASH):  # DFLASH: num_draft_tokens is the block size
         return None
     limit = c.num_steps * c.topk + 1
     if c.num_draft_tokens > limit:
@@ -151,6 +151,87 @@ def _mla_oracle(c: Case) -> Optional[str]:
     return None
 
 
+DFLASH_ARG_REFUSALS: tuple[str, ...] = (
+    "DFLASH speculative decoding only supports CUDA and NPU devices.",
+    "Currently DFLASH speculative decoding does not support dp attention.",
+    "Currently DFLASH speculative decoding only supports pp_size == 1.",
+    "DFLASH speculative decoding requires setting --speculative-draft-model-path.",
+    "--speculative-draft-window-size must be >= --speculative-num-draft-tokens (block_size).",
+)
+"""SGLang 0.5.17's argument refusals for DFLASH (``arg_groups/speculative_hook.py:_handle_dflash``,
+the same words in 0.5.23) that no specwatch case can reach: specwatch runs on CUDA, never turns on
+dp attention, pipeline parallelism or a draft window, and always passes the oracle draft's path."""
+
+
+DFLASH_NUM_STEPS = "DFLASH only supports speculative_num_steps == 1; overriding speculative_num_steps={} to 1."
+DFLASH_TOPK = "DFLASH only supports speculative_eagle_topk == 1; overriding speculative_eagle_topk={} to 1."
+"""SGLang's warnings when it forces DFLASH's num_steps and topk to 1 (``_handle_dflash``)."""
+
+
+def normalize_dflash(algorithm: Algorithm, topk: int, num_steps: int) -> tuple[int, int, tuple[str, ...]]:
+    """(topk, num_steps, SGLang's words for each override): DFLASH runs with both forced to 1
+    ("DFLASH does not use EAGLE-style `num_steps`/`topk`"); other algorithms keep theirs."""
+    if algorithm is not Algorithm.DFLASH:
+        return topk, num_steps, ()
+    said = ((DFLASH_TOPK.format(topk),) if topk != 1 else ()) + (
+        (DFLASH_NUM_STEPS.format(num_steps),) if num_steps != 1 else ()
+    )
+    return 1, 1, said
+
+
+def _dflash_draft_heads(c: Case) -> Optional[str]:
+    from specwatch.oracle.dflash import dflash_shape
+    from specwatch.oracle.shapes import SHAPES
+
+    if c.algorithm is not Algorithm.DFLASH or SHAPES[c.model].arch != "llama":
+        return None
+    d = dflash_shape(SHAPES[c.model])
+    if d.heads % c.tp:
+        return (
+            f"DFlashAttention requires total_num_heads divisible by tp_size. total_num_heads={d.heads}, tp_size={c.tp}."
+        )
+    if d.kv_heads >= c.tp and d.kv_heads % c.tp or d.kv_heads < c.tp and c.tp % d.kv_heads:
+        relation = (
+            "total_num_kv_heads divisible by tp_size when >= tp_size"
+            if d.kv_heads >= c.tp
+            else ("tp_size divisible by total_num_kv_heads when total_num_kv_heads < tp_size")
+        )
+        return f"DFlashAttention requires {relation}. total_num_kv_heads={d.kv_heads}, tp_size={c.tp}."
+    return None
+
+
+def _dflash_oracle(c: Case) -> Optional[str]:
+    from specwatch.core.case import Profile
+    from specwatch.oracle.dflash import MAX_BLOCK, MIN_PROMPT
+
+    if c.algorithm is not Algorithm.DFLASH:
+        return None
+    if c.profile is Profile.random:
+        return "specwatch: the DFLASH oracle draft has no 'random' profile (its acceptance has no closed form)"
+    if c.num_draft_tokens > MAX_BLOCK:
+        return f"specwatch: the DFLASH oracle draft serves block sizes (num_draft_tokens) up to {MAX_BLOCK}"
+    if c.input_len < MIN_PROMPT:
+        return (
+            f"specwatch: the DFLASH oracle draft is exact from {MIN_PROMPT} committed tokens on (its head "
+            f"groups attend up to {MAX_BLOCK - 1} positions back); input_len={c.input_len}"
+        )
+    return None
+
+
+def _scheduler_clips_output(c: Case) -> Optional[str]:
+    from specwatch.oracle.shapes import SHAPES
+
+    ctx = SHAPES[c.model].max_position
+    prompt = c.prompt_lens()[-1]
+    room = (ctx - 1) - prompt - 1
+    if c.output_len > room:
+        return (
+            f"specwatch: SGLang would decode fewer than output_len={c.output_len} tokens: the scheduler clips "
+            f"max_new_tokens to max_req_len - input_len - 1 = {room} (max_req_len = context_len - 1 = {ctx - 1})"
+        )
+    return None
+
+
 RULES: tuple[Rule, ...] = (
     Rule(
         "mla-backend",
@@ -160,6 +241,8 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule("mla-oracle", "specwatch/oracle.py: write_deepseek_target", _mla_oracle),
     Rule("eagle3-oracle", "specwatch/oracle.py: write_eagle3_draft", _eagle3_oracle),
+    Rule("dflash-oracle", "specwatch/oracle/dflash.py: write_dflash_draft", _dflash_oracle),
+    Rule("dflash-draft-heads", "sglang/srt/models/dflash.py:DFlashAttention.__init__", _dflash_draft_heads),
     Rule("near-full-shape", "specwatch/engine_worker.py: kv_pool_tokens", _near_full_shape),
     Rule("page-divides-prefill-chunk", "sglang/srt/server_args.py:check_server_args", _page_divides_prefill_chunk),
     Rule("dcp-divides-tp", "sglang/srt/server_args.py (DCP groups split TP ranks)", _dcp_divides_tp),
@@ -172,12 +255,18 @@ RULES: tuple[Rule, ...] = (
         "compute_num_reserved_tokens: max(topk*steps, draft) for EAGLE)",
         _fits_context,
     ),
+    Rule(
+        "scheduler-clips-output",
+        "sglang/srt/managers/scheduler.py:init_req_max_new_tokens (max_req_len from tp_worker.py)",
+        _scheduler_clips_output,
+    ),
 )
 
 
 def normalize_draft_tokens(algorithm: Algorithm, topk: int, num_steps: int, num_draft_tokens: int) -> int:
-    """SGLang rewrites num_draft_tokens to num_steps+1 when topk == 1 (EAGLE family)."""
-    if algorithm is not Algorithm.NGRAM and topk == 1:
+    """SGLang rewrites num_draft_tokens to num_steps+1 when topk == 1 (EAGLE family); NGRAM's and
+    DFLASH's (the block size) stay as given."""
+    if algorithm not in (Algorithm.NGRAM, Algorithm.DFLASH) and topk == 1:
         return num_steps + 1
     return num_draft_tokens
 

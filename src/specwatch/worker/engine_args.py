@@ -78,6 +78,10 @@ def engine_kwargs(case: Case, target: Path, draft, max_bs: int, kv_tokens: int |
             kw["speculative_draft_load_format"] = "dummy"
     if case.algorithm is Algorithm.NGRAM:
         kw["speculative_ngram_max_bfs_breadth"] = case.topk
+    if case.algorithm is Algorithm.DFLASH:
+        # SGLang forces both to 1 for DFLASH (``_handle_dflash``, with a warning otherwise); the block
+        # size is speculative_num_draft_tokens, which the oracle draft's dflash_config.block_size names.
+        kw["speculative_num_steps"] = kw["speculative_eagle_topk"] = 1
     if case.tp > 1 and SHAPES[case.model].arch == "deepseek-v3":
         # SGLang auto-enables FlashInfer's allreduce fusion for DeepSeek at tp > 1 on sm90; its
         # kernels JIT-compile on a fresh host (still compiling after 170 s on the x2 host, nothing

@@ -172,7 +172,14 @@ def start_engine(spec: WorkerSpec, emit: Emitter) -> Optional[Engine]:
     report every case (``skipped`` where SGLang's own checks refused it) and return None."""
     cases, first = spec.cases, spec.cases[0]
     t0 = time.perf_counter()
-    target, draft = ensure_models(Path(spec.models_dir), first.model, first.profile, first.algorithm, device="cuda")
+    target, draft = ensure_models(
+        Path(spec.models_dir),
+        first.model,
+        first.profile,
+        first.algorithm,
+        device="cuda",
+        block_size=first.num_draft_tokens,
+    )
     gen_s = time.perf_counter() - t0
     import sglang
 
