@@ -349,7 +349,11 @@ def _fault_checks(a, _srt, root, _args):
             or f"faults {sorted(a.faults)}, absent {sorted(a.faults_absent)}"
         ),
     )
-    for name, site in a.faults.items():
+    sites = [(n, site) for n, site in a.faults.items()] + [
+        (f"{n} (DFLASH)", site) for n, site in a.dflash_faults.items()
+    ]
+    yield "DFLASH edits are of faults with an EAGLE edit", lambda: set(a.dflash_faults) <= set(a.faults) or "no"
+    for name, site in sites:
         yield f"fault {name}: target in module", lambda s=site: s.target.startswith(s.module + ".") or "no"
 
         def matches(s=site):
@@ -374,7 +378,7 @@ def _fault_checks(a, _srt, root, _args):
                 return True  # noted by the match-text check
             from sglang.srt.debug_utils.source_patcher import apply_patches_from_config
 
-            states = apply_patches_from_config(s.patch_yaml(hit_expression(n)))
+            states = apply_patches_from_config(s.patch_yaml(hit_expression(n.split(" ")[0])))
             for st in reversed(states):
                 st.restore()
             return True
@@ -466,7 +470,7 @@ def test_adapters_are_frozen():
 
 def test_fault_replacements_carry_the_hit_counter():
     for a in ADAPTERS:
-        for name, site in a.faults.items():
+        for name, site in [*a.faults.items(), *a.dflash_faults.items()]:
             assert "{hit}" in site.replacement, (a.first, name)
 
 

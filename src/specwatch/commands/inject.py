@@ -40,11 +40,21 @@ def inject(name: Optional[str] = typer.Argument(None, help="Fault to check again
             [[f.name, f.recreates, f.expected_flag] for f in faults.FAULTS.values()],
         )
         return
-    try:
-        from specwatch.rules.releases import fault_plan
+    from specwatch.core.sglang_host import _quiet_import
+    from specwatch.rules.releases import fault_plan
 
-        with faults.applied(fault_plan(name)):
-            pass
+    try:
+        plan = fault_plan(name)
+        for module in plan.modules:
+            try:
+                _quiet_import(module)
+            except ModuleNotFoundError as e:
+                if (e.name or "").startswith("sglang"):
+                    raise
+                console.print(f"{name}: {module} needs {e.name} (not installed here): its edit not checked")
+                continue
+            with faults.applied(plan, module):
+                pass
     except ImportError as e:
         raise SpecwatchInputError(
             None, f"sglang is not importable here ({e}): a fault is checked against the installed SGLang", field=name

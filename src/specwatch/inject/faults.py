@@ -85,27 +85,40 @@ class Fault:
 
 
 @dataclass(frozen=True)
+class FaultEdit:
+    """One edit of a fault in one module."""
+
+    module: str
+    """Module whose import triggers the edit in SGLang's processes."""
+    patch_yaml: Optional[str] = None
+    """The source patcher's configuration; None where ``Fault.patch`` does the work."""
+
+
+@dataclass(frozen=True)
 class FaultPlan:
-    """One fault as one SGLang release needs it applied."""
+    """One fault as one SGLang release needs it applied: one edit per module it reaches (EAGLE's and
+    DFLASH's verify are different functions, each edited when its own module loads)."""
 
     name: str
     """The fault's name."""
     release: str
     """The SGLang version the plan was made for."""
-    modules: tuple[str, ...]
-    """Modules whose import triggers the fault in SGLang's processes."""
-    patch_yaml: Optional[str] = None
-    """The source patcher's configuration; None where ``Fault.patch`` does the work."""
+    edits: tuple[FaultEdit, ...]
+    """The fault's edits, one per module."""
+
+    @property
+    def modules(self) -> tuple[str, ...]:
+        return tuple(e.module for e in self.edits)
 
     def to_json(self) -> str:
         return json.dumps(
-            {"name": self.name, "release": self.release, "modules": list(self.modules), "patch_yaml": self.patch_yaml}
+            {"name": self.name, "release": self.release, "edits": [[e.module, e.patch_yaml] for e in self.edits]}
         )
 
     @classmethod
     def from_json(cls, text: str) -> "FaultPlan":
         d = json.loads(text)
-        return cls(d["name"], d["release"], tuple(d["modules"]), d.get("patch_yaml"))
+        return cls(d["name"], d["release"], tuple(FaultEdit(m, y) for m, y in d["edits"]))
 
 
 def _draft_pool_paged_by_server_page() -> Callable[[], None]:
@@ -176,25 +189,32 @@ def get(name: str) -> Fault:
         raise ValueError(f"unknown fault {name!r}; known: {', '.join(FAULTS)}") from None
 
 
-def apply(plan: FaultPlan) -> list[Callable[[], None]]:
-    """Patch this process; returns the undo callables (call in reverse order to restore)."""
+def apply(plan: FaultPlan, module: Optional[str] = None) -> list[Callable[[], None]]:
+    """Patch this process with the plan's edits (only those of ``module`` when given); returns the
+    undo callables (call in reverse order to restore)."""
     from specwatch.core.sglang_host import _quiet_import
 
     fault = get(plan.name)
-    for mod in plan.modules:
-        _quiet_import(mod)
-    if fault.patch is not None:
-        return [fault.patch()]
-    _quiet_import("sglang.srt.debug_utils.source_patcher")
-    from sglang.srt.debug_utils.source_patcher import apply_patches_from_config
+    undo = []
+    for edit in plan.edits:
+        if module is not None and edit.module != module:
+            continue
+        _quiet_import(edit.module)
+        if fault.patch is not None:
+            undo.append(fault.patch())
+            continue
+        _quiet_import("sglang.srt.debug_utils.source_patcher")
+        from sglang.srt.debug_utils.source_patcher import apply_patches_from_config
 
-    return [state.restore for state in apply_patches_from_config(plan.patch_yaml)]
+        undo += [state.restore for state in apply_patches_from_config(edit.patch_yaml)]
+    return undo
 
 
 @contextlib.contextmanager
-def applied(plan: FaultPlan) -> Iterator[Fault]:
-    """Context manager: the fault is active inside, restored after."""
-    undo = apply(plan)
+def applied(plan: FaultPlan, module: Optional[str] = None) -> Iterator[Fault]:
+    """Context manager: the fault (its edits of ``module`` only, when given) is active inside,
+    restored after."""
+    undo = apply(plan, module)
     try:
         yield get(plan.name)
     finally:

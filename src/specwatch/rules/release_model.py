@@ -160,5 +160,8 @@ class ReleaseAdapter(BaseModel):
     faults: dict[str, FaultSite]
     """Each source-patcher fault that has an edit in this range, by fault name (draft-page-mismatch
     is a property swap, not a source edit: ``draft_pool_page_size_property``)."""
+    dflash_faults: dict[str, FaultSite] = {}
+    """Each fault's edit of DFLASH's own code, where DFLASH has a function of its own for what the
+    fault breaks (its verify's accepted lengths); the plan carries it beside ``faults``'s."""
     faults_absent: dict[str, str]
     """Each source-patcher fault without an edit in this range, by name -> why."""

@@ -50,6 +50,21 @@ def _off_by_one(target: str) -> FaultSite:
 
 
 _S = "sglang.srt."
+_DFLASH_V2 = "sglang.srt.speculative.dflash_worker_v2"
+
+
+def _dflash_off_by_one() -> FaultSite:
+    """accept-off-by-one on DFLASH's verify: commit_lens (its accept_lens) one short right before
+    the next draft input is built (0.5.15 on: ``DFlashWorkerV2.forward_batch_generation``)."""
+    return FaultSite(
+        target=_DFLASH_V2 + ".DFlashWorkerV2.forward_batch_generation",
+        module=_DFLASH_V2,
+        match="next_draft_input = self._make_next_draft_input_decode(\nbonus_tokens=bonus,",
+        replacement="{hit}\ncommit_lens = torch.clamp(commit_lens - 1, min=1)\n"
+        "next_draft_input = self._make_next_draft_input_decode(\nbonus_tokens=bonus,",
+    )
+
+
 _UNALIGNED_INLINE = FaultSite(
     target=_S + "speculative.eagle_utils.eagle_prepare_for_decode",
     module=_S + "speculative.eagle_utils",
@@ -126,6 +141,7 @@ def _later_faults(row_match: str, unaligned: FaultSite) -> dict:
             "no-prefix-tail-dup": _tail_dup(_S + "speculative.eagle_worker_common"),
             "accept-off-by-one": _off_by_one(_RUN_EAGLE_VERIFY),
         },
+        dflash_faults={"accept-off-by-one": _dflash_off_by_one()},
         faults_absent={},
     )
 
@@ -192,6 +208,7 @@ ADAPTERS: tuple[ReleaseAdapter, ...] = (
                     ),
                     "accept-off-by-one": _off_by_one(_WORKER_V2_VERIFY),
                 },
+                dflash_faults={"accept-off-by-one": _dflash_off_by_one()} if x == 15 else {},
                 faults_absent={"unaligned-watermark": _NO_ROUND_UP},
             )
         )

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Optional
 
 from specwatch.core.errors import SpecwatchInputError
-from specwatch.inject.faults import FaultPlan, get, hit_expression
+from specwatch.inject.faults import FaultEdit, FaultPlan, get, hit_expression
 from specwatch.rules.release_model import (
     FaultSite,
     ReleaseAdapter,
@@ -113,9 +113,10 @@ def fault_plan(name: str, version: Optional[str] = None) -> FaultPlan:
                 f"SGLang {version} has no KVCacheConfigurator.pool_page_size property for draft-page-mismatch to swap",
                 field=name,
             )
-        return FaultPlan(name, version, fault.patch_modules)
+        return FaultPlan(name, version, tuple(FaultEdit(m) for m in fault.patch_modules))
     site = a.faults.get(name)
     if site is None:
         why = a.faults_absent.get(name, "no edit known for this release")
         raise FaultNotInRelease(None, f"no edit in SGLang {version}: {why}", field=name)
-    return FaultPlan(name, version, (site.module,), site.patch_yaml(hit_expression(name)))
+    sites = [site] + ([a.dflash_faults[name]] if name in a.dflash_faults else [])
+    return FaultPlan(name, version, tuple(FaultEdit(s.module, s.patch_yaml(hit_expression(name))) for s in sites))

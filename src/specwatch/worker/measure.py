@@ -62,11 +62,12 @@ def host_load() -> float | None:
 
 def draft_oracle_for(case: Case, oracle: Oracle) -> Oracle | None:
     """The oracle the draft follows, where its acceptance has a closed form: the case's own profile
-    for EAGLE/EAGLE3, the perfect chain for STANDALONE; None for NGRAM and random drafts."""
+    for EAGLE/EAGLE3/DFLASH, the perfect chain for STANDALONE; None for NGRAM and random drafts."""
     if case.profile is Profile.random or case.algorithm not in (
         Algorithm.EAGLE,
         Algorithm.EAGLE3,
         Algorithm.STANDALONE,
+        Algorithm.DFLASH,
     ):
         return None
     return oracle if case.algorithm is not Algorithm.STANDALONE else Oracle(oracle.shape, 0, Profile.perfect)
@@ -74,8 +75,8 @@ def draft_oracle_for(case: Case, oracle: Oracle) -> Oracle | None:
 
 def expected_accept_length(draft_oracle: Oracle, case: Case, expected_output: list[int]) -> float:
     """Oracle acceptance length of one request whose greedy output is ``expected_output``."""
-    return case.output_len / draft_oracle.expected_verifies(
-        expected_output[0], case.output_len, case.num_steps, case.topk, case.num_draft_tokens
+    return case.output_len / draft_oracle.expected_case_verifies(
+        case.algorithm, expected_output[0], case.output_len, case.num_steps, case.topk, case.num_draft_tokens
     )
 
 

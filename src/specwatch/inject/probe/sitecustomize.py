@@ -187,16 +187,16 @@ def _patch_scheduler(module):
 
 def _register_fault(plan_json):
     """Apply the planned specwatch fault (``specwatch.inject.faults.FaultPlan``, made by the worker
-    for the installed SGLang release) in this process when its module loads."""
+    for the installed SGLang release) in this process: each edit when its module loads."""
     from specwatch.inject.faults import FaultPlan, apply
 
     plan = FaultPlan.from_json(plan_json)
 
     def hook(module):
-        apply(plan)
-        sys.stderr.write(f"[specwatch probe] fault {plan.name} applied in pid {os.getpid()}\n")
+        apply(plan, module.__name__)
+        sys.stderr.write(f"[specwatch probe] fault {plan.name} applied to {module.__name__} in pid {os.getpid()}\n")
 
-    for mod in plan.modules:
+    for mod in dict.fromkeys(plan.modules):
         if mod in sys.modules:  # imported before the plan was made (the worker's own process)
             hook(sys.modules[mod])
         else:
