@@ -116,11 +116,9 @@ MAX_FUNCTION_LINES = 60
 in a sentence that starts ``Long because``."""
 
 PENDING = {
-    "oracle/checkpoints.py",
     "analysis/compare.py::compare_records",
     "commands/model.py::model_simulate",
     "cpu/allocator_sim.py::_run",
-    "oracle/checkpoints.py::write_deepseek_target",
     "present/plots.py::memory_vs_topk",
     "store/frame.py::record_row",
 }

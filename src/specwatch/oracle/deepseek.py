@@ -100,11 +100,21 @@ def write_deepseek_target(folder: Path, oracle: Oracle, device: str = "cpu") -> 
         )
         if i < s.layers:
             w.update(zero_out_mlp(p + "mlp.", s.intermediate))
+    cfg = _deepseek_config(s)
+    w.update(_mtp_layer(torch, s, cfg, rnd, ones, zero_out_mlp, device))
+    save_checkpoint(torch, folder, cfg, w)
+
+
+def _mtp_layer(torch, s, cfg: dict, rnd, ones, zero_out_mlp, device: str) -> dict:
+    """The MTP layer's own weights (``model.layers.<L>``): MoE MLP with zero down projections and
+    ``eh_proj = [I, 0]``."""
+    w = {}
+    bf = torch.bfloat16
+    h = s.hidden
     mtp = f"model.layers.{s.layers}."
     # SGLang builds the NextN layer's MLP as MoE whatever first_k_dense_replace says
     # (DeepseekV2DecoderLayer._is_layer_sparse: is_nextn or ...): routed and shared experts with zero
     # down projections, so the MTP layer's MLP still adds nothing.
-    cfg = _deepseek_config(s)
     moe, n_exp, n_shared = cfg["moe_intermediate_size"], cfg["n_routed_experts"], cfg["n_shared_experts"]
     w[mtp + "mlp.gate.weight"] = rnd(n_exp, h)
     w[mtp + "mlp.gate.e_score_correction_bias"] = torch.zeros(n_exp, dtype=torch.float32, device=device)
@@ -119,4 +129,4 @@ def write_deepseek_target(folder: Path, oracle: Oracle, device: str = "cpu") -> 
             mtp + "shared_head.norm.weight": ones(h),
         }
     )
-    save_checkpoint(torch, folder, cfg, w)
+    return w
