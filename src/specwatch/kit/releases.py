@@ -79,6 +79,14 @@ RELEASE_RULES: tuple[ReleaseRule, ...] = (
         "EAGLE's draft CUDA-graph capture imports deep_gemm, even for models that never run a DeepGEMM kernel",
     ),
     ReleaseRule(
+        "sgl-flash-mla",
+        SpecifierSet(">=0.5.23"),
+        "carry",
+        "EAGLE's draft CUDA-graph capture imports the FlashMLA backend, whose kernels module imports "
+        "flash_mla at module level (0.5.23 on an H200 host: ModuleNotFoundError: No module named "
+        "'flash_mla' at every EAGLE engine start)",
+    ),
+    ReleaseRule(
         "ipython",
         SpecifierSet(">=0.5.12"),
         "carry",
