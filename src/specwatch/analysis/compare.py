@@ -18,8 +18,6 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Iterable, Optional
 
-from scipy.stats import mannwhitneyu
-
 from specwatch.core.record import CaseRecord, Metric, Status
 from specwatch.store.select import latest_by_case
 
@@ -71,6 +69,8 @@ def _timed_verdict(b: Metric, h: Metric, threshold: float, alpha: float) -> tupl
         return Verdict.unchanged, f"{rel:+.1%} within {threshold:.0%}"
     if len(b.samples) < 2 or len(h.samples) < 2:
         return Verdict.unchanged, f"{rel:+.1%}, too few samples to tell from noise"
+    from scipy.stats import mannwhitneyu  # imported only when a timed change needs the test
+
     p = mannwhitneyu(b.samples, h.samples, alternative="two-sided").pvalue
     if p > alpha:
         return Verdict.unchanged, f"{rel:+.1%}, p={p:.2f} > {alpha}"
@@ -128,69 +128,78 @@ def compare_records(
     alpha: float = 0.1,
     budgets: Optional[dict] = None,
 ) -> list[Row]:
+    """One row per (case, metric or check) of the latest record of each case on either side,
+    worst verdicts first (``ORDER``), then by case and metric."""
     b_by, h_by = latest_by_case(base), latest_by_case(head)
     rows: list[Row] = []
     for cid in sorted(set(b_by) | set(h_by)):
-        b, h = b_by.get(cid), h_by.get(cid)
-        label = (h or b).case.label()
-        if b is None or h is None:
-            rows.append(
-                Row(
-                    cid,
-                    label,
-                    "status",
-                    None,
-                    None,
-                    "",
-                    Verdict.new if b is None else Verdict.gone,
-                    (h or b).status.value,
-                )
-            )
-            continue
-        if b.status is Status.ok and h.status is not Status.ok:
-            rows.append(
-                Row(
-                    cid,
-                    label,
-                    "status",
-                    None,
-                    None,
-                    "",
-                    Verdict.now_failing,
-                    f"{h.status.value}: {(h.reason or '')[:200]}",
-                )
-            )
-            continue
-        if b.status is not Status.ok and h.status is Status.ok:
-            rows.append(Row(cid, label, "status", None, None, "", Verdict.now_fixed, f"was {b.status.value}"))
-        if h.status is not Status.ok:
-            continue
-        for name, hm in h.metrics.items():
-            bm = b.metrics.get(name)
-            if bm is None:
-                rows.append(Row(cid, label, name, None, hm.value, hm.unit, Verdict.new))
-                continue
-            klass = noise_class(h.case)
-            if hm.exact:
-                verdict, note = _exact_verdict(bm, hm)
-                if verdict is not Verdict.unchanged and name in SIZING_EXPLAINED:
-                    note = "; ".join(x for x in (note, sizing_change(b, h)) if x)
-            else:
-                verdict, note = _timed_verdict(bm, hm, budget_for(budgets, klass, name, threshold), alpha)
-                if budgets and verdict is not Verdict.unchanged and budget_key(budgets, klass, name) is None:
-                    # the A/A pairs behind the budgets never measured this class/metric (a new metric, a
-                    # new model or batch size): the plain threshold applied, say so next to the verdict
-                    note = f"{note}; no noise budget for {klass}/{name}: {threshold:.0%} threshold"
-            timed = not hm.exact and len(bm.samples) >= 2 and len(hm.samples) >= 2
-            rows.append(Row(cid, label, name, bm.value, hm.value, hm.unit, verdict, note, timed, klass))
-        for name, ok in h.checks.items():
-            was = b.checks.get(name)
-            if was is True and not ok:
-                rows.append(Row(cid, label, f"check:{name}", 1, 0, "pass", Verdict.regressed, "check now fails"))
-            elif was is False and ok:
-                rows.append(Row(cid, label, f"check:{name}", 0, 1, "pass", Verdict.improved, "check now passes"))
+        rows += case_rows(cid, b_by.get(cid), h_by.get(cid), threshold, alpha, budgets)
     rows.sort(key=lambda r: (ORDER[r.verdict], r.case_id, r.metric))
     return rows
+
+
+def case_rows(
+    cid: str,
+    b: Optional[CaseRecord],
+    h: Optional[CaseRecord],
+    threshold: float,
+    alpha: float,
+    budgets: Optional[dict],
+) -> list[Row]:
+    """The rows of one case: its status change, then (head ok) every metric and check of the head."""
+    label = (h or b).case.label()
+    if b is None or h is None:
+        verdict = Verdict.new if b is None else Verdict.gone
+        return [Row(cid, label, "status", None, None, "", verdict, (h or b).status.value)]
+    if b.status is Status.ok and h.status is not Status.ok:
+        note = f"{h.status.value}: {(h.reason or '')[:200]}"
+        return [Row(cid, label, "status", None, None, "", Verdict.now_failing, note)]
+    rows = []
+    if b.status is not Status.ok and h.status is Status.ok:
+        rows.append(Row(cid, label, "status", None, None, "", Verdict.now_fixed, f"was {b.status.value}"))
+    if h.status is not Status.ok:
+        return rows
+    for name, hm in h.metrics.items():
+        bm = b.metrics.get(name)
+        if bm is None:
+            rows.append(Row(cid, label, name, None, hm.value, hm.unit, Verdict.new))
+        else:
+            rows.append(metric_row(cid, label, name, b, h, bm, hm, threshold, alpha, budgets))
+    for name, ok in h.checks.items():
+        was = b.checks.get(name)
+        if was is True and not ok:
+            rows.append(Row(cid, label, f"check:{name}", 1, 0, "pass", Verdict.regressed, "check now fails"))
+        elif was is False and ok:
+            rows.append(Row(cid, label, f"check:{name}", 0, 1, "pass", Verdict.improved, "check now passes"))
+    return rows
+
+
+def metric_row(
+    cid: str,
+    label: str,
+    name: str,
+    b: CaseRecord,
+    h: CaseRecord,
+    bm: Metric,
+    hm: Metric,
+    threshold: float,
+    alpha: float,
+    budgets: Optional[dict],
+) -> Row:
+    """One metric both sides recorded: exact (any change counts) or timed (past its budget and p)."""
+    klass = noise_class(h.case)
+    if hm.exact:
+        verdict, note = _exact_verdict(bm, hm)
+        if verdict is not Verdict.unchanged and name in SIZING_EXPLAINED:
+            note = "; ".join(x for x in (note, sizing_change(b, h)) if x)
+    else:
+        verdict, note = _timed_verdict(bm, hm, budget_for(budgets, klass, name, threshold), alpha)
+        if budgets and verdict is not Verdict.unchanged and budget_key(budgets, klass, name) is None:
+            # the A/A pairs behind the budgets never measured this class/metric (a new metric, a
+            # new model or batch size): the plain threshold applied, say so next to the verdict
+            note = f"{note}; no noise budget for {klass}/{name}: {threshold:.0%} threshold"
+    timed = not hm.exact and len(bm.samples) >= 2 and len(hm.samples) >= 2
+    return Row(cid, label, name, bm.value, hm.value, hm.unit, verdict, note, timed, klass)
 
 
 def _fmt(v: Optional[float]) -> str:

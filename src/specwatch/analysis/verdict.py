@@ -7,15 +7,20 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
+import numpy as np
 from pydantic import BaseModel, Field
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 from specwatch.analysis.compare import Verdict, compare_records
 from specwatch.core.errors import SpecwatchInputError
 from specwatch.core.record import CaseRecord, Status
 from specwatch.core.sglang_host import version_key
-from specwatch.store.jsonl import load_records, result_files
+from specwatch.store.jsonl import result_files
+from specwatch.store.latest import latest_rows
 from specwatch.store.select import latest_by_case, select
 
 BUDGETS_FILE = Path("noise-budgets.json")
@@ -158,29 +163,51 @@ def compare_suite(
     )
 
 
-def release_verdict(root: Path, budgets_path: Optional[Path] = None) -> Optional[ReleaseVerdict]:
+def frame_health(suite: str, df: "pd.DataFrame") -> SuiteHealth:
+    """``suite_health`` from a records frame's rows of one suite (``latest_rows``: the same rule)."""
+    latest = latest_rows(df, ["case_id"])
+    statuses = Counter(latest.status)
+    ok = latest[latest.status == Status.ok.value]
+    checks = Counter()
+    for col in (c for c in ok.columns if c.startswith("check.")):
+        if n := int(sum(v is False or v is np.False_ for v in ok[col])):
+            checks[col[len("check.") :]] = n
+    return SuiteHealth(
+        suite=suite,
+        statuses={s.value: statuses.get(s.value, 0) for s in Status},
+        failing_checks=dict(sorted(checks.items())),
+    )
+
+
+def release_verdict(
+    root: Path, budgets_path: Optional[Path] = None, frame: Optional["pd.DataFrame"] = None
+) -> Optional[ReleaseVerdict]:
     """The newest release against the previous one in the results store at ``root`` (clean, probed
     records, as ``specwatch compare`` selects them); None when the store holds no such record.
-    ``budgets_path``: the noise budgets (default ``<root>/noise-budgets.json``, used when present)."""
+    ``budgets_path``: the noise budgets (default ``<root>/noise-budgets.json``, used when present);
+    ``frame``: the store's records frame (``files_frame``; read when not given). Versions and
+    health come from the frame; each compared suite reads only its two releases' files (``select``)."""
+    from specwatch.store.frame import files_frame
+
     budgets_path = root / BUDGETS_FILE if budgets_path is None else budgets_path
     budgets = load_budgets(budgets_path)
+    df = files_frame(result_files(root)) if frame is None else frame
+    if df.empty or "sglang_version" not in df:
+        return None
     # statuses and checks of overlapped runs count (only their timing is contended, and compare's
     # own selections leave those out of the timed comparison)
-    records = [
-        r
-        for r in load_records(result_files(root))
-        if r.provenance.fault is None and r.provenance.probe and r.provenance.sglang_version
-    ]
-    versions = sorted({r.provenance.sglang_version for r in records}, key=version_key)
+    clean = df.fault.isna() & (df.probe == True) & df.sglang_version.notna() & (df.sglang_version != "")  # noqa: E712
+    df = df[clean]
+    versions = sorted(set(df.sglang_version), key=version_key)
     if not versions:
         return None
     head, base = versions[-1], (versions[-2] if len(versions) > 1 else None)
-    suites = {v: {r.suite for r in records if r.provenance.sglang_version == v} for v in (head, base)}
+    suites = {v: set(df.suite[df.sglang_version == v]) for v in (head, base)}
     compared = (
         [compare_suite(s, base, head, root, budgets) for s in sorted(suites[head] & suites[base])] if base else []
     )
-    newest = [r for r in records if r.provenance.sglang_version == head]
-    health = [suite_health(s, [r for r in newest if r.suite == s]) for s in sorted(suites[head])]
+    newest = df[df.sglang_version == head]
+    health = [frame_health(s, newest[newest.suite == s]) for s in sorted(suites[head])]
     return ReleaseVerdict(
         head_version=head,
         base_version=base,

@@ -146,28 +146,41 @@ def _build(paths: list[Path], strict: bool) -> dict[Path, tuple["pd.DataFrame", 
 
 
 def record_row(r: CaseRecord) -> dict:
-    """A record's row of the records frame (the facts re-read under today's rules)."""
-    from specwatch.rules.pools import draft_page_matches
-
+    """A record's row of the records frame (the facts re-read under today's rules), its columns in
+    this order: identity, case parameters, provenance, metrics, checks, details, pool coverage and
+    the verdicts re-judged today."""
     row = {"suite": r.suite, "case_id": r.case_id, "status": r.status.value, "reason": reason_now(r)}
     row.update(r.case.params())
+    row.update(provenance_cells(r))
+    row.update(metric_cells(r))
+    row.update(detail_cells(r))
+    row.update(coverage_cells(r))
+    row["leak_is_unflushed_cache"] = leak_is_unflushed_cache(r)
+    row["row_matches_model_now"] = row_matches_model_now(r)
+    row["host_interference"] = host_interference(r)
+    return row
+
+
+def provenance_cells(r: CaseRecord) -> dict:
+    """Where and with what the record ran."""
     prov = r.provenance
-    row.update(
-        {
-            "machine": prov.machine,
-            "sglang_version": prov.sglang_version,
-            "sglang_commit": prov.sglang_commit,
-            "gpu_name": prov.gpu_name,
-            "fault": prov.fault,
-            "probe": prov.probe,
-            "started_at": prov.started_at,
-            "finished_at": prov.finished_at,
-            "specwatch_commit": prov.specwatch_commit,
-            "run_id": prov.run_id,
-        }
-    )
-    for name, m in r.metrics.items():
-        row[name] = m.value
+    return {
+        "machine": prov.machine,
+        "sglang_version": prov.sglang_version,
+        "sglang_commit": prov.sglang_commit,
+        "gpu_name": prov.gpu_name,
+        "fault": prov.fault,
+        "probe": prov.probe,
+        "started_at": prov.started_at,
+        "finished_at": prov.finished_at,
+        "specwatch_commit": prov.specwatch_commit,
+        "run_id": prov.run_id,
+    }
+
+
+def metric_cells(r: CaseRecord) -> dict:
+    """One cell per metric value, the repeats' spread, the start breakdown and one per check."""
+    row = {name: m.value for name, m in r.metrics.items()}
     dt = r.metrics.get("decode_throughput")
     if dt is not None and (spread := relative_spread(dt.samples)) is not None:
         # the repeats' own spread (one engine, back to back): what a single run can resolve
@@ -175,41 +188,52 @@ def record_row(r: CaseRecord) -> dict:
     row.update(start_breakdown(r))
     for name, ok in r.checks.items():
         row[f"check.{name}"] = ok
+    return row
+
+
+def detail_cells(r: CaseRecord) -> dict:
+    """Facts of ``details``: output digest, the timed batches' chain starts and repeats, calibration."""
     details = r.details
-    row["output_digest"] = details.output_digest
-    # the timed batches' chain starts (None on records made before specwatch kept them) and how many
-    row["prompt_starts"] = details.prompt_starts
-    row["timed_repeats"] = len(r.metrics["wall_time"].samples) if "wall_time" in r.metrics else None
-    # near-full prompts lengthened after the warm-up (engine_worker.near_full_extension)
-    row["calibrated_input_len"] = (details.near_full_calibration or {}).get("input_len")
-    row["overlap_starts"] = r.overlap_starts  # timed while other engines started
-    # whether the probe read the target's attention backend (engine_worker.writes_at_virtual_slots):
-    # without it a DCP target pool is judged as sharded, which a backend with no DCP code is not
     probe = details.probe
-    row["probe_read_attention_backend"] = None if not probe else "target_attention_backend" in probe
-    # seed 004's facts: the shared allocator's page and, per KV pool, its page, where its valid
-    # slots end and where the allocator's last page ends in that pool's slot space
-    # (engine_worker.pool_coverage; a crashed record keeps those read right after its engine started)
+    return {
+        "output_digest": details.output_digest,
+        # the timed batches' chain starts (None on records made before specwatch kept them) and how many
+        "prompt_starts": details.prompt_starts,
+        "timed_repeats": len(r.metrics["wall_time"].samples) if "wall_time" in r.metrics else None,
+        # near-full prompts lengthened after the warm-up (engine_worker.near_full_extension)
+        "calibrated_input_len": (details.near_full_calibration or {}).get("input_len"),
+        "overlap_starts": r.overlap_starts,  # timed while other engines started
+        # whether the probe read the target's attention backend (engine_worker.writes_at_virtual_slots):
+        # without it a DCP target pool is judged as sharded, which a backend with no DCP code is not
+        "probe_read_attention_backend": None if not probe else "target_attention_backend" in probe,
+    }
+
+
+def coverage_cells(r: CaseRecord) -> dict:
+    """Seed 004's facts: the shared allocator's page and, per KV pool, its page, where its valid
+    slots end and where the allocator's last page ends in that pool's slot space
+    (engine_worker.pool_coverage; a crashed record keeps those read right after its engine started),
+    and seed 004's flag judged from them under today's definition (the draft pool's page against
+    the allocator's in the pool's slot space); records before 65d73a6 stored a check that compared
+    the raw pages, wrong under DCP."""
+    from specwatch.rules.pools import draft_page_matches
+
+    details = r.details
     coverage = dict(details.pool_coverage or details.pool_coverage_at_start or {})
     if r.case.algorithm.value == "NGRAM":
         coverage.pop("draft", None)  # probes before 65d73a6 took NGRAM's shared target pool for a draft pool
     any_cov = next(iter(coverage.values()), {})
-    row["allocator_page_size"] = ((probe or {}).get("allocator") or {}).get("page_size") or (
-        any_cov.get("allocator_page_in_pool_slots", 0) * (any_cov.get("scale") or 0) or None
-    )
+    row = {
+        "allocator_page_size": ((details.probe or {}).get("allocator") or {}).get("page_size")
+        or (any_cov.get("allocator_page_in_pool_slots", 0) * (any_cov.get("scale") or 0) or None)
+    }
     for role in ("target", "draft"):
         cov = coverage.get(role) or {}
         row[f"{role}_pool_page_size"] = cov.get("pool_page_size")
         row[f"{role}_pool_valid_end"] = cov.get("pool_valid_end")
         row[f"{role}_pool_needed_end"] = cov.get("allocator_slot_end")
-    # seed 004's flag, judged from those facts under today's definition (the draft pool's page
-    # against the allocator's in the pool's slot space); records before 65d73a6 stored a check
-    # that compared the raw pages, wrong under DCP
     draft = coverage.get("draft")
     row["draft_pool_page_mismatch"] = None if not draft else not draft_page_matches(draft)
-    row["leak_is_unflushed_cache"] = leak_is_unflushed_cache(r)
-    row["row_matches_model_now"] = row_matches_model_now(r)
-    row["host_interference"] = host_interference(r)
     return row
 
 
