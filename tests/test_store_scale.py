@@ -128,3 +128,33 @@ def test_the_roofline_from_the_frame_is_that_of_the_records():
             r.metrics["accept_length"] = r.metrics["output_throughput"].model_copy(update={"value": 2.5})
     a, b = roofline_frame(recs), roofline_rows(records_frame(recs))
     assert len(a) == 3 and a.equals(b)
+
+
+@pytest.mark.parametrize(
+    "base, head",
+    [
+        ("sglang_version=0.5.16,suite=tree-page", "sglang_version=0.5.17,suite=tree-page"),
+        ("sglang_version=0.5.17,suite=smoke", "sglang_version=0.5.20,suite=smoke,overlap=on"),
+        ("suite=smoke,sglang_version=0.5.17,run=-2", "suite=smoke,sglang_version=0.5.17,run=-1"),
+        ("suite=faults", "suite=faults,fault!=none"),
+        ("suite=model-8b,probe=off", "suite=model-8b"),
+    ],
+)
+def test_compare_on_frame_rows_is_compare_on_records(base, head):
+    from specwatch.analysis.compare import compare_frames, compare_records
+    from specwatch.store.select_frame import select_rows
+
+    budgets = json.loads((RESULTS / "noise-budgets.json").read_text())["budgets"]
+    b, h = select(base, RESULTS), select(head, RESULTS)
+    rows_b, rows_h = select_rows(base, RESULTS), select_rows(head, RESULTS)
+    assert list(rows_b.case_id) == [r.case_id for r in b] and list(rows_h.case_id) == [r.case_id for r in h]
+    expected = compare_records(b, h, budgets=budgets)
+    assert len(expected) > 10 and compare_frames(rows_b, rows_h, budgets=budgets) == expected
+
+
+def test_an_unknown_selection_field_is_refused_by_the_frame_selection_too():
+    from specwatch.core.errors import SpecwatchInputError
+    from specwatch.store.select_frame import select_rows
+
+    with pytest.raises(SpecwatchInputError, match="FIELD=VALUE"):
+        select_rows("colour=blue", RESULTS)

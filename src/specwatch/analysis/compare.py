@@ -16,10 +16,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Iterable, Optional
+from pathlib import Path
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Iterable, Optional
 
+from specwatch.core.errors import SpecwatchInputError
 from specwatch.core.record import CaseRecord, Metric, Status
+from specwatch.store.frame import COMPARE_COLUMN
+from specwatch.store.latest import latest_rows
 from specwatch.store.select import latest_by_case
+from specwatch.store.select_frame import select_rows
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 class Verdict(str, Enum):
@@ -200,6 +209,73 @@ def metric_row(
             note = f"{note}; no noise budget for {klass}/{name}: {threshold:.0%} threshold"
     timed = not hm.exact and len(bm.samples) >= 2 and len(hm.samples) >= 2
     return Row(cid, label, name, bm.value, hm.value, hm.unit, verdict, note, timed, klass)
+
+
+@dataclass
+class MetricView:
+    """A metric as ``COMPARE_COLUMN`` keeps it (the fields of ``Metric`` compare reads)."""
+
+    value: float
+    unit: str
+    samples: list
+    exact: bool
+    higher_is_better: Optional[bool]
+
+
+class RecordView:
+    """A records-frame row with its ``COMPARE_COLUMN`` decoded: what ``case_rows`` reads of a record."""
+
+    def __init__(self, row: dict):
+        import orjson
+
+        cell = orjson.loads(row[COMPARE_COLUMN])
+        nan = float("nan")
+        self.status = Status(row["status"])
+        self.reason = cell["r"]
+        self.metrics = {
+            name: MetricView(nan if v is None else v, unit, [nan if x is None else x for x in samples], exact, hib)
+            for name, (v, unit, samples, exact, hib) in cell["m"].items()
+        }
+        self.checks = cell["c"]
+        self.details = SimpleNamespace(sglang_sizing=cell["s"])
+        self.case = SimpleNamespace(
+            label=lambda: cell["l"], model=SimpleNamespace(value=row["model"]), batch_size=row["batch_size"]
+        )
+
+
+def compare_frames(
+    base: "pd.DataFrame",
+    head: "pd.DataFrame",
+    threshold: float = 0.05,
+    alpha: float = 0.1,
+    budgets: Optional[dict] = None,
+) -> list[Row]:
+    """``compare_records`` of two selections as frame rows (``store.select_frame.select_rows``): the
+    latest row of each case by the same rule (``latest_rows``), each case's two rows decoded only
+    while its rows are made."""
+    b_by, h_by = ({} if df.empty else _by_case(latest_rows(df, ["case_id"])) for df in (base, head))
+    rows: list[Row] = []
+    for cid in sorted(set(b_by) | set(h_by)):
+        b, h = (RecordView(side[cid]) if cid in side else None for side in (b_by, h_by))
+        rows += case_rows(cid, b, h, threshold, alpha, budgets)
+    rows.sort(key=lambda r: (ORDER[r.verdict], r.case_id, r.metric))
+    return rows
+
+
+def _by_case(df: "pd.DataFrame") -> dict[str, dict]:
+    cols = ["case_id", "status", "model", "batch_size", COMPARE_COLUMN]
+    return {r["case_id"]: r for r in df[cols].to_dict("records")}
+
+
+def compare_specs(
+    base: str, head: str, root: Path, threshold: float = 0.05, alpha: float = 0.1, budgets: Optional[dict] = None
+) -> list[Row]:
+    """``specwatch compare``: two selections (``select`` forms) read as frame rows and compared;
+    an empty side is refused as ``SpecwatchInputError``."""
+    b, h = select_rows(base, root), select_rows(head, root)
+    if b.empty or h.empty:
+        raise SpecwatchInputError(None, f"empty selection: base has {len(b)} records, head {len(h)}")
+    return compare_frames(b, h, threshold, alpha, budgets)
 
 
 def _fmt(v: Optional[float]) -> str:

@@ -15,13 +15,14 @@ from pydantic import BaseModel, Field
 if TYPE_CHECKING:
     import pandas as pd
 
-from specwatch.analysis.compare import Verdict, compare_records
+from specwatch.analysis.compare import Verdict, compare_frames
 from specwatch.core.errors import SpecwatchInputError
 from specwatch.core.record import CaseRecord, Status
 from specwatch.core.sglang_host import version_key
 from specwatch.store.jsonl import result_files
 from specwatch.store.latest import latest_rows
-from specwatch.store.select import latest_by_case, select
+from specwatch.store.select import latest_by_case
+from specwatch.store.select_frame import select_rows
 
 BUDGETS_FILE = Path("noise-budgets.json")
 """The noise-budget file ``specwatch noise`` writes, relative to the results root."""
@@ -146,13 +147,13 @@ def compare_suite(
     sides = []
     for version in (base_version, head_version):
         spec = f"sglang_version={version},suite={suite}"
-        records = select(spec, root)
-        if not records:
+        rows = select_rows(spec, root)
+        if rows.empty:
             spec += ",overlap=on"
-            records = select(spec, root)
-        sides.append((spec, records))
-    (base, base_records), (head, head_records) = sides
-    rows = compare_records(base_records, head_records, budgets=budgets)
+            rows = select_rows(spec, root)
+        sides.append((spec, rows))
+    (base, base_rows), (head, head_rows) = sides
+    rows = compare_frames(base_rows, head_rows, budgets=budgets)
     return SuiteComparison(
         suite=suite,
         base=base,

@@ -57,13 +57,19 @@ CHUNK_BYTES = 8 << 20
 
 
 def files_frame(
-    paths: Iterable[Path], cache: bool = True, strict: bool = False, quarantine: Optional[Quarantine] = None
+    paths: Iterable[Path],
+    cache: bool = True,
+    strict: bool = False,
+    quarantine: Optional[Quarantine] = None,
+    columns: Optional[list[str]] = None,
 ) -> "pd.DataFrame":
     """``records_frame`` of the records of ``paths``, built file by file: records are streamed
     into rows and dropped (none kept), and with ``cache`` each file's rows are read from (or
     written to) its Parquet cache (``frame_cache``), rebuilt whenever the JSONL changes. Over
     ``PARALLEL_BYTES`` of JSONL to build, line-aligned pieces are built in a process pool. Invalid
-    lines are quarantined as ``jsonl.read_records`` does (``strict``: raised, no cache)."""
+    lines are quarantined as ``jsonl.read_records`` does (``strict``: raised, no cache).
+    ``columns``: only those (of the ones a file has) are read, ``COMPARE_COLUMN`` among them when
+    named; by default every column of ``records_frame``."""
     import pandas as pd
 
     from specwatch.store.frame_cache import fresh_rows, store_rows
@@ -73,29 +79,62 @@ def files_frame(
     parts: dict[Path, "pd.DataFrame"] = {}
     keys: dict[Path, Optional[dict]] = {}
     for p in paths:
-        hit, keys[p] = fresh_rows(p, q) if cache and not strict else (None, None)
+        hit, keys[p] = fresh_rows(p, q, columns) if cache and not strict else (None, None)
         if hit is not None:
             parts[p] = hit
     misses = [p for p in paths if p not in parts]
     for p, (df, entries) in _build(misses, strict).items():
         for line in entries:
             q.add(line)
-        parts[p] = df
         if cache and not strict:
             store_rows(p, df, keys[p], entries)
+        parts[p] = _columns(df, columns)
     frames = [parts[p] for p in paths if not parts[p].empty]
     return pd.concat(frames, ignore_index=True, sort=False) if frames else pd.DataFrame()
 
 
 def _rows_of_span(path: Path, span: tuple, strict: bool) -> tuple["pd.DataFrame", list[str]]:
-    """Rows of a byte span of one JSONL and the lines it quarantined (warnings left to the caller)."""
+    """Rows of a byte span of one JSONL (with ``COMPARE_COLUMN``) and the lines it quarantined
+    (warnings left to the caller)."""
     import warnings
+
+    import pandas as pd
 
     q = Quarantine()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        df = records_frame(read_records(path, strict=strict, quarantine=q, span=span))
+        rows, cells = [], []
+        for r in read_records(path, strict=strict, quarantine=q, span=span):
+            rows.append(record_row(r))
+            cells.append(compare_cell(r))
+    df = pd.DataFrame(rows)
+    if rows:
+        df[COMPARE_COLUMN] = cells
     return df, q.entries
+
+
+COMPARE_COLUMN = "_compare"
+"""A files frame's hidden column (cached, read only when named): per record, as JSON, what
+``analysis.compare`` needs beyond the frame: the recorded reason, the case label, SGLang's own
+sizing, and per metric and check what the frame's one value per column leaves out."""
+
+
+def compare_cell(r: CaseRecord) -> str:
+    """``COMPARE_COLUMN``'s JSON of one record: ``r`` reason, ``l`` label, ``s`` sizing, ``m``
+    metrics (name -> [value, unit, samples, exact, higher_is_better], in the record's order; NaN as
+    null) and ``c`` checks (name -> passed, in order)."""
+    import orjson
+
+    metrics = {n: [m.value, m.unit, m.samples, m.exact, m.higher_is_better] for n, m in r.metrics.items()}
+    cell = {"r": r.reason, "l": r.case.label(), "s": r.details.sglang_sizing, "m": metrics, "c": r.checks}
+    return orjson.dumps(cell).decode()
+
+
+def _columns(df: "pd.DataFrame", columns: Optional[list[str]]) -> "pd.DataFrame":
+    """``df`` with only ``columns`` (those it has), or without ``COMPARE_COLUMN`` when None."""
+    if columns is None:
+        return df.drop(columns=[COMPARE_COLUMN], errors="ignore")
+    return df[[c for c in columns if c in df.columns]]
 
 
 def _spans(path: Path) -> list[tuple]:

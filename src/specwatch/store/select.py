@@ -59,14 +59,7 @@ def select(spec: str, root: Path) -> list[CaseRecord]:
     p = Path(spec)
     if p.exists():
         return load_records([p] if p.is_file() else result_files(p))
-    terms = []
-    for term in spec.split(","):
-        key, sep, value = term.partition("=")
-        if not sep or key.rstrip("!") not in SELECT_FIELDS:
-            raise SpecwatchInputError(
-                None, f"not a results file or FIELD=VALUE with FIELD in {sorted(SELECT_FIELDS)}", field=spec
-            )
-        terms.append((key.rstrip("!"), key.endswith("!"), value))
+    terms = parse_terms(spec)
     recs = load_records(selected_files(root, terms))
     named = {key for key, _, _ in terms}
     if "fault" not in named:
@@ -81,6 +74,19 @@ def select(spec: str, root: Path) -> list[CaseRecord]:
         values = set(value.split("|"))  # FIELD=A|B: either
         recs = [r for r in recs if (str(SELECT_FIELDS[key](r)) in values) != negate]
     return recs
+
+
+def parse_terms(spec: str) -> list[tuple[str, bool, str]]:
+    """A FIELD=VALUE[,FIELD!=VALUE...] selection's terms: (FIELD, negated, VALUE)."""
+    terms = []
+    for term in spec.split(","):
+        key, sep, value = term.partition("=")
+        if not sep or key.rstrip("!") not in SELECT_FIELDS:
+            raise SpecwatchInputError(
+                None, f"not a results file or FIELD=VALUE with FIELD in {sorted(SELECT_FIELDS)}", field=spec
+            )
+        terms.append((key.rstrip("!"), key.endswith("!"), value))
+    return terms
 
 
 FILE_FIELDS = ("machine", "sglang_version", "suite", "fault", "probe")
