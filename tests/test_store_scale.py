@@ -158,3 +158,12 @@ def test_an_unknown_selection_field_is_refused_by_the_frame_selection_too():
 
     with pytest.raises(SpecwatchInputError, match="FIELD=VALUE"):
         select_rows("colour=blue", RESULTS)
+
+
+def test_the_fast_path_takes_lines_written_with_spaces_too(monkeypatch):
+    import specwatch.store.jsonl as jsonl
+
+    line = json.dumps(json.loads(record().model_dump_json())).encode()  # ", " and ": " separators
+    assert fast_record(line) == parse_record(json.loads(line))
+    monkeypatch.setattr(jsonl, "parse_record", None)  # the exact path would now fail
+    assert jsonl.fast_record(line).case_id == record().case_id

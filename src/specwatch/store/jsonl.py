@@ -249,7 +249,7 @@ def read_records(
 def fast_record(raw: bytes) -> CaseRecord:
     """One record line validated by pydantic's own JSON parser (about twice as fast as
     ``json.loads`` + ``parse_record``), for a line of the form specwatch writes (it opens with an
-    integer ``{"schema_version":N,``) whose migrations only raise ``schema_version``: ``update_to_2``,
+    integer ``{"schema_version": N,``, spaces or none) whose migrations only raise ``schema_version``: ``update_to_2``,
     and ``update_to_3`` of a record whose ``details`` is absent (the default) or an object (kept; a
     ``null`` one fails validation here). Any other line raises and is read by ``parse_record``."""
     m = _SCHEMA_PREFIX.match(raw)
@@ -259,7 +259,7 @@ def fast_record(raw: bytes) -> CaseRecord:
     return rec if rec.schema_version == SCHEMA_VERSION else rec.model_copy(update={"schema_version": SCHEMA_VERSION})
 
 
-_SCHEMA_PREFIX = re.compile(rb'\{"schema_version":([0-9]{1,3}),')
+_SCHEMA_PREFIX = re.compile(rb'\{\s*"schema_version"\s*:\s*([0-9]{1,3})\s*,')
 
 
 def result_files(root: Path) -> list[Path]:
