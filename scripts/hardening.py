@@ -800,9 +800,12 @@ def _marked_pids(tag: str) -> list[int]:
 
 
 def _records(results: Path) -> list[dict]:
+    """The sweep's records: every complete line must be JSON (ValueError otherwise); a last line
+    without its newline is a write in progress or one a signal tore, which the store's readers skip."""
     out = []
     for f in sorted(results.rglob("hardening.jsonl")):
-        out += [json.loads(ln) for ln in f.read_text().splitlines() if ln.strip()]
+        complete = f.read_bytes().rpartition(b"\n")[0]
+        out += [json.loads(ln) for ln in complete.splitlines() if ln.strip()]
     return out
 
 
