@@ -465,14 +465,66 @@ def store_trials() -> list[Trial]:
 
 
 def _readonly(path_of: Callable[[Path, Path], Path]) -> Callable[[Path, Path], None]:
+    """A setup making ``path_of(T, R)`` unwritable: a read-only bind mount of it onto itself where
+    this process may mount (root ignores file modes: the kernel refuses the write with EROFS, the
+    product's own error path), else read-only modes for a trial run as an unprivileged user."""
+
     def setup(T: Path, R: Path) -> None:
         _store(T, R)
         p = path_of(T, R)
         p.mkdir(parents=True, exist_ok=True)
-        for q in [p, *p.rglob("*")]:
-            q.chmod(0o555 if q.is_dir() else 0o444)
+        if not readonly_mount(p):
+            for q in [p, *p.rglob("*")]:
+                q.chmod(0o555 if q.is_dir() else 0o444)
 
     return setup
+
+
+def readonly_mount(p: Path) -> bool:
+    """Bind-mount ``p`` onto itself read-only; False where mounting is not allowed here."""
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        return False
+    if subprocess.run(["mount", "--bind", str(p), str(p)], capture_output=True).returncode:
+        return False
+    if subprocess.run(["mount", "-o", "remount,ro,bind", str(p)], capture_output=True).returncode:
+        subprocess.run(["umount", str(p)], capture_output=True)
+        return False
+    return True
+
+
+def unmount_under(root: Path) -> None:
+    """Undo every mount at or under ``root`` (innermost first)."""
+    top = str(root.resolve())
+    try:
+        points = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
+    except OSError:
+        return
+    for m in sorted((m for m in points if m == top or m.startswith(top + "/")), key=len, reverse=True):
+        subprocess.run(["umount", m], capture_output=True)
+
+
+_MOUNTS: list[bool] = []
+
+
+def can_mount_readonly() -> bool:
+    """Whether ``readonly_mount`` works here (tried once on a scratch folder)."""
+    if not _MOUNTS:
+        d = Path(tempfile.mkdtemp(prefix="hd-ro-"))
+        ok = readonly_mount(d)
+        if ok:
+            ok = not os.access(d, os.W_OK) or _write_refused(d)
+            unmount_under(d)
+        shutil.rmtree(d, ignore_errors=True)
+        _MOUNTS.append(ok)
+    return _MOUNTS[0]
+
+
+def _write_refused(d: Path) -> bool:
+    try:
+        (d / "probe").write_text("x")
+    except OSError:
+        return True
+    return False
 
 
 def _store_only(T: Path, R: Path) -> None:
@@ -539,8 +591,17 @@ def unwritable_trials() -> list[Trial]:
             True,
         ),
     ]
+    mounts = can_mount_readonly()  # then no trial needs another user (whose interpreter may be out of reach)
     return [
-        Trial("unwritable target", v, argv, name, setup=setup, unprivileged=unpriv, files={"in/f": "a file\n"})
+        Trial(
+            "unwritable target",
+            v,
+            argv,
+            name,
+            setup=setup,
+            unprivileged=unpriv and not mounts,
+            files={"in/f": "a file\n"},
+        )
         for v, argv, name, setup, unpriv in cases
     ]
 
@@ -645,6 +706,14 @@ def run_trial(trial: Trial, trial_dir: Path, python: str) -> Outcome:
         p = trial_dir / rel
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(fill(text).encode() if isinstance(text, str) else text)
+    try:
+        return _run_set_up(trial, trial_dir, python, R, fill)
+    finally:
+        unmount_under(trial_dir)
+
+
+def _run_set_up(trial: Trial, trial_dir: Path, python: str, R: Path, fill: Callable[[str], str]) -> Outcome:
+    """``run_trial`` after the trial's files are written: its setup, the run and the judgement."""
     if trial.setup:
         trial.setup(trial_dir, R)
     for scratch in (".home", ".mpl"):  # the unprivileged trials' HOME and matplotlib cache
@@ -731,9 +800,12 @@ def _marked_pids(tag: str) -> list[int]:
 
 
 def _records(results: Path) -> list[dict]:
+    """The sweep's records: every complete line must be JSON (ValueError otherwise); a last line
+    without its newline is a write in progress or one a signal tore, which the store's readers skip."""
     out = []
     for f in sorted(results.rglob("hardening.jsonl")):
-        out += [json.loads(ln) for ln in f.read_text().splitlines() if ln.strip()]
+        complete = f.read_bytes().rpartition(b"\n")[0]
+        out += [json.loads(ln) for ln in complete.splitlines() if ln.strip()]
     return out
 
 

@@ -109,3 +109,18 @@ def test_asv_quick_dry_run_of_cpu_tier_benchmarks(tmp_path):
     assert "MemoryModel.track_alloc_reserve_per_decode" in out and " ok" in out
     assert "8192" in out and "2048" in out  # page 256 / page 64 at topk 8
     assert "failed" not in out.lower()
+
+
+def test_the_store_scale_benchmark_is_discoverable_and_runs_on_a_tiny_store(monkeypatch, tmp_path):
+    from benchmarks import store_scale
+
+    monkeypatch.setenv("SPECWATCH_STORE_SCALES", "2")
+    monkeypatch.setenv("SPECWATCH_STORE_DIR", str(tmp_path))
+    b = store_scale.StoreScale()
+    stores = b.setup_cache()
+    assert list(stores) == [2] and (tmp_path / "x2").is_dir()
+    tracks = [n for n, f in inspect.getmembers(store_scale.StoreScale, inspect.isfunction) if n.startswith("track_")]
+    assert len(tracks) == 4 and all(getattr(store_scale.StoreScale, n).unit for n in tracks)
+    assert b.track_cold_wall(stores, 2, "results") > 0
+    assert any((tmp_path / "x2").rglob("*.jsonl.parquet"))  # the cold run built the caches
+    assert b.track_warm_peak_rss(stores, 2, "compare") > 10

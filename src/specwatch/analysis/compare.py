@@ -16,12 +16,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Iterable, Optional
+from pathlib import Path
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Iterable, Optional
 
-from scipy.stats import mannwhitneyu
-
+from specwatch.core.errors import SpecwatchInputError
 from specwatch.core.record import CaseRecord, Metric, Status
+from specwatch.store.frame import COMPARE_COLUMN
+from specwatch.store.latest import latest_rows
 from specwatch.store.select import latest_by_case
+from specwatch.store.select_frame import select_rows
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 class Verdict(str, Enum):
@@ -71,6 +78,8 @@ def _timed_verdict(b: Metric, h: Metric, threshold: float, alpha: float) -> tupl
         return Verdict.unchanged, f"{rel:+.1%} within {threshold:.0%}"
     if len(b.samples) < 2 or len(h.samples) < 2:
         return Verdict.unchanged, f"{rel:+.1%}, too few samples to tell from noise"
+    from scipy.stats import mannwhitneyu  # imported only when a timed change needs the test
+
     p = mannwhitneyu(b.samples, h.samples, alternative="two-sided").pvalue
     if p > alpha:
         return Verdict.unchanged, f"{rel:+.1%}, p={p:.2f} > {alpha}"
@@ -128,69 +137,145 @@ def compare_records(
     alpha: float = 0.1,
     budgets: Optional[dict] = None,
 ) -> list[Row]:
+    """One row per (case, metric or check) of the latest record of each case on either side,
+    worst verdicts first (``ORDER``), then by case and metric."""
     b_by, h_by = latest_by_case(base), latest_by_case(head)
     rows: list[Row] = []
     for cid in sorted(set(b_by) | set(h_by)):
-        b, h = b_by.get(cid), h_by.get(cid)
-        label = (h or b).case.label()
-        if b is None or h is None:
-            rows.append(
-                Row(
-                    cid,
-                    label,
-                    "status",
-                    None,
-                    None,
-                    "",
-                    Verdict.new if b is None else Verdict.gone,
-                    (h or b).status.value,
-                )
-            )
-            continue
-        if b.status is Status.ok and h.status is not Status.ok:
-            rows.append(
-                Row(
-                    cid,
-                    label,
-                    "status",
-                    None,
-                    None,
-                    "",
-                    Verdict.now_failing,
-                    f"{h.status.value}: {(h.reason or '')[:200]}",
-                )
-            )
-            continue
-        if b.status is not Status.ok and h.status is Status.ok:
-            rows.append(Row(cid, label, "status", None, None, "", Verdict.now_fixed, f"was {b.status.value}"))
-        if h.status is not Status.ok:
-            continue
-        for name, hm in h.metrics.items():
-            bm = b.metrics.get(name)
-            if bm is None:
-                rows.append(Row(cid, label, name, None, hm.value, hm.unit, Verdict.new))
-                continue
-            klass = noise_class(h.case)
-            if hm.exact:
-                verdict, note = _exact_verdict(bm, hm)
-                if verdict is not Verdict.unchanged and name in SIZING_EXPLAINED:
-                    note = "; ".join(x for x in (note, sizing_change(b, h)) if x)
-            else:
-                verdict, note = _timed_verdict(bm, hm, budget_for(budgets, klass, name, threshold), alpha)
-                if budgets and verdict is not Verdict.unchanged and budget_key(budgets, klass, name) is None:
-                    # the A/A pairs behind the budgets never measured this class/metric (a new metric, a
-                    # new model or batch size): the plain threshold applied, say so next to the verdict
-                    note = f"{note}; no noise budget for {klass}/{name}: {threshold:.0%} threshold"
-            timed = not hm.exact and len(bm.samples) >= 2 and len(hm.samples) >= 2
-            rows.append(Row(cid, label, name, bm.value, hm.value, hm.unit, verdict, note, timed, klass))
-        for name, ok in h.checks.items():
-            was = b.checks.get(name)
-            if was is True and not ok:
-                rows.append(Row(cid, label, f"check:{name}", 1, 0, "pass", Verdict.regressed, "check now fails"))
-            elif was is False and ok:
-                rows.append(Row(cid, label, f"check:{name}", 0, 1, "pass", Verdict.improved, "check now passes"))
+        rows += case_rows(cid, b_by.get(cid), h_by.get(cid), threshold, alpha, budgets)
     rows.sort(key=lambda r: (ORDER[r.verdict], r.case_id, r.metric))
     return rows
+
+
+def case_rows(
+    cid: str,
+    b: Optional[CaseRecord],
+    h: Optional[CaseRecord],
+    threshold: float,
+    alpha: float,
+    budgets: Optional[dict],
+) -> list[Row]:
+    """The rows of one case: its status change, then (head ok) every metric and check of the head."""
+    label = (h or b).case.label()
+    if b is None or h is None:
+        verdict = Verdict.new if b is None else Verdict.gone
+        return [Row(cid, label, "status", None, None, "", verdict, (h or b).status.value)]
+    if b.status is Status.ok and h.status is not Status.ok:
+        note = f"{h.status.value}: {(h.reason or '')[:200]}"
+        return [Row(cid, label, "status", None, None, "", Verdict.now_failing, note)]
+    rows = []
+    if b.status is not Status.ok and h.status is Status.ok:
+        rows.append(Row(cid, label, "status", None, None, "", Verdict.now_fixed, f"was {b.status.value}"))
+    if h.status is not Status.ok:
+        return rows
+    for name, hm in h.metrics.items():
+        bm = b.metrics.get(name)
+        if bm is None:
+            rows.append(Row(cid, label, name, None, hm.value, hm.unit, Verdict.new))
+        else:
+            rows.append(metric_row(cid, label, name, b, h, bm, hm, threshold, alpha, budgets))
+    for name, ok in h.checks.items():
+        was = b.checks.get(name)
+        if was is True and not ok:
+            rows.append(Row(cid, label, f"check:{name}", 1, 0, "pass", Verdict.regressed, "check now fails"))
+        elif was is False and ok:
+            rows.append(Row(cid, label, f"check:{name}", 0, 1, "pass", Verdict.improved, "check now passes"))
+    return rows
+
+
+def metric_row(
+    cid: str,
+    label: str,
+    name: str,
+    b: CaseRecord,
+    h: CaseRecord,
+    bm: Metric,
+    hm: Metric,
+    threshold: float,
+    alpha: float,
+    budgets: Optional[dict],
+) -> Row:
+    """One metric both sides recorded: exact (any change counts) or timed (past its budget and p)."""
+    klass = noise_class(h.case)
+    if hm.exact:
+        verdict, note = _exact_verdict(bm, hm)
+        if verdict is not Verdict.unchanged and name in SIZING_EXPLAINED:
+            note = "; ".join(x for x in (note, sizing_change(b, h)) if x)
+    else:
+        verdict, note = _timed_verdict(bm, hm, budget_for(budgets, klass, name, threshold), alpha)
+        if budgets and verdict is not Verdict.unchanged and budget_key(budgets, klass, name) is None:
+            # the A/A pairs behind the budgets never measured this class/metric (a new metric, a
+            # new model or batch size): the plain threshold applied, say so next to the verdict
+            note = f"{note}; no noise budget for {klass}/{name}: {threshold:.0%} threshold"
+    timed = not hm.exact and len(bm.samples) >= 2 and len(hm.samples) >= 2
+    return Row(cid, label, name, bm.value, hm.value, hm.unit, verdict, note, timed, klass)
+
+
+@dataclass
+class MetricView:
+    """A metric as ``COMPARE_COLUMN`` keeps it (the fields of ``Metric`` compare reads)."""
+
+    value: float
+    unit: str
+    samples: list
+    exact: bool
+    higher_is_better: Optional[bool]
+
+
+class RecordView:
+    """A records-frame row with its ``COMPARE_COLUMN`` decoded: what ``case_rows`` reads of a record."""
+
+    def __init__(self, row: dict):
+        import orjson
+
+        cell = orjson.loads(row[COMPARE_COLUMN])
+        nan = float("nan")
+        self.status = Status(row["status"])
+        self.reason = cell["r"]
+        self.metrics = {
+            name: MetricView(nan if v is None else v, unit, [nan if x is None else x for x in samples], exact, hib)
+            for name, (v, unit, samples, exact, hib) in cell["m"].items()
+        }
+        self.checks = cell["c"]
+        self.details = SimpleNamespace(sglang_sizing=cell["s"])
+        self.case = SimpleNamespace(
+            label=lambda: cell["l"], model=SimpleNamespace(value=row["model"]), batch_size=row["batch_size"]
+        )
+
+
+def compare_frames(
+    base: "pd.DataFrame",
+    head: "pd.DataFrame",
+    threshold: float = 0.05,
+    alpha: float = 0.1,
+    budgets: Optional[dict] = None,
+) -> list[Row]:
+    """``compare_records`` of two selections as frame rows (``store.select_frame.select_rows``): the
+    latest row of each case by the same rule (``latest_rows``), each case's two rows decoded only
+    while its rows are made."""
+    b_by, h_by = ({} if df.empty else _by_case(latest_rows(df, ["case_id"])) for df in (base, head))
+    rows: list[Row] = []
+    for cid in sorted(set(b_by) | set(h_by)):
+        b, h = (RecordView(side[cid]) if cid in side else None for side in (b_by, h_by))
+        rows += case_rows(cid, b, h, threshold, alpha, budgets)
+    rows.sort(key=lambda r: (ORDER[r.verdict], r.case_id, r.metric))
+    return rows
+
+
+def _by_case(df: "pd.DataFrame") -> dict[str, dict]:
+    cols = ["case_id", "status", "model", "batch_size", COMPARE_COLUMN]
+    return {r["case_id"]: r for r in df[cols].to_dict("records")}
+
+
+def compare_specs(
+    base: str, head: str, root: Path, threshold: float = 0.05, alpha: float = 0.1, budgets: Optional[dict] = None
+) -> list[Row]:
+    """``specwatch compare``: two selections (``select`` forms) read as frame rows and compared;
+    an empty side is refused as ``SpecwatchInputError``."""
+    b, h = select_rows(base, root), select_rows(head, root)
+    if b.empty or h.empty:
+        raise SpecwatchInputError(None, f"empty selection: base has {len(b)} records, head {len(h)}")
+    return compare_frames(b, h, threshold, alpha, budgets)
 
 
 def _fmt(v: Optional[float]) -> str:

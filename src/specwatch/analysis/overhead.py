@@ -36,6 +36,9 @@ def overhead_table(df: pd.DataFrame, metric: str = "output_throughput") -> pd.Da
     if df.empty or "probe" not in df or not (df.probe == False).any():  # noqa: E712
         return pd.DataFrame()
     ok = df[(df.status == "ok") & df.fault.isna() & df[metric].notna()]
+    # only cases with both kinds of run make a row: the rest are left out before grouping
+    both = set(ok.case_id[ok.probe == False]) & set(ok.case_id[ok.probe == True])  # noqa: E712
+    ok = ok[ok.case_id.isin(both)]
     rows = []
     for (machine, version, _case_id), g in ok.groupby(["machine", "sglang_version", "case_id"], sort=False):
         own = g[g.probe == True]  # noqa: E712 (the probed runs)

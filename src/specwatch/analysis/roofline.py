@@ -79,33 +79,58 @@ def roofline_frame(records) -> "pd.DataFrame":
 
     rows = []
     for r in records:
-        if (
-            r.status.value != "ok"
-            or r.case.batch_size != 1
-            or r.case.algorithm is not Algorithm.EAGLE
-            or SHAPES[r.case.model].arch != "llama"
-        ):  # the byte count is Llama's (MLA: not modelled)
+        if r.status.value != "ok" or not _modelled(r.case):
             continue
         m = r.metrics
         tput = m.get("decode_throughput") or m.get("output_throughput")
         al = m.get("accept_length")
-        if tput is None or al is None:
-            continue
-        ctx = r.case.input_len + r.case.output_len // 2
-        b = cycle_bytes(r.case, ctx)
-        bound = bound_tokens_per_s(r.case, al.value, ctx)
-        rows.append(
-            {
-                "case_id": r.case_id,
-                "case": r.case.label(),
-                "sglang": r.provenance.sglang_version,
-                "accept_length": round(al.value, 3),
-                "target_GB": round(b.target_weights / 1e9, 2),
-                "draft_GB": round(b.draft_weights / 1e9, 2),
-                "kv_GB": round(b.kv_cache / 1e9, 3),
-                "bound_tok_s": round(bound, 1),
-                "measured_tok_s": round(tput.value, 1),
-                "fraction_of_bound": round(tput.value / bound, 3),
-            }
-        )
+        if tput is not None and al is not None:
+            rows.append(roofline_row(r.case_id, r.case, r.provenance.sglang_version, al.value, tput.value))
+    return pd.DataFrame(rows)
+
+
+def _modelled(case: Case) -> bool:
+    """EAGLE at batch 1 on a Llama-shaped model: the byte count is Llama's (MLA: not modelled)."""
+    return case.batch_size == 1 and case.algorithm is Algorithm.EAGLE and SHAPES[case.model].arch == "llama"
+
+
+def roofline_row(case_id: str, case: Case, sglang: str, accept_length: float, tput: float) -> dict:
+    """One row of the roofline table."""
+    ctx = case.input_len + case.output_len // 2
+    b = cycle_bytes(case, ctx)
+    bound = bound_tokens_per_s(case, accept_length, ctx)
+    return {
+        "case_id": case_id,
+        "case": case.label(),
+        "sglang": sglang,
+        "accept_length": round(accept_length, 3),
+        "target_GB": round(b.target_weights / 1e9, 2),
+        "draft_GB": round(b.draft_weights / 1e9, 2),
+        "kv_GB": round(b.kv_cache / 1e9, 3),
+        "bound_tok_s": round(bound, 1),
+        "measured_tok_s": round(tput, 1),
+        "fraction_of_bound": round(tput / bound, 3),
+    }
+
+
+def roofline_rows(df: "pd.DataFrame") -> "pd.DataFrame":
+    """``roofline_frame`` from a records frame: only the rows it keeps become cases (no record is
+    read). A metric the frame shows as missing counts as not recorded (``decode_throughput`` first,
+    else ``output_throughput``)."""
+    import pandas as pd
+
+    from specwatch.core.case import CASE_FIELDS
+
+    if df.empty or "accept_length" not in df:
+        return pd.DataFrame()
+    tput = df["decode_throughput"] if "decode_throughput" in df else pd.Series(float("nan"), index=df.index)
+    if "output_throughput" in df:
+        tput = tput.where(tput.notna(), df["output_throughput"])
+    keep = (df.status == "ok") & (df.batch_size == 1) & (df.algorithm == Algorithm.EAGLE.value)
+    keep &= df.accept_length.notna() & tput.notna()
+    rows = []
+    for rec, t in zip(df[keep].to_dict("records"), tput[keep]):
+        case = Case.model_validate({f: rec[f] for f in CASE_FIELDS})
+        if _modelled(case):
+            rows.append(roofline_row(rec["case_id"], case, rec["sglang_version"], rec["accept_length"], t))
     return pd.DataFrame(rows)

@@ -7,16 +7,22 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
+import numpy as np
 from pydantic import BaseModel, Field
 
-from specwatch.analysis.compare import Verdict, compare_records
+if TYPE_CHECKING:
+    import pandas as pd
+
+from specwatch.analysis.compare import Verdict, compare_frames
 from specwatch.core.errors import SpecwatchInputError
 from specwatch.core.record import CaseRecord, Status
 from specwatch.core.sglang_host import version_key
-from specwatch.store.jsonl import load_records, result_files
-from specwatch.store.select import latest_by_case, select
+from specwatch.store.jsonl import result_files
+from specwatch.store.latest import latest_rows
+from specwatch.store.select import latest_by_case
+from specwatch.store.select_frame import select_rows
 
 BUDGETS_FILE = Path("noise-budgets.json")
 """The noise-budget file ``specwatch noise`` writes, relative to the results root."""
@@ -141,13 +147,13 @@ def compare_suite(
     sides = []
     for version in (base_version, head_version):
         spec = f"sglang_version={version},suite={suite}"
-        records = select(spec, root)
-        if not records:
+        rows = select_rows(spec, root)
+        if rows.empty:
             spec += ",overlap=on"
-            records = select(spec, root)
-        sides.append((spec, records))
-    (base, base_records), (head, head_records) = sides
-    rows = compare_records(base_records, head_records, budgets=budgets)
+            rows = select_rows(spec, root)
+        sides.append((spec, rows))
+    (base, base_rows), (head, head_rows) = sides
+    rows = compare_frames(base_rows, head_rows, budgets=budgets)
     return SuiteComparison(
         suite=suite,
         base=base,
@@ -158,29 +164,51 @@ def compare_suite(
     )
 
 
-def release_verdict(root: Path, budgets_path: Optional[Path] = None) -> Optional[ReleaseVerdict]:
+def frame_health(suite: str, df: "pd.DataFrame") -> SuiteHealth:
+    """``suite_health`` from a records frame's rows of one suite (``latest_rows``: the same rule)."""
+    latest = latest_rows(df, ["case_id"])
+    statuses = Counter(latest.status)
+    ok = latest[latest.status == Status.ok.value]
+    checks = Counter()
+    for col in (c for c in ok.columns if c.startswith("check.")):
+        if n := int(sum(v is False or v is np.False_ for v in ok[col])):
+            checks[col[len("check.") :]] = n
+    return SuiteHealth(
+        suite=suite,
+        statuses={s.value: statuses.get(s.value, 0) for s in Status},
+        failing_checks=dict(sorted(checks.items())),
+    )
+
+
+def release_verdict(
+    root: Path, budgets_path: Optional[Path] = None, frame: Optional["pd.DataFrame"] = None
+) -> Optional[ReleaseVerdict]:
     """The newest release against the previous one in the results store at ``root`` (clean, probed
     records, as ``specwatch compare`` selects them); None when the store holds no such record.
-    ``budgets_path``: the noise budgets (default ``<root>/noise-budgets.json``, used when present)."""
+    ``budgets_path``: the noise budgets (default ``<root>/noise-budgets.json``, used when present);
+    ``frame``: the store's records frame (``files_frame``; read when not given). Versions and
+    health come from the frame; each compared suite reads only its two releases' files (``select``)."""
+    from specwatch.store.frame import files_frame
+
     budgets_path = root / BUDGETS_FILE if budgets_path is None else budgets_path
     budgets = load_budgets(budgets_path)
+    df = files_frame(result_files(root)) if frame is None else frame
+    if df.empty or "sglang_version" not in df:
+        return None
     # statuses and checks of overlapped runs count (only their timing is contended, and compare's
     # own selections leave those out of the timed comparison)
-    records = [
-        r
-        for r in load_records(result_files(root))
-        if r.provenance.fault is None and r.provenance.probe and r.provenance.sglang_version
-    ]
-    versions = sorted({r.provenance.sglang_version for r in records}, key=version_key)
+    clean = df.fault.isna() & (df.probe == True) & df.sglang_version.notna() & (df.sglang_version != "")  # noqa: E712
+    df = df[clean]
+    versions = sorted(set(df.sglang_version), key=version_key)
     if not versions:
         return None
     head, base = versions[-1], (versions[-2] if len(versions) > 1 else None)
-    suites = {v: {r.suite for r in records if r.provenance.sglang_version == v} for v in (head, base)}
+    suites = {v: set(df.suite[df.sglang_version == v]) for v in (head, base)}
     compared = (
         [compare_suite(s, base, head, root, budgets) for s in sorted(suites[head] & suites[base])] if base else []
     )
-    newest = [r for r in records if r.provenance.sglang_version == head]
-    health = [suite_health(s, [r for r in newest if r.suite == s]) for s in sorted(suites[head])]
+    newest = df[df.sglang_version == head]
+    health = [frame_health(s, newest[newest.suite == s]) for s in sorted(suites[head])]
     return ReleaseVerdict(
         head_version=head,
         base_version=base,

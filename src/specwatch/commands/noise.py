@@ -30,10 +30,9 @@ def compare(
     budgets: BudgetsOpt = None,
 ) -> None:
     """Markdown report of HEAD vs BASE; exit code 1 when anything regressed or now fails."""
-    from specwatch.analysis.compare import compare_records, has_regression, markdown
+    from specwatch.analysis.compare import compare_specs, has_regression, markdown
 
-    b, h = selections(base, head, results)
-    rows = compare_records(b, h, threshold=threshold, alpha=alpha, budgets=budget_values(budgets))
+    rows = compare_specs(base, head, results, threshold=threshold, alpha=alpha, budgets=budget_values(budgets))
     text = markdown(rows, base, head, show_unchanged=all_rows)
     if output:
         output.write_text(text)

@@ -42,16 +42,15 @@ def dashboard(
 ) -> None:
     """Write the plots (PNG + SVG), dashboards/index.html (opening with the newest release's verdict
     against the previous one) and dashboards/cases.html from the stored results."""
-    from specwatch.analysis.roofline import roofline_frame
+    from specwatch.analysis.roofline import roofline_rows
     from specwatch.analysis.verdict import release_verdict
     from specwatch.present.dashboard import build
-    from specwatch.store.frame import records_frame, runs_frame
-    from specwatch.store.jsonl import load_records, result_files
+    from specwatch.store.frame import files_frame, runs_frame
+    from specwatch.store.jsonl import result_files
 
-    records = load_records(result_files(results))
-    df = records_frame(records)
-    verdict = release_verdict(results)
-    roof = roofline_frame([r for r in records if r.provenance.fault is None and r.provenance.probe])
+    df = files_frame(result_files(results))
+    verdict = release_verdict(results, frame=df)
+    roof = roofline_rows(df[df.fault.isna() & (df.probe == True)] if not df.empty else df)  # noqa: E712
     tables = {
         "Roofline, batch 1 (bound = accept_length x 4.8 TB/s / bytes per verify cycle; specwatch roofline)": roof.drop(
             columns=["case_id"]

@@ -78,6 +78,28 @@ def newest_release(df: pd.DataFrame) -> tuple[Optional[str], pd.DataFrame]:
     return (versions[-1], df[df.sglang_version == versions[-1]]) if versions else (None, df)
 
 
+def _line_input(page: int, k: int, steps: int, context_len: int, max_running: int, draft_tokens: int) -> SizingInput:
+    """The sizing input of one model line point: the suites' draft tokens, capped at the tree size
+    (steps*topk+1; steps+1 for a chain)."""
+    tokens = min(draft_tokens, k * steps + 1) if k > 1 else steps + 1
+    return SizingInput(Algorithm.EAGLE, page, k, steps, tokens, context_len, max_running)
+
+
+def _measured_points(ax, df: pd.DataFrame, page: int, steps: int, model: list, color) -> None:
+    """The records on a page's model line, drawn over it."""
+    pts = measured_on_line(df, page, steps, dict(zip(TOPKS, (m.req_to_token_bytes for m in model))))
+    if not pts.empty:
+        ax.scatter(
+            pts.topk,
+            pts.req_to_token_bytes / 1024,
+            color=color,
+            marker="o",
+            s=40,
+            zorder=3,
+            label=f"page {page} (measured)",
+        )
+
+
 def memory_vs_topk(
     df: pd.DataFrame, out: Path, steps: int = 3, context_len: int = 8192, max_running: int = 8, draft_tokens: int = 8
 ) -> list[Path]:
@@ -93,34 +115,12 @@ def memory_vs_topk(
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     for page in PAGES:
         model = [
-            reference_sizing(
-                SizingInput(
-                    Algorithm.EAGLE,
-                    page,
-                    k,
-                    steps,
-                    min(draft_tokens, k * steps + 1) if k > 1 else steps + 1,
-                    context_len,
-                    max_running,
-                ),
-                newest,
-            )
-            for k in TOPKS
+            reference_sizing(_line_input(page, k, steps, context_len, max_running, draft_tokens), newest) for k in TOPKS
         ]
         line = ax1.plot(TOPKS, [m.req_to_token_bytes / 1024 for m in model], marker="", label=f"page {page} (model)")
         ax2.plot(TOPKS, [m.alloc_reserve_per_decode for m in model], color=line[0].get_color(), label=f"page {page}")
         if not df.empty and "req_to_token_bytes" in df:
-            pts = measured_on_line(df, page, steps, dict(zip(TOPKS, (m.req_to_token_bytes for m in model))))
-            if not pts.empty:
-                ax1.scatter(
-                    pts.topk,
-                    pts.req_to_token_bytes / 1024,
-                    color=line[0].get_color(),
-                    marker="o",
-                    s=40,
-                    zorder=3,
-                    label=f"page {page} (measured)",
-                )
+            _measured_points(ax1, df, page, steps, model, line[0].get_color())
     ax1.set(
         xlabel="topk",
         ylabel="req_to_token size (KiB)",

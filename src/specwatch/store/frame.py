@@ -57,13 +57,19 @@ CHUNK_BYTES = 8 << 20
 
 
 def files_frame(
-    paths: Iterable[Path], cache: bool = True, strict: bool = False, quarantine: Optional[Quarantine] = None
+    paths: Iterable[Path],
+    cache: bool = True,
+    strict: bool = False,
+    quarantine: Optional[Quarantine] = None,
+    columns: Optional[list[str]] = None,
 ) -> "pd.DataFrame":
     """``records_frame`` of the records of ``paths``, built file by file: records are streamed
     into rows and dropped (none kept), and with ``cache`` each file's rows are read from (or
     written to) its Parquet cache (``frame_cache``), rebuilt whenever the JSONL changes. Over
     ``PARALLEL_BYTES`` of JSONL to build, line-aligned pieces are built in a process pool. Invalid
-    lines are quarantined as ``jsonl.read_records`` does (``strict``: raised, no cache)."""
+    lines are quarantined as ``jsonl.read_records`` does (``strict``: raised, no cache).
+    ``columns``: only those (of the ones a file has) are read, ``COMPARE_COLUMN`` among them when
+    named; by default every column of ``records_frame``."""
     import pandas as pd
 
     from specwatch.store.frame_cache import fresh_rows, store_rows
@@ -73,29 +79,62 @@ def files_frame(
     parts: dict[Path, "pd.DataFrame"] = {}
     keys: dict[Path, Optional[dict]] = {}
     for p in paths:
-        hit, keys[p] = fresh_rows(p, q) if cache and not strict else (None, None)
+        hit, keys[p] = fresh_rows(p, q, columns) if cache and not strict else (None, None)
         if hit is not None:
             parts[p] = hit
     misses = [p for p in paths if p not in parts]
     for p, (df, entries) in _build(misses, strict).items():
         for line in entries:
             q.add(line)
-        parts[p] = df
         if cache and not strict:
             store_rows(p, df, keys[p], entries)
+        parts[p] = _columns(df, columns)
     frames = [parts[p] for p in paths if not parts[p].empty]
     return pd.concat(frames, ignore_index=True, sort=False) if frames else pd.DataFrame()
 
 
 def _rows_of_span(path: Path, span: tuple, strict: bool) -> tuple["pd.DataFrame", list[str]]:
-    """Rows of a byte span of one JSONL and the lines it quarantined (warnings left to the caller)."""
+    """Rows of a byte span of one JSONL (with ``COMPARE_COLUMN``) and the lines it quarantined
+    (warnings left to the caller)."""
     import warnings
+
+    import pandas as pd
 
     q = Quarantine()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        df = records_frame(read_records(path, strict=strict, quarantine=q, span=span))
+        rows, cells = [], []
+        for r in read_records(path, strict=strict, quarantine=q, span=span):
+            rows.append(record_row(r))
+            cells.append(compare_cell(r))
+    df = pd.DataFrame(rows)
+    if rows:
+        df[COMPARE_COLUMN] = cells
     return df, q.entries
+
+
+COMPARE_COLUMN = "_compare"
+"""A files frame's hidden column (cached, read only when named): per record, as JSON, what
+``analysis.compare`` needs beyond the frame: the recorded reason, the case label, SGLang's own
+sizing, and per metric and check what the frame's one value per column leaves out."""
+
+
+def compare_cell(r: CaseRecord) -> str:
+    """``COMPARE_COLUMN``'s JSON of one record: ``r`` reason, ``l`` label, ``s`` sizing, ``m``
+    metrics (name -> [value, unit, samples, exact, higher_is_better], in the record's order; NaN as
+    null) and ``c`` checks (name -> passed, in order)."""
+    import orjson
+
+    metrics = {n: [m.value, m.unit, m.samples, m.exact, m.higher_is_better] for n, m in r.metrics.items()}
+    cell = {"r": r.reason, "l": r.case.label(), "s": r.details.sglang_sizing, "m": metrics, "c": r.checks}
+    return orjson.dumps(cell).decode()
+
+
+def _columns(df: "pd.DataFrame", columns: Optional[list[str]]) -> "pd.DataFrame":
+    """``df`` with only ``columns`` (those it has), or without ``COMPARE_COLUMN`` when None."""
+    if columns is None:
+        return df.drop(columns=[COMPARE_COLUMN], errors="ignore")
+    return df[[c for c in columns if c in df.columns]]
 
 
 def _spans(path: Path) -> list[tuple]:
@@ -146,28 +185,41 @@ def _build(paths: list[Path], strict: bool) -> dict[Path, tuple["pd.DataFrame", 
 
 
 def record_row(r: CaseRecord) -> dict:
-    """A record's row of the records frame (the facts re-read under today's rules)."""
-    from specwatch.rules.pools import draft_page_matches
-
+    """A record's row of the records frame (the facts re-read under today's rules), its columns in
+    this order: identity, case parameters, provenance, metrics, checks, details, pool coverage and
+    the verdicts re-judged today."""
     row = {"suite": r.suite, "case_id": r.case_id, "status": r.status.value, "reason": reason_now(r)}
     row.update(r.case.params())
+    row.update(provenance_cells(r))
+    row.update(metric_cells(r))
+    row.update(detail_cells(r))
+    row.update(coverage_cells(r))
+    row["leak_is_unflushed_cache"] = leak_is_unflushed_cache(r)
+    row["row_matches_model_now"] = row_matches_model_now(r)
+    row["host_interference"] = host_interference(r)
+    return row
+
+
+def provenance_cells(r: CaseRecord) -> dict:
+    """Where and with what the record ran."""
     prov = r.provenance
-    row.update(
-        {
-            "machine": prov.machine,
-            "sglang_version": prov.sglang_version,
-            "sglang_commit": prov.sglang_commit,
-            "gpu_name": prov.gpu_name,
-            "fault": prov.fault,
-            "probe": prov.probe,
-            "started_at": prov.started_at,
-            "finished_at": prov.finished_at,
-            "specwatch_commit": prov.specwatch_commit,
-            "run_id": prov.run_id,
-        }
-    )
-    for name, m in r.metrics.items():
-        row[name] = m.value
+    return {
+        "machine": prov.machine,
+        "sglang_version": prov.sglang_version,
+        "sglang_commit": prov.sglang_commit,
+        "gpu_name": prov.gpu_name,
+        "fault": prov.fault,
+        "probe": prov.probe,
+        "started_at": prov.started_at,
+        "finished_at": prov.finished_at,
+        "specwatch_commit": prov.specwatch_commit,
+        "run_id": prov.run_id,
+    }
+
+
+def metric_cells(r: CaseRecord) -> dict:
+    """One cell per metric value, the repeats' spread, the start breakdown and one per check."""
+    row = {name: m.value for name, m in r.metrics.items()}
     dt = r.metrics.get("decode_throughput")
     if dt is not None and (spread := relative_spread(dt.samples)) is not None:
         # the repeats' own spread (one engine, back to back): what a single run can resolve
@@ -175,41 +227,52 @@ def record_row(r: CaseRecord) -> dict:
     row.update(start_breakdown(r))
     for name, ok in r.checks.items():
         row[f"check.{name}"] = ok
+    return row
+
+
+def detail_cells(r: CaseRecord) -> dict:
+    """Facts of ``details``: output digest, the timed batches' chain starts and repeats, calibration."""
     details = r.details
-    row["output_digest"] = details.output_digest
-    # the timed batches' chain starts (None on records made before specwatch kept them) and how many
-    row["prompt_starts"] = details.prompt_starts
-    row["timed_repeats"] = len(r.metrics["wall_time"].samples) if "wall_time" in r.metrics else None
-    # near-full prompts lengthened after the warm-up (engine_worker.near_full_extension)
-    row["calibrated_input_len"] = (details.near_full_calibration or {}).get("input_len")
-    row["overlap_starts"] = r.overlap_starts  # timed while other engines started
-    # whether the probe read the target's attention backend (engine_worker.writes_at_virtual_slots):
-    # without it a DCP target pool is judged as sharded, which a backend with no DCP code is not
     probe = details.probe
-    row["probe_read_attention_backend"] = None if not probe else "target_attention_backend" in probe
-    # seed 004's facts: the shared allocator's page and, per KV pool, its page, where its valid
-    # slots end and where the allocator's last page ends in that pool's slot space
-    # (engine_worker.pool_coverage; a crashed record keeps those read right after its engine started)
+    return {
+        "output_digest": details.output_digest,
+        # the timed batches' chain starts (None on records made before specwatch kept them) and how many
+        "prompt_starts": details.prompt_starts,
+        "timed_repeats": len(r.metrics["wall_time"].samples) if "wall_time" in r.metrics else None,
+        # near-full prompts lengthened after the warm-up (engine_worker.near_full_extension)
+        "calibrated_input_len": (details.near_full_calibration or {}).get("input_len"),
+        "overlap_starts": r.overlap_starts,  # timed while other engines started
+        # whether the probe read the target's attention backend (engine_worker.writes_at_virtual_slots):
+        # without it a DCP target pool is judged as sharded, which a backend with no DCP code is not
+        "probe_read_attention_backend": None if not probe else "target_attention_backend" in probe,
+    }
+
+
+def coverage_cells(r: CaseRecord) -> dict:
+    """Seed 004's facts: the shared allocator's page and, per KV pool, its page, where its valid
+    slots end and where the allocator's last page ends in that pool's slot space
+    (engine_worker.pool_coverage; a crashed record keeps those read right after its engine started),
+    and seed 004's flag judged from them under today's definition (the draft pool's page against
+    the allocator's in the pool's slot space); records before 65d73a6 stored a check that compared
+    the raw pages, wrong under DCP."""
+    from specwatch.rules.pools import draft_page_matches
+
+    details = r.details
     coverage = dict(details.pool_coverage or details.pool_coverage_at_start or {})
     if r.case.algorithm.value == "NGRAM":
         coverage.pop("draft", None)  # probes before 65d73a6 took NGRAM's shared target pool for a draft pool
     any_cov = next(iter(coverage.values()), {})
-    row["allocator_page_size"] = ((probe or {}).get("allocator") or {}).get("page_size") or (
-        any_cov.get("allocator_page_in_pool_slots", 0) * (any_cov.get("scale") or 0) or None
-    )
+    row = {
+        "allocator_page_size": ((details.probe or {}).get("allocator") or {}).get("page_size")
+        or (any_cov.get("allocator_page_in_pool_slots", 0) * (any_cov.get("scale") or 0) or None)
+    }
     for role in ("target", "draft"):
         cov = coverage.get(role) or {}
         row[f"{role}_pool_page_size"] = cov.get("pool_page_size")
         row[f"{role}_pool_valid_end"] = cov.get("pool_valid_end")
         row[f"{role}_pool_needed_end"] = cov.get("allocator_slot_end")
-    # seed 004's flag, judged from those facts under today's definition (the draft pool's page
-    # against the allocator's in the pool's slot space); records before 65d73a6 stored a check
-    # that compared the raw pages, wrong under DCP
     draft = coverage.get("draft")
     row["draft_pool_page_mismatch"] = None if not draft else not draft_page_matches(draft)
-    row["leak_is_unflushed_cache"] = leak_is_unflushed_cache(r)
-    row["row_matches_model_now"] = row_matches_model_now(r)
-    row["host_interference"] = host_interference(r)
     return row
 
 

@@ -64,14 +64,17 @@ def source_key(path: Path) -> dict:
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": h.hexdigest(), "code": code_key()}
 
 
-def fresh_rows(path: Path, quarantine: Quarantine) -> tuple[Optional["pd.DataFrame"], Optional[dict]]:
+def fresh_rows(
+    path: Path, quarantine: Quarantine, columns: Optional[list[str]] = None
+) -> tuple[Optional["pd.DataFrame"], Optional[dict]]:
     """(the cached rows of ``path`` or None where no fresh cache exists, the key a new cache is
-    built under, None where the JSONL cannot be read)."""
+    built under, None where the JSONL cannot be read). ``columns``: only those the cache has are
+    read; None: all but the hidden ones (named with a leading ``_``)."""
     try:
         key = source_key(path)
     except OSError:
         return None, None  # unreadable: the build reports it
-    return _read(cache_path(path), key, quarantine), key
+    return _read(cache_path(path), key, quarantine, columns), key
 
 
 def store_rows(path: Path, df: "pd.DataFrame", key: Optional[dict], quarantined: list[str]) -> None:
@@ -80,17 +83,20 @@ def store_rows(path: Path, df: "pd.DataFrame", key: Optional[dict], quarantined:
         _write(cache_path(path), df, key, quarantined)
 
 
-def _read(cache: Path, key: dict, quarantine: Quarantine):
+def _read(cache: Path, key: dict, quarantine: Quarantine, columns: Optional[list[str]] = None):
     import pyarrow.parquet as pq
 
     try:
-        meta = json.loads((pq.read_schema(cache).metadata or {})[META_KEY])
+        schema = pq.read_schema(cache)
+        meta = json.loads((schema.metadata or {})[META_KEY])
         if meta["key"] != key:
             return None
-        df = pq.read_table(cache).to_pandas()
+        have = [c for c in schema.names if c != "__index_level_0__"]
+        wanted = [c for c in have if not c.startswith("_")] if columns is None else [c for c in columns if c in have]
+        df = pq.read_table(cache, columns=wanted).to_pandas()
     except (OSError, KeyError, ValueError):
         return None
-    for col in meta["json_columns"]:
+    for col in (c for c in meta["json_columns"] if c in df.columns):
         df[col] = pd_object([json.loads(v) if isinstance(v, str) else None for v in df[col]])
     for line in meta["quarantined"]:
         quarantine.add(line)

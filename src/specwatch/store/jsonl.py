@@ -22,6 +22,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional
 if TYPE_CHECKING:
     from specwatch.core.record import RunSummary
 from specwatch.core.errors import SpecwatchInputError
-from specwatch.core.record import CaseRecord, Status, check_path_part, parse_record
+from specwatch.core.record import SCHEMA_VERSION, CaseRecord, Status, check_path_part, parse_record
 from specwatch.rules.crashlog import host_interference
 
 
@@ -176,10 +177,13 @@ def _lines(
     quarantine: Optional[Quarantine],
     parse: Callable[[Any, str], Any],
     span: tuple[int, Optional[int], int] = (0, None, 1),
+    fast: Optional[Callable[[bytes], Any]] = None,
 ) -> Iterator[Any]:
     """``parse(data, 'file:line')`` of each non-empty line of ``path``; what cannot be read or
     parsed is quarantined (or, with ``strict``, raised as ``SpecwatchInputError``). ``span``:
-    (start byte, stop byte or None for the end, number of the line at start), line-aligned."""
+    (start byte, stop byte or None for the end, number of the line at start), line-aligned.
+    ``fast``: a parser of the raw line tried first; a line it refuses (any exception) takes the
+    ``json.loads`` + ``parse`` path, whose errors are the ones reported."""
     q = quarantine if quarantine is not None else Quarantine()
 
     def bad(where: str, what: str, category: type[Warning] = InvalidRecordWarning) -> None:
@@ -202,6 +206,12 @@ def _lines(
             pos += len(raw)
             if not raw.strip():
                 continue
+            if fast is not None:
+                try:
+                    yield fast(raw)
+                    continue
+                except Exception:
+                    pass  # the exact path below names what is wrong
             where = f"{path}:{n}"
             try:
                 data = json.loads(raw)
@@ -231,7 +241,25 @@ def read_records(
     """Valid records of one file (or of a line-aligned byte ``span`` of it), in order; invalid lines
     quarantined (see the module doc), or with ``strict`` the first one raised as
     ``SpecwatchInputError`` naming file and line."""
-    return _lines(Path(path), strict, quarantine, lambda data, where: parse_record(data, source=where), span)
+    return _lines(
+        Path(path), strict, quarantine, lambda data, where: parse_record(data, source=where), span, fast_record
+    )
+
+
+def fast_record(raw: bytes) -> CaseRecord:
+    """One record line validated by pydantic's own JSON parser (about twice as fast as
+    ``json.loads`` + ``parse_record``), for a line of the form specwatch writes (it opens with an
+    integer ``{"schema_version": N,``, spaces or none) whose migrations only raise ``schema_version``: ``update_to_2``,
+    and ``update_to_3`` of a record whose ``details`` is absent (the default) or an object (kept; a
+    ``null`` one fails validation here). Any other line raises and is read by ``parse_record``."""
+    m = _SCHEMA_PREFIX.match(raw)
+    if m is None or not 1 <= int(m.group(1)) <= SCHEMA_VERSION:
+        raise ValueError("not read by the fast path")
+    rec = CaseRecord.model_validate_json(raw)
+    return rec if rec.schema_version == SCHEMA_VERSION else rec.model_copy(update={"schema_version": SCHEMA_VERSION})
+
+
+_SCHEMA_PREFIX = re.compile(rb'\{\s*"schema_version"\s*:\s*([0-9]{1,3})\s*,')
 
 
 def result_files(root: Path) -> list[Path]:

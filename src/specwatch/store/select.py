@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from pathlib import Path
+from typing import Optional
 
 from specwatch.core.errors import SpecwatchInputError
 from specwatch.core.record import CaseRecord
@@ -58,15 +59,8 @@ def select(spec: str, root: Path) -> list[CaseRecord]:
     p = Path(spec)
     if p.exists():
         return load_records([p] if p.is_file() else result_files(p))
-    terms = []
-    for term in spec.split(","):
-        key, sep, value = term.partition("=")
-        if not sep or key.rstrip("!") not in SELECT_FIELDS:
-            raise SpecwatchInputError(
-                None, f"not a results file or FIELD=VALUE with FIELD in {sorted(SELECT_FIELDS)}", field=spec
-            )
-        terms.append((key.rstrip("!"), key.endswith("!"), value))
-    recs = load_records(result_files(root))
+    terms = parse_terms(spec)
+    recs = load_records(selected_files(root, terms))
     named = {key for key, _, _ in terms}
     if "fault" not in named:
         recs = [r for r in recs if r.provenance.fault is None]
@@ -80,3 +74,77 @@ def select(spec: str, root: Path) -> list[CaseRecord]:
         values = set(value.split("|"))  # FIELD=A|B: either
         recs = [r for r in recs if (str(SELECT_FIELDS[key](r)) in values) != negate]
     return recs
+
+
+def parse_terms(spec: str) -> list[tuple[str, bool, str]]:
+    """A FIELD=VALUE[,FIELD!=VALUE...] selection's terms: (FIELD, negated, VALUE)."""
+    terms = []
+    for term in spec.split(","):
+        key, sep, value = term.partition("=")
+        if not sep or key.rstrip("!") not in SELECT_FIELDS:
+            raise SpecwatchInputError(
+                None, f"not a results file or FIELD=VALUE with FIELD in {sorted(SELECT_FIELDS)}", field=spec
+            )
+        terms.append((key.rstrip("!"), key.endswith("!"), value))
+    return terms
+
+
+FILE_FIELDS = ("machine", "sglang_version", "suite", "fault", "probe")
+"""Selection fields a results file's place in the store fixes for every record in it
+(``jsonl.record_path``: ``<machine>/sglang-<version>/<suite>[+fault-F][+bare].jsonl``)."""
+
+
+def file_fields(path: Path, root: Path) -> Optional[dict[str, set[str]]]:
+    """FIELD -> the values (as ``SELECT_FIELDS`` gives them) every record of ``path`` has by its
+    place under ``root``; None for a file outside that layout or with an ambiguous name (a suite
+    or fault name holding ``+``): such a file is read whole."""
+    try:
+        machine, version_dir, name = Path(path).relative_to(root).parts
+    except ValueError:
+        return None
+    if not version_dir.startswith("sglang-") or not name.endswith(".jsonl"):
+        return None
+    parts = name[: -len(".jsonl")].split("+")
+    probe = "on"
+    if parts[-1] == "bare" and len(parts) > 1:
+        probe, parts = "off", parts[:-1]
+    fault = "none"
+    if len(parts) == 2 and parts[1].startswith("fault-"):
+        fault, parts = parts[1][len("fault-") :], parts[:1]
+    if len(parts) != 1 or not parts[0]:
+        return None
+    version = version_dir[len("sglang-") :]
+    return {
+        "machine": {machine},
+        "sglang_version": {"None", "none"} if version == "none" else {version},
+        "suite": {parts[0]},
+        "fault": {fault},
+        "probe": {probe},
+    }
+
+
+def selected_files(root: Path, terms: list[tuple[str, bool, str]]) -> list[Path]:
+    """The results files under ``root`` that can hold a record the selection ``terms`` (FIELD,
+    negated, VALUE) keeps: a file whose place rules every record of it out (``file_fields``) is not
+    read, nor are fault and bare files unless a term names ``fault`` or ``probe``."""
+    named = {key for key, _, _ in terms}
+    out = []
+    for p in result_files(root):
+        fields = file_fields(p, root)
+        if fields is not None and not _may_match(fields, terms, named):
+            continue
+        out.append(p)
+    return out
+
+
+def _may_match(fields: dict[str, set[str]], terms: list[tuple[str, bool, str]], named: set[str]) -> bool:
+    if "fault" not in named and "none" not in fields["fault"]:
+        return False
+    if "probe" not in named and "on" not in fields["probe"]:
+        return False
+    for key, negate, value in terms:
+        if key in FILE_FIELDS:
+            hit = bool(fields[key] & set(value.split("|")))
+            if hit == negate and len(fields[key]) == 1:
+                return False
+    return True
