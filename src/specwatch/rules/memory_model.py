@@ -256,9 +256,15 @@ def sglang_sizing(x: SizingInput, source=None) -> Sizing:
     """SGLang's own sizing functions and ``ReqToTokenPool``, run from ``source``'s files
     (``release_sizing.SglangSource``; default: the installed SGLang's). Raises ImportError when
     SGLang is absent. Fields a release computes inline (0.5.13-0.5.16's admission reserve) are
-    None."""
+    None. Where this process has already imported the installed SGLang's sizing module, that
+    module runs (``installed_sizing``), so a source edit applied to it (``inject.faults``) counts."""
+    import sys
+
     from specwatch.rules.release_sizing import SglangSource
 
+    if source is None and "sglang.srt.mem_cache.allocation_sizing" in sys.modules:
+        # this process imported the installed SGLang (a fault's source edit may be in it): use it
+        return installed_sizing(x)
     source = source or SglangSource.installed()
     if source is None:
         raise ImportError("sglang is not installed")
@@ -302,10 +308,10 @@ def compare(x: SizingInput, source=None) -> tuple[Sizing, Optional[Sizing], list
     not compared)."""
     from specwatch.rules.release_sizing import SglangSource
 
-    source = source or SglangSource.installed()
-    if source is None:
+    release_source = source or SglangSource.installed()
+    if release_source is None:
         return reference_sizing(x), None, []
-    ref = reference_sizing(x, source.version)
+    ref = reference_sizing(x, release_source.version)
     sgl = sglang_sizing(x, source)
     diffs = [
         Disagreement(f, getattr(ref, f), getattr(sgl, f))
