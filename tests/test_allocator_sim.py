@@ -78,3 +78,67 @@ def test_an_unsharded_kv_write_is_silent_below_one_over_dcp_usage():
         SimConfig(64, 1, 3, 4, context_len=8192, input_len=1500, output_len=300, dcp=2, kv_write_ignores_dcp=True)
     )
     assert low.peak_token_usage < 0.5 and low.missing_target_rows == 0 and low.clean
+
+
+def _release_or_skip(version):
+    import os
+
+    from specwatch.rules.release_sizing import REQUIRE_ENV, SglangSource
+
+    if SglangSource.cached(version) is None:
+        if os.environ.get(REQUIRE_ENV) == "1":
+            pytest.fail(f"{REQUIRE_ENV}=1 but SGLang {version}'s source is not unpacked")
+        pytest.skip(f"no unpacked SGLang {version}: run scripts/fetch_sglang_sources.sh")
+    return version
+
+
+@pytest.mark.parametrize("release", [None, "0.5.23"])
+@pytest.mark.parametrize("page", [16, 64, 256])
+@pytest.mark.parametrize("accept", list(AcceptPattern))
+def test_dflash_runs_clean_on_paged_kv(release, page, accept):
+    from specwatch.rules.memory_model import ModelAlgorithm
+
+    release = release and _release_or_skip(release)
+    res = simulate(SimConfig(page, 1, 3, 16, algorithm=ModelAlgorithm.DFLASH, accept=accept, release=release))
+    assert res.reserve == 32 and res.clean, res.as_dict()
+
+
+@pytest.mark.parametrize("release", [None, "0.5.23"])
+def test_dflash_row_overflows_at_page_1_near_the_context_limit(release):
+    # Finding (0.5.17 and 0.5.23): DFLASH's watermark is committed + 2 * block_size (32 at draft 16)
+    # but a page-1 row has 4 + 16 slots of headroom and DFLASH admits C - 1 tokens: the longest
+    # request's last steps pass the row by up to 10 slots (into the next request's row).
+    from specwatch.rules.memory_model import ModelAlgorithm
+
+    release = release and _release_or_skip(release)
+    res = simulate(SimConfig(1, 1, 3, 16, algorithm=ModelAlgorithm.DFLASH, accept=AcceptPattern.one, release=release))
+    assert res.row_violations and not res.clean
+    assert max(v.watermark - v.row_width for v in res.row_violations) == 10
+    fits = simulate(SimConfig(1, 1, 3, 6, algorithm=ModelAlgorithm.DFLASH, accept=AcceptPattern.one, release=release))
+    assert fits.clean  # block 6: the last watermark C - 2 + 12 is the row's end C + 4 + 6
+
+
+def test_dflash_watermark_is_unaligned_on_0_5_17_and_page_aligned_on_0_5_23():
+    from specwatch.rules.memory_model import ModelAlgorithm
+
+    cfg = dict(algorithm=ModelAlgorithm.DFLASH, accept=AcceptPattern.one)
+    old = simulate(SimConfig(64, 1, 3, 16, release=_release_or_skip("0.5.17"), **cfg))
+    new = simulate(SimConfig(64, 1, 3, 16, release=_release_or_skip("0.5.23"), **cfg))
+    assert new.max_watermark % 64 == 0 and old.max_watermark % 64 != 0
+    assert old.clean and new.clean
+
+
+def test_planted_seed_bug_is_reported_with_0_5_23_sizing():
+    res = simulate(
+        SimConfig(
+            64,
+            8,
+            3,
+            16,
+            fault=SimFault.row_widen_revert,
+            accept=AcceptPattern.random,
+            release=_release_or_skip("0.5.23"),
+        )
+    )
+    assert res.row_violations and res.leaked_pages > 0 and not res.clean
+    assert simulate(SimConfig(64, 8, 3, 16, accept=AcceptPattern.random, release="0.5.23")).clean

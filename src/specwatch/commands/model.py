@@ -25,21 +25,21 @@ def model_memory(
     context_len: bounded(1048576) = 4096,
     max_running: bounded(4096) = 48,
     dcp: bounded(64) = 1,
-    algorithm: str = typer.Option("EAGLE", help="EAGLE, EAGLE3, STANDALONE, NGRAM or none."),
+    algorithm: str = typer.Option("EAGLE", help="EAGLE, EAGLE3, STANDALONE, NGRAM, DFLASH or none."),
     csv: CsvOut = None,
     json_out: Optional[Path] = typer.Option(None, "--json"),
 ) -> None:
     """Spec-decode KV sizing for one configuration: specwatch's formulas next to SGLang's."""
-    from specwatch.core.case import Algorithm
     from specwatch.rules.memory_model import (
         COMPARED_FIELDS,
         SIZING_FIELDS,
+        ModelAlgorithm,
         SizingInput,
         compare,
     )
 
     try:
-        algo = None if algorithm.lower() == "none" else Algorithm(algorithm)
+        algo = None if algorithm.lower() == "none" else ModelAlgorithm(algorithm.upper())
     except ValueError:
         raise SpecwatchInputError(None, f"unknown algorithm {algorithm!r}", field="--algorithm") from None
     ref, sgl, diffs = compare(SizingInput(algo, page, topk, steps, draft, context_len, max_running, dcp))
@@ -75,6 +75,34 @@ def model_memory(
         raise typer.Exit(1)
 
 
+def _sim_config(o: dict):
+    """The ``SimConfig`` of ``model simulate``'s options (one line naming the option when bad)."""
+    from specwatch.cpu.allocator_sim import AcceptPattern, SimConfig
+    from specwatch.inject.faults import SimFault
+
+    try:
+        return SimConfig(
+            o["page"],
+            o["topk"],
+            o["steps"],
+            o["draft"],
+            context_len=o["context_len"],
+            num_requests=o["requests"],
+            input_len=o["input_len"],
+            output_len=o["output_len"],
+            accept=AcceptPattern(o["accept"]),
+            dcp=o["dcp"],
+            seed=o["seed"],
+            near_full=o["near_full"],
+            kv_write_ignores_dcp=o["kv_write_ignores_dcp"],
+            fault=SimFault(o["fault"]) if o["fault"] else None,
+            algorithm=o["algorithm"].upper(),
+            release=o["release"],
+        )
+    except ValueError as e:
+        raise SpecwatchInputError(None, str(e), field="--accept/--fault/--algorithm") from None
+
+
 @model_app.command("simulate")
 def model_simulate(
     page: bounded(4096) = 64,
@@ -98,31 +126,17 @@ def model_simulate(
     fault: Optional[str] = typer.Option(
         None, help="Plant a fault: row-widen-revert, unaligned-watermark, draft-page-mismatch."
     ),
+    algorithm: str = typer.Option("EAGLE", help="EAGLE, EAGLE3, STANDALONE, NGRAM or DFLASH."),
+    release: Optional[str] = typer.Option(
+        None, help="Size by this cached SGLang release's own sizing (e.g. 0.5.23); default: the installed one."
+    ),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Drive SGLang's real ReqToTokenPool and paged allocator on CPU through spec-decode steps."""
-    from specwatch.cpu.allocator_sim import AcceptPattern, SimConfig, simulate
-    from specwatch.inject.faults import SimFault
+    from specwatch.cpu.allocator_sim import simulate
 
-    try:
-        cfg = SimConfig(
-            page,
-            topk,
-            steps,
-            draft,
-            context_len=context_len,
-            num_requests=requests,
-            input_len=input_len,
-            output_len=output_len,
-            accept=AcceptPattern(accept),
-            dcp=dcp,
-            seed=seed,
-            near_full=near_full,
-            kv_write_ignores_dcp=kv_write_ignores_dcp,
-            fault=SimFault(fault) if fault else None,
-        )
-    except ValueError as e:
-        raise SpecwatchInputError(None, str(e), field="--accept/--fault") from None
+    opts = dict(locals())
+    cfg = _sim_config(opts)
     try:
         res = simulate(cfg)
     except ImportError as e:

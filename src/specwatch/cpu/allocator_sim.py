@@ -38,14 +38,16 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Optional
 
-from specwatch.core.case import Algorithm
 from specwatch.inject.faults import SimFault
 from specwatch.rules.memory_model import (
+    ModelAlgorithm,
     SizingInput,
     max_seq_len,
     reference_sizing,
+    release,
     sglang_sizing,
 )
+from specwatch.rules.sizing_changes import Change, has
 
 
 class AcceptPattern(str, Enum):
@@ -72,7 +74,8 @@ class SimConfig:
     input_len: int = 300
     output_len: int = 10_000
     accept: AcceptPattern = AcceptPattern.full
-    algorithm: Algorithm = Algorithm.EAGLE
+    algorithm: ModelAlgorithm = ModelAlgorithm.EAGLE
+    """A suite ``Algorithm`` reads as the ``ModelAlgorithm`` of its name."""
     dcp: int = 1
     seed: int = 0
     fault: Optional[SimFault] = None
@@ -83,6 +86,14 @@ class SimConfig:
     its per-rank pool (rows: allocator size / dcp + page), instead of sharding it. SGLang 0.5.17's
     flashinfer MHA backend has no DCP code (``dcp_kv_mask`` is set on HIP only); on 2xH200 at dcp 2
     its ``store_kvcache`` bounds assertion fired near full occupancy."""
+    release: Optional[str] = None
+    """Size rows and watermarks by this cached release's own sizing (``release_sizing``) and its
+    version's rules (DFLASH's watermark is page-aligned from 0.5.19); None: the installed SGLang.
+    The pool and allocator classes stay the installed SGLang's."""
+
+    def __post_init__(self):
+        if not isinstance(self.algorithm, ModelAlgorithm):
+            object.__setattr__(self, "algorithm", ModelAlgorithm(getattr(self.algorithm, "value", self.algorithm)))
 
 
 @dataclass
@@ -202,11 +213,20 @@ def simulate(cfg: SimConfig, sizing_source: str = "sglang") -> SimResult:
 
 
 def _run(cfg: SimConfig, sizing_source: str, pool_tokens: Optional[int]) -> SimResult:
-    import torch
+    sim = _Simulation(cfg, sizing_source, pool_tokens)
+    reqs = [_Req(i) for i in range(cfg.num_requests)]
+    for r in reqs:
+        sim.prefill(r)
+    active = list(reqs)
+    while active:
+        for r in list(active):
+            if sim.decode_step(r):
+                active.remove(r)
+    return sim.result()
 
-    from specwatch.core.sglang_host import req_to_token_pool_class
 
-    x = SizingInput(
+def _sizing_input(cfg: SimConfig) -> SizingInput:
+    return SizingInput(
         cfg.algorithm,
         cfg.page_size,
         cfg.topk,
@@ -216,132 +236,156 @@ def _run(cfg: SimConfig, sizing_source: str, pool_tokens: Optional[int]) -> SimR
         cfg.num_requests,
         cfg.dcp,
     )
-    longest = max_seq_len(x)  # requests run to the longest length SGLang admits
-    sizing = sglang_sizing(x) if sizing_source == "sglang" else reference_sizing(x)
-    reserve = sizing.alloc_reserve_per_decode
-    extra = sizing.req_to_token_extra_context_len
-    if cfg.fault is SimFault.row_widen_revert:
-        extra = 4 + cfg.num_draft_tokens
-    row_width = cfg.context_len + extra
 
-    alloc_page = cfg.page_size * cfg.dcp
-    # The draft pool is replicated over the allocator's virtual slots; 0.5.17 pages it like the
-    # allocator (kv_cache_configurator.pool_page_size = page_size * dcp for a draft worker).
-    draft_page = cfg.page_size if cfg.fault is SimFault.draft_page_mismatch else alloc_page
-    if pool_tokens is None:
-        per_req = math.ceil((row_width + reserve + alloc_page) / alloc_page) * alloc_page
-        pool_tokens = per_req * cfg.num_requests
-    allocator = _make_allocator(pool_tokens, alloc_page)
-    draft_valid_rows = allocator.size + draft_page  # pools hold size + one padding page
-    target_valid_rows = allocator.size // cfg.dcp + cfg.page_size  # one rank's pool
-    missing: set[int] = set()
-    missing_target: set[int] = set()
-    first_missing_target_usage: Optional[float] = None
-    peak_used = 0
-    pool = req_to_token_pool_class()(
-        size=cfg.num_requests, max_context_len=row_width, device="cpu", enable_memory_saver=False
-    )
-    flat = pool.req_to_token.view(-1)
-    pages_total = allocator.available_size() // alloc_page
-    rng = random.Random(cfg.seed)
-    oob = 0
-    violations: list[RowViolation] = []
-    max_watermark = 0
-    steps = 0
 
-    def write_row(req: _Req, start: int, values: torch.Tensor) -> None:
-        nonlocal oob
-        base = req.req_pool_idx * row_width
-        lo, hi = base + start, base + start + len(values)
-        fits = max(0, min(hi, flat.numel()) - lo)
-        flat[lo : lo + fits] = values[:fits].to(torch.int32)
-        oob += len(values) - fits
+class _Simulation:
+    """One pass: SGLang's pool and allocator, and what the scheduler does to them per request."""
 
-    def extend(req: _Req, cur: int, nxt: int) -> torch.Tensor:
-        nonlocal first_missing_target_usage
-        if alloc_page == 1:
-            out = allocator.alloc(nxt - cur)
+    def __init__(self, cfg: SimConfig, sizing_source: str, pool_tokens: Optional[int]):
+        from specwatch.core.sglang_host import req_to_token_pool_class
+        from specwatch.rules.release_sizing import SglangSource
+
+        self.cfg, self.sizing_source = cfg, sizing_source
+        x = _sizing_input(cfg)
+        self.longest = max_seq_len(x)  # requests run to the longest length SGLang admits
+        source = SglangSource.cached(cfg.release) if cfg.release else None
+        if cfg.release and source is None:
+            raise ImportError(f"SGLang {cfg.release}'s source is not unpacked (scripts/fetch_sglang_sources.sh)")
+        sizing = sglang_sizing(x, source) if sizing_source == "sglang" else reference_sizing(x, cfg.release)
+        model = reference_sizing(x, cfg.release or (source or SglangSource.installed()).version)
+        # the watermark's reserve: the sizing's (EAGLE family) or 2 * block_size (DFLASH)
+        self.reserve = (
+            model.decode_watermark_reserve
+            if cfg.algorithm is ModelAlgorithm.DFLASH
+            else sizing.alloc_reserve_per_decode
+        )
+        version = release(cfg.release or (source or SglangSource.installed()).version)
+        self.aligned = cfg.fault is not SimFault.unaligned_watermark and (
+            cfg.algorithm is not ModelAlgorithm.DFLASH or has(Change.dflash_watermark_aligned, version)
+        )
+        extra = sizing.req_to_token_extra_context_len
+        if cfg.fault is SimFault.row_widen_revert:
+            extra = 4 + cfg.num_draft_tokens
+        self.row_width = cfg.context_len + extra
+        self.alloc_page = alloc_page = cfg.page_size * cfg.dcp
+        # The draft pool is replicated over the allocator's virtual slots; 0.5.17 pages it like the
+        # allocator (kv_cache_configurator.pool_page_size = page_size * dcp for a draft worker).
+        self.draft_page = cfg.page_size if cfg.fault is SimFault.draft_page_mismatch else alloc_page
+        if pool_tokens is None:
+            per_req = math.ceil((self.row_width + self.reserve + alloc_page) / alloc_page) * alloc_page
+            pool_tokens = per_req * cfg.num_requests
+        self.allocator = _make_allocator(pool_tokens, alloc_page)
+        self.draft_valid_rows = self.allocator.size + self.draft_page  # pools hold size + one padding page
+        self.target_valid_rows = self.allocator.size // cfg.dcp + cfg.page_size  # one rank's pool
+        self.missing: set[int] = set()
+        self.missing_target: set[int] = set()
+        self.first_missing_target_usage: Optional[float] = None
+        self.peak_used = self.oob = self.max_watermark = self.steps = 0
+        self.pool = req_to_token_pool_class()(
+            size=cfg.num_requests, max_context_len=self.row_width, device="cpu", enable_memory_saver=False
+        )
+        self.flat = self.pool.req_to_token.view(-1)
+        self.pages_total = self.allocator.available_size() // alloc_page
+        self.rng = random.Random(cfg.seed)
+        self.violations: list[RowViolation] = []
+
+    def write_row(self, req: _Req, start: int, values) -> None:
+        """``assign_req_to_token_pool``: no bound at the row's end (see module doc)."""
+        import torch
+
+        lo = req.req_pool_idx * self.row_width + start
+        hi = lo + len(values)
+        fits = max(0, min(hi, self.flat.numel()) - lo)
+        self.flat[lo : lo + fits] = values[:fits].to(torch.int32)
+        self.oob += len(values) - fits
+
+    def extend(self, req: _Req, cur: int, nxt: int):
+        import torch
+
+        if self.alloc_page == 1:
+            out = self.allocator.alloc(nxt - cur)
         else:
-            row = pool.req_to_token[req.req_pool_idx]
+            row = self.pool.req_to_token[req.req_pool_idx]
             last = row[cur - 1 : cur].to(torch.int64) if cur > 0 else torch.tensor([-1])
-            out = allocator.alloc_extend(
-                torch.tensor([cur]), torch.tensor([cur]), torch.tensor([nxt]), torch.tensor([nxt]), last, nxt - cur
-            )
+            t = lambda v: torch.tensor([v])  # noqa: E731
+            out = self.allocator.alloc_extend(t(cur), t(cur), t(nxt), t(nxt), last, nxt - cur)
         if out is None:
             raise RuntimeError(f"simulated KV pool out of memory at {nxt - cur} tokens")
-        missing.update(int(v) for v in out[out >= draft_valid_rows])
-        if cfg.kv_write_ignores_dcp and cfg.dcp > 1:
-            past = out[out >= target_valid_rows]
-            if len(past) and first_missing_target_usage is None:
-                first_missing_target_usage = 1 - allocator.available_size() / (pages_total * alloc_page)
-            missing_target.update(int(v) for v in past)
+        self.missing.update(int(v) for v in out[out >= self.draft_valid_rows])
+        if self.cfg.kv_write_ignores_dcp and self.cfg.dcp > 1:
+            past = out[out >= self.target_valid_rows]
+            if len(past) and self.first_missing_target_usage is None:
+                total = self.pages_total * self.alloc_page
+                self.first_missing_target_usage = 1 - self.allocator.available_size() / total
+            self.missing_target.update(int(v) for v in past)
         return out
 
-    reqs = [_Req(i) for i in range(cfg.num_requests)]
-    for r in reqs:
-        pool.alloc([r])
-        r.target_len = min(cfg.input_len + cfg.output_len, longest)
-        write_row(r, 0, extend(r, 0, cfg.input_len))
-        r.kv_allocated_len = r.kv_committed_len = cfg.input_len
+    def prefill(self, r: _Req) -> None:
+        self.pool.alloc([r])
+        r.target_len = min(self.cfg.input_len + self.cfg.output_len, self.longest)
+        self.write_row(r, 0, self.extend(r, 0, self.cfg.input_len))
+        r.kv_allocated_len = r.kv_committed_len = self.cfg.input_len
 
-    active = list(reqs)
-    while active:
-        for r in list(active):
-            cur = r.kv_allocated_len
-            want = r.kv_committed_len + reserve
-            if cfg.fault is not SimFault.unaligned_watermark:
-                want = math.ceil(want / alloc_page) * alloc_page
-            nxt = max(cur, want)
-            if nxt > row_width:
-                violations.append(RowViolation(r.idx, r.kv_committed_len, nxt, row_width))
-            max_watermark = max(max_watermark, nxt)
-            if nxt > cur:
-                write_row(r, cur, extend(r, cur, nxt))
-                r.kv_allocated_len = nxt
-                peak_used = max(peak_used, pages_total * alloc_page - allocator.available_size())
-            steps += 1
-            if cfg.accept is AcceptPattern.full:
-                accepted = cfg.num_steps + 1
-            elif cfg.accept is AcceptPattern.one:
-                accepted = 1
-            else:
-                accepted = rng.randint(1, cfg.num_steps + 1)
-            r.kv_committed_len = min(r.kv_committed_len + accepted, r.target_len)
-            if r.kv_committed_len >= r.target_len:
-                # SGLang frees the row's allocated prefix (committed KV + over-allocation).
-                row = pool.req_to_token[r.req_pool_idx, : min(r.kv_allocated_len, row_width)]
-                allocator.free(row.to(torch.int64))
-                pool.free(r)
-                active.remove(r)
+    def accepted(self) -> int:
+        """Tokens one verify step commits: up to num_steps + 1 (EAGLE family) or block_size (DFLASH)."""
+        most = self.cfg.num_draft_tokens if self.cfg.algorithm is ModelAlgorithm.DFLASH else self.cfg.num_steps + 1
+        if self.cfg.accept is AcceptPattern.full:
+            return most
+        return 1 if self.cfg.accept is AcceptPattern.one else self.rng.randint(1, most)
 
-    if alloc_page == 1:
-        free_ids = allocator.free_pages
-    else:
-        free_ids = torch.cat((allocator.free_pages, allocator.release_pages))
-    unique_free = len(torch.unique(free_ids))
-    double = len(free_ids) - unique_free
-    leaked_pages = pages_total - unique_free
-    return SimResult(
-        config={k: (v.value if isinstance(v, Enum) else v) for k, v in asdict(cfg).items()},
-        sizing_source=sizing_source,
-        row_width=row_width,
-        reserve=reserve,
-        allocator_page_size=alloc_page,
-        pool_pages=pages_total,
-        free_pages_after=unique_free,
-        leaked_pages=leaked_pages,
-        leaked_tokens=leaked_pages * alloc_page,
-        double_freed_pages=double,
-        req_slots_leaked=cfg.num_requests - pool.available_size(),
-        out_of_bounds_tokens=oob,
-        decode_steps=steps,
-        max_watermark=max_watermark,
-        draft_pool_page_size=draft_page,
-        draft_pool_valid_rows=draft_valid_rows,
-        missing_draft_rows=len(missing),
-        peak_token_usage=peak_used / (pages_total * alloc_page),
-        target_pool_valid_rows=target_valid_rows,
-        missing_target_rows=len(missing_target),
-        first_missing_target_usage=first_missing_target_usage,
-        row_violations=violations,
-    )
+    def decode_step(self, r: _Req) -> bool:
+        """Raise the watermark, allocate, commit; free the request when it is done (True then)."""
+        import torch
+
+        cur, want = r.kv_allocated_len, r.kv_committed_len + self.reserve
+        if self.aligned:
+            want = math.ceil(want / self.alloc_page) * self.alloc_page
+        nxt = max(cur, want)
+        if nxt > self.row_width:
+            self.violations.append(RowViolation(r.idx, r.kv_committed_len, nxt, self.row_width))
+        self.max_watermark = max(self.max_watermark, nxt)
+        if nxt > cur:
+            self.write_row(r, cur, self.extend(r, cur, nxt))
+            r.kv_allocated_len = nxt
+            self.peak_used = max(self.peak_used, self.pages_total * self.alloc_page - self.allocator.available_size())
+        self.steps += 1
+        r.kv_committed_len = min(r.kv_committed_len + self.accepted(), r.target_len)
+        if r.kv_committed_len < r.target_len:
+            return False
+        # SGLang frees the row's allocated prefix (committed KV + over-allocation).
+        row = self.pool.req_to_token[r.req_pool_idx, : min(r.kv_allocated_len, self.row_width)]
+        self.allocator.free(row.to(torch.int64))
+        self.pool.free(r)
+        return True
+
+    def result(self) -> SimResult:
+        import torch
+
+        cfg, a = self.cfg, self.allocator
+        free_ids = a.free_pages if self.alloc_page == 1 else torch.cat((a.free_pages, a.release_pages))
+        unique_free = len(torch.unique(free_ids))
+        leaked_pages = self.pages_total - unique_free
+        return SimResult(
+            config={k: (v.value if isinstance(v, Enum) else v) for k, v in asdict(cfg).items()},
+            sizing_source=self.sizing_source,
+            row_width=self.row_width,
+            reserve=self.reserve,
+            allocator_page_size=self.alloc_page,
+            pool_pages=self.pages_total,
+            free_pages_after=unique_free,
+            leaked_pages=leaked_pages,
+            leaked_tokens=leaked_pages * self.alloc_page,
+            double_freed_pages=len(free_ids) - unique_free,
+            req_slots_leaked=cfg.num_requests - self.pool.available_size(),
+            out_of_bounds_tokens=self.oob,
+            decode_steps=self.steps,
+            max_watermark=self.max_watermark,
+            draft_pool_page_size=self.draft_page,
+            draft_pool_valid_rows=self.draft_valid_rows,
+            missing_draft_rows=len(self.missing),
+            peak_token_usage=self.peak_used / (self.pages_total * self.alloc_page),
+            target_pool_valid_rows=self.target_valid_rows,
+            missing_target_rows=len(self.missing_target),
+            first_missing_target_usage=self.first_missing_target_usage,
+            row_violations=self.violations,
+        )

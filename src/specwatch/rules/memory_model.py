@@ -39,19 +39,39 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields
+from enum import Enum
 from types import SimpleNamespace
 from typing import Optional
 
 from specwatch.core.case import Algorithm
+from specwatch.rules.sizing_changes import Change, has
 
 INT32_BYTES = 4
+
+
+class ModelAlgorithm(str, Enum):
+    """The speculative algorithms the memory model knows (SGLang's ``--speculative-algorithm``):
+    the suites' ``Algorithm`` values plus DFLASH, whose decode step reserves a verify block of
+    ``block_size = speculative_num_draft_tokens`` twice over (``dflash_info_v2.prepare_for_decode``)."""
+
+    EAGLE = "EAGLE"
+    EAGLE3 = "EAGLE3"
+    STANDALONE = "STANDALONE"
+    NGRAM = "NGRAM"
+    DFLASH = "DFLASH"
+
+    @property
+    def has_draft_kv(self) -> bool:
+        """Whether the draft phase writes KV chains (SGLang: ``SpeculativeAlgorithm.has_draft_kv``)."""
+        return self is not ModelAlgorithm.NGRAM
 
 
 @dataclass(frozen=True)
 class SizingInput:
     """One configuration of the memory model."""
 
-    algorithm: Optional[Algorithm]
+    algorithm: Optional[ModelAlgorithm]
+    """None: no speculation; a suite ``Algorithm`` is read as the ``ModelAlgorithm`` of its name."""
     page_size: int
     topk: int
     num_steps: int
@@ -59,6 +79,16 @@ class SizingInput:
     context_len: int
     max_running_requests: int
     dcp: int = 1
+
+    def __post_init__(self):
+        if self.algorithm is not None and not isinstance(self.algorithm, ModelAlgorithm):
+            object.__setattr__(
+                self,
+                "algorithm",
+                ModelAlgorithm(
+                    Algorithm(self.algorithm).value if isinstance(self.algorithm, Algorithm) else self.algorithm
+                ),
+            )
 
     @classmethod
     def for_case(cls, case, context_len: int, max_running_requests: int) -> "SizingInput":
@@ -84,12 +114,15 @@ class Sizing:
     req_to_token_extra_context_len: int
     req_to_token_row_width: int
     req_to_token_bytes: int
-    reserved_tokens_at_admission: int
+    reserved_tokens_at_admission: Optional[int]
     max_seq_len: Optional[int] = None
     allocator_page_size: Optional[int] = None
     aligned_alloc_len_at_context_limit: Optional[int] = None
     row_fits_watermark: Optional[bool] = None
     holey_branch_footprint_tokens: Optional[int] = None
+    decode_watermark_reserve: Optional[int] = None
+    """KV past the committed length the decode watermark reaches: the per-decode reserve for the
+    EAGLE family, ``2 * block_size`` (block = num_draft_tokens) for DFLASH; None without speculation."""
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -108,7 +141,7 @@ COMPARED_FIELDS = (
 
 def reserved_tokens(x: SizingInput) -> int:
     """Output slots reserved per request at admission (EAGLE family only)."""
-    if x.algorithm in (Algorithm.EAGLE, Algorithm.EAGLE3):
+    if x.algorithm in (ModelAlgorithm.EAGLE, ModelAlgorithm.EAGLE3):
         return max(x.topk * x.num_steps, x.num_draft_tokens)
     return 0
 
@@ -117,10 +150,6 @@ def max_seq_len(x: SizingInput) -> int:
     """Longest request (prompt + output) SGLang admits at context length C."""
     r = reserved_tokens(x)
     return x.context_len - r if r else x.context_len - 1
-
-
-def _tree_on_paged_kv(x: SizingInput) -> bool:
-    return x.algorithm is not None and x.algorithm.has_draft_kv and x.page_size > 1 and x.topk > 1
 
 
 def pages_per_branch(page_size: int, num_steps: int) -> int:
@@ -152,26 +181,45 @@ def release(version: Optional[str]) -> Optional[tuple[int, ...]]:
         return None
 
 
+def _watermark(x: SizingInput, ver, reserve: int, longest: int) -> tuple[Optional[int], Optional[int]]:
+    """(decode watermark reserve, the watermark at the context limit). EAGLE-family rounding is
+    modelled aligned for every release; DFLASH's is aligned from ``Change.dflash_watermark_aligned``
+    (0.5.14-0.5.18: ``max(cur, committed + 2 * block_size)`` inline, unrounded)."""
+    if x.algorithm is None:
+        return None, None
+    alloc_page = x.page_size * x.dcp
+    if x.algorithm is ModelAlgorithm.DFLASH:
+        wm_reserve = 2 * x.num_draft_tokens
+        if not has(Change.dflash_watermark_aligned, ver):
+            return wm_reserve, longest - 1 + wm_reserve
+    else:
+        wm_reserve = reserve
+    return wm_reserve, math.ceil((longest - 1 + wm_reserve) / alloc_page) * alloc_page
+
+
 def reference_sizing(x: SizingInput, sglang_version: Optional[str] = None) -> Sizing:
-    """specwatch's own formulas (module docstring), for ``sglang_version`` (None: the newest rules)."""
+    """specwatch's own formulas (module docstring), for ``sglang_version`` (None: the newest rules;
+    ``rules.sizing_changes`` says which release changed what)."""
     ver = release(sglang_version)
-    page_slack = x.page_size - 1 if ver is None or ver >= ROW_PAGE_SLACK_SINCE else 0
-    row_reserve = ver is None or ver >= ROW_RESERVE_SINCE
+    # the sizing functions' page: the server page, or from 0.5.19 the allocator's (page x dcp)
+    sp = x.page_size * x.dcp if has(Change.sizing_on_allocator_page, ver) else x.page_size
+    page_slack = sp - 1 if has(Change.row_page_slack, ver) else 0
+    kv_exempt = not x.algorithm.has_draft_kv and has(Change.ngram_flat_alloc, ver) if x.algorithm else True
+    tree = not kv_exempt and sp > 1 and x.topk > 1
     if x.algorithm is None:
         alloc = 1
-    elif _tree_on_paged_kv(x):
-        alloc = max(pages_per_branch(x.page_size, x.num_steps) * x.page_size * x.topk, x.num_draft_tokens)
+    elif tree:
+        alloc = max(pages_per_branch(sp, x.num_steps) * sp * x.topk, x.num_draft_tokens)
     else:
         alloc = max(x.num_steps * x.topk, x.num_draft_tokens)
     reserve = 2 * alloc
     extra = 4 + (x.num_draft_tokens if x.algorithm is not None else 0)
-    if x.algorithm is not None and x.page_size > 1 and row_reserve:
+    widens = x.topk > 1 or has(Change.row_page_slack, ver)  # 0.5.13-0.5.15 widen tree rows only
+    if x.algorithm is not None and sp > 1 and widens and has(Change.row_reserve, ver):
         extra = max(extra, reserve + page_slack)
     row = x.context_len + extra
-    alloc_page = x.page_size * x.dcp
     longest = max_seq_len(x)
-    watermark = math.ceil((longest - 1 + reserve) / alloc_page) * alloc_page if x.algorithm is not None else None
-    holey = x.topk * pages_per_branch(x.page_size, x.num_steps) * x.page_size if _tree_on_paged_kv(x) else None
+    wm_reserve, watermark = _watermark(x, ver, reserve, longest)
     return Sizing(
         alloc_len_per_decode=alloc,
         alloc_reserve_per_decode=reserve,
@@ -180,10 +228,11 @@ def reference_sizing(x: SizingInput, sglang_version: Optional[str] = None) -> Si
         req_to_token_bytes=(x.max_running_requests + 1) * row * INT32_BYTES,
         reserved_tokens_at_admission=reserved_tokens(x),
         max_seq_len=longest,
-        allocator_page_size=alloc_page,
+        allocator_page_size=x.page_size * x.dcp,
         aligned_alloc_len_at_context_limit=watermark,
         row_fits_watermark=None if watermark is None else watermark <= row,
-        holey_branch_footprint_tokens=holey,
+        holey_branch_footprint_tokens=x.topk * pages_per_branch(sp, x.num_steps) * sp if tree else None,
+        decode_watermark_reserve=wm_reserve,
     )
 
 
@@ -197,32 +246,46 @@ def server_args_for(x: SizingInput) -> SimpleNamespace:
         max_speculative_num_draft_tokens=x.num_draft_tokens if x.algorithm else None,
         page_size=x.page_size,
         dcp_size=x.dcp,
+        speculative_adaptive=False,
+        context_len=x.context_len,
+        max_running_requests=x.max_running_requests,
     )
 
 
-def sglang_sizing(x: SizingInput) -> Sizing:
-    """The installed SGLang's own functions (raises ImportError when SGLang is absent)."""
-    from specwatch.core.sglang_host import (
-        num_reserved_tokens_fn,
-        req_to_token_pool_class,
-        sizing_module,
-    )
+def sglang_sizing(x: SizingInput, source=None) -> Sizing:
+    """SGLang's own sizing functions and ``ReqToTokenPool``, run from ``source``'s files
+    (``release_sizing.SglangSource``; default: the installed SGLang's). Raises ImportError when
+    SGLang is absent. Fields a release computes inline (0.5.13-0.5.16's admission reserve) are
+    None. Where this process has already imported the installed SGLang's sizing module, that
+    module runs (``installed_sizing``), so a source edit applied to it (``inject.faults``) counts."""
+    import sys
+
+    from specwatch.rules.release_sizing import SglangSource
+
+    if source is None and "sglang.srt.mem_cache.allocation_sizing" in sys.modules:
+        # this process imported the installed SGLang (a fault's source edit may be in it): use it
+        return installed_sizing(x)
+    source = source or SglangSource.installed()
+    if source is None:
+        raise ImportError("sglang is not installed")
+    return Sizing(**source.sizing(server_args_for(x)))
+
+
+def installed_sizing(x: SizingInput) -> Sizing:
+    """The same through the installed SGLang imported whole (its modules, a ``meta``-device pool):
+    the cross-check that running definitions from their files computes what SGLang computes."""
+    from specwatch.core.sglang_host import num_reserved_tokens_fn, req_to_token_pool_class, sizing_module
 
     sizing = sizing_module()
     args = server_args_for(x)
-    alloc = sizing.get_alloc_len_per_decode(args)
-    reserve = sizing.get_alloc_reserve_per_decode(args)
     extra = sizing.get_req_to_token_extra_context_len(args)
     pool = req_to_token_pool_class()(
-        size=x.max_running_requests,
-        max_context_len=x.context_len + extra,
-        device="meta",
-        enable_memory_saver=False,
+        size=x.max_running_requests, max_context_len=x.context_len + extra, device="meta", enable_memory_saver=False
     )
     t = pool.req_to_token
     return Sizing(
-        alloc_len_per_decode=int(alloc),
-        alloc_reserve_per_decode=int(reserve),
+        alloc_len_per_decode=int(sizing.get_alloc_len_per_decode(args)),
+        alloc_reserve_per_decode=int(sizing.get_alloc_reserve_per_decode(args)),
         req_to_token_extra_context_len=int(extra),
         req_to_token_row_width=int(t.shape[1]),
         req_to_token_bytes=int(t.numel() * t.element_size()),
@@ -239,15 +302,21 @@ class Disagreement:
     sglang: object
 
 
-def compare(x: SizingInput) -> tuple[Sizing, Optional[Sizing], list[Disagreement]]:
-    """Both implementations and the per-field disagreements (none when SGLang is absent)."""
-    ref = reference_sizing(x)
-    try:
-        sgl = sglang_sizing(x)
-    except ImportError:
-        return ref, None, []
+def compare(x: SizingInput, source=None) -> tuple[Sizing, Optional[Sizing], list[Disagreement]]:
+    """Both implementations for ``source``'s release (default: the installed SGLang) and the
+    per-field disagreements (none when SGLang is absent; a field the release does not compute is
+    not compared)."""
+    from specwatch.rules.release_sizing import SglangSource
+
+    release_source = source or SglangSource.installed()
+    if release_source is None:
+        return reference_sizing(x), None, []
+    ref = reference_sizing(x, release_source.version)
+    sgl = sglang_sizing(x, source)
     diffs = [
-        Disagreement(f, getattr(ref, f), getattr(sgl, f)) for f in COMPARED_FIELDS if getattr(ref, f) != getattr(sgl, f)
+        Disagreement(f, getattr(ref, f), getattr(sgl, f))
+        for f in COMPARED_FIELDS
+        if getattr(sgl, f) is not None and getattr(ref, f) != getattr(sgl, f)
     ]
     return ref, sgl, diffs
 
