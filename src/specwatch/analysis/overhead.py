@@ -9,7 +9,7 @@ import pandas as pd
 from specwatch.store.frame import relative_spread
 
 OVERHEAD_BUDGET = 0.02
-"""Harness overhead the GPU-runner issue allows: specwatch's tokens/s within 2% of a bare run's."""
+"""Harness overhead allowed: specwatch's tokens/s within 2% of a bare run's."""
 
 
 OVER_BUDGET = f"slower by more than {OVERHEAD_BUDGET:.0%}"

@@ -203,7 +203,7 @@ class NgramCorpusModel:
     accepted. Only where windows end matters, one cycle position per request and step (the
     request's last token when its draft was made), plus one more at its last token when it finishes,
     also for a request that finishes at prefill (max_new_tokens = 1), without a verify counted. That
-    last window is what the records need; my reading, not checked in SGLang's code, is that the
+    last window is what the records need; the model assumes, without a check in SGLang's code, that the
     overlap scheduler learns of a finish one iteration late and puts the window once more. A flush
     resets the corpus. Checked against every standard NGRAM record on the H200s (0.5.17, dcp 1 and
     2, triton and flashinfer, page 1/64, topk 1/4: 21 of 21 repeats exact, replaying the harness of

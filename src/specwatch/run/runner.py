@@ -4,7 +4,7 @@ Cases that share every engine-level parameter (``case.ENGINE_FIELDS``) form a gr
 by one child process (``python -m specwatch.worker``) that starts ``sglang.Engine`` once
 and serves all of them. The child reports each case on its own line as it finishes; the parent
 turns lines into ``CaseRecord`` s with provenance and appends them durably. When the child dies
-(SGLang kills its parent process when a scheduler dies, so it must not be us) or runs past its
+(SGLang kills its parent process when a scheduler dies, so the runner must not be its parent) or runs past its
 timeout, the case it was on is recorded ``crashed`` / ``timeout`` with the log tail, and a fresh
 child takes the group's remaining cases.
 """
