@@ -21,6 +21,11 @@ for suite in smoke tree-page; do
   report "sglang-0.5.17-vs-0.5.20-$suite" "sglang_version=0.5.17,suite=$suite" "sglang_version=0.5.20,suite=$suite,overlap=on" \
     --budgets results/noise-budgets.json
 done
+# where the shared page-aligned decode watermark lands (0.5.19, torch 2.13, --overlap-starts)
+for suite in smoke tree-page; do
+  report "sglang-0.5.17-vs-0.5.19-$suite" "sglang_version=0.5.17,suite=$suite" "sglang_version=0.5.19,suite=$suite,overlap=on" \
+    --budgets results/noise-budgets.json
+done
 # A/A: the first two smoke runs of 0.5.17 (engines started one by one, then 8 at once)
 report aa-smoke-sglang-0.5.17 "suite=smoke,sglang_version=0.5.17,run=commit:495713c7323cea483c40c5732763cf81db836f7d|commit:HEAD" \
   "suite=smoke,sglang_version=0.5.17,run=commit:b8380a250ad4d462372048ae79f4ab908a4557b6"
