@@ -1,9 +1,11 @@
 """Helpers that build records for harness tests."""
 
+import itertools
 from datetime import datetime, timezone
 
 from specwatch.core.case import Algorithm, Backend, Case, ModelSize
 from specwatch.core.record import CaseRecord, Metric, Provenance, Status
+from specwatch.rules.memory_model import ModelAlgorithm
 
 T0 = datetime(2026, 11, 30, tzinfo=timezone.utc)
 
@@ -49,3 +51,18 @@ def record(c: Case = None, status=Status.ok, reason=None, tps=100.0, **kw) -> Ca
     return CaseRecord(
         suite="smoke", case_id=c.case_id, case=c, status=status, reason=reason, metrics=metrics, provenance=prov(**kw)
     )
+
+
+SIZING_GRID = list(
+    itertools.product(
+        [None, ModelAlgorithm.EAGLE, ModelAlgorithm.EAGLE3, ModelAlgorithm.STANDALONE, ModelAlgorithm.NGRAM],
+        [1, 16, 64, 256],  # page
+        [1, 2, 4, 8],  # topk
+        [1, 3, 5],  # steps
+        [4, 16],  # draft tokens
+        [2048, 131072],  # context
+        [1, 2],  # dcp
+    )
+)
+"""The 1,920 (algorithm, page, topk, steps, draft tokens, context, dcp) sizing configurations the
+memory model is checked on against SGLang's own sizing (installed and per cached release)."""

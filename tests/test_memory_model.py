@@ -1,7 +1,6 @@
-import itertools
-
 import pytest
 
+from records import SIZING_GRID
 from specwatch.core.case import Algorithm
 from specwatch.rules.memory_model import (
     COMPARED_FIELDS,
@@ -52,17 +51,7 @@ def test_dcp_pages_in_virtual_slots():
     assert s.allocator_page_size == 512
 
 
-GRID = list(
-    itertools.product(
-        [None, Algorithm.EAGLE, Algorithm.EAGLE3, Algorithm.STANDALONE, Algorithm.NGRAM],
-        [1, 16, 64, 256],  # page
-        [1, 2, 4, 8],  # topk
-        [1, 3, 5],  # steps
-        [4, 16],  # draft tokens
-        [2048, 131072],  # context
-        [1, 2],  # dcp
-    )
-)
+GRID = SIZING_GRID
 
 
 @pytest.mark.sglang

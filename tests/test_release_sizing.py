@@ -8,23 +8,14 @@ import re
 
 import pytest
 
+from records import SIZING_GRID
 from specwatch.rules.memory_model import ModelAlgorithm, SizingInput, compare, installed_sizing, release, sglang_sizing
 from specwatch.rules.release_sizing import REQUIRE_ENV, SglangSource
 from specwatch.rules.releases import releases
 from specwatch.rules.sizing_changes import CHANGES
 
 A = ModelAlgorithm
-GRID = list(
-    itertools.product(
-        [None, A.EAGLE, A.EAGLE3, A.STANDALONE, A.NGRAM],
-        [1, 16, 64, 256],  # page
-        [1, 2, 4, 8],  # topk
-        [1, 3, 5],  # steps
-        [4, 16],  # draft tokens
-        [2048, 131072],  # context
-        [1, 2],  # dcp
-    )
-)
+GRID = SIZING_GRID
 DFLASH_GRID = list(
     itertools.product(
         [A.DFLASH],
