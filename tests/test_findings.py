@@ -67,6 +67,8 @@ def test_versions_section_judges_each_case_by_its_latest_record():
     assert rid(rs[0]) not in text
     assert f"| 1/1 ok | 9,279 (1: `{rid(rs[1])}`) |" in row
     assert "| m | 0.5.19 | 1/1 ok | – | – |" in text
+    no_width = findings_markdown(df.drop(columns=["req_to_token_row_width"]))
+    assert "| m | 0.5.17 | 1/2 ok" in no_width and "9,279" not in no_width
 
 
 def test_faults_section_counts_catches_misses_unrun_code_and_twins():

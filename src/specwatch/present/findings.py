@@ -99,10 +99,11 @@ def versions_section(latest: pd.DataFrame) -> list[str]:
             if smoke.empty and tree.empty:
                 continue
             width = _where(rows, **ROW_WIDTH_AT)
-            width = width[width.req_to_token_row_width.notna()] if "req_to_token_row_width" in width else width[:0]
-            widths = "; ".join(
-                f"{int(w):,} ({len(g)}: {_ids(g, SHOWN_IDS)})" for w, g in width.groupby("req_to_token_row_width")
-            )
+            widths = ""
+            if "req_to_token_row_width" in width:  # a store without a measured row has no such column
+                width = width[width.req_to_token_row_width.notna()]
+                groups = width.groupby("req_to_token_row_width")
+                widths = "; ".join(f"{int(w):,} ({len(g)}: {_ids(g, SHOWN_IDS)})" for w, g in groups)
             cells = [_ok_line(smoke) if len(smoke) else "–", _ok_line(tree) if len(tree) else "–", widths or "–"]
             out.append(f"| {machine} | {v} | " + " | ".join(cells) + " |")
     return out + [""]
