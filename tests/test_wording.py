@@ -109,3 +109,15 @@ def test_pending_wording_still_matches():
     still = {(path, words) for path, _, words in hits()}
     stale = sorted(path for path, words in PENDING.items() if (path, words) not in still)
     assert not stale, f"PENDING entries that no longer match (strike them): {stale}"
+
+
+def test_readme_stays_a_product_page_of_at_most_250_lines():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 250
+    for command in (
+        "bash scripts/bootstrap.sh && .venv/bin/specwatch run suites/smoke.toml",
+        "bash scripts/bootstrap.sh && .venv/bin/python -m pytest -q\n",
+    ):
+        assert command in readme
+    for page in ("docs/suites.md", "docs/faults.md", "docs/dcp.md", "dashboards/findings.md"):
+        assert f"]({page}" in readme and (ROOT / page).exists()

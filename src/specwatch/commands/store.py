@@ -41,10 +41,12 @@ def dashboard(
     results: StoredResults = Path("results"), out: Path = typer.Option(Path("dashboards"), help="Dashboard folder.")
 ) -> None:
     """Write the plots (PNG + SVG), dashboards/index.html (opening with the newest release's verdict
-    against the previous one) and dashboards/cases.html from the stored results."""
+    against the previous one), dashboards/cases.html and dashboards/findings.md (+ .html: the measured
+    findings, each with its record ids) from the stored results."""
     from specwatch.analysis.roofline import roofline_rows
     from specwatch.analysis.verdict import release_verdict
-    from specwatch.present.dashboard import build
+    from specwatch.present.dashboard import build, render_markdown_page
+    from specwatch.present.findings import findings_markdown
     from specwatch.store.frame import files_frame, runs_frame
     from specwatch.store.jsonl import result_files
 
@@ -61,6 +63,8 @@ def dashboard(
         "--overlap-starts)": runs_frame(results),
     }
     console.print(f"wrote {build(df, out, tables, verdict=verdict, source=results)}")
+    (out / "findings.md").write_text(findings_markdown(df))
+    render_markdown_page(out / "findings.md", "index.html")
 
 
 def overhead(results: StoredResults = Path("results")) -> None:

@@ -49,3 +49,13 @@ def latest_rows(df: "pd.DataFrame", by: list[Hashable]) -> "pd.DataFrame":
     keyed = df.assign(_measured=measured, _run=df.run_id.fillna("") if "run_id" in df else "", finished_at=finished)
     picked = keyed.sort_values(ORDER_COLUMNS, kind="mergesort").drop_duplicates(by, keep="last")
     return picked.drop(columns=["_measured", "_run"] + ([] if "finished_at" in df else ["finished_at"]))
+
+
+def record_id(case_id: str, started_at) -> str:
+    """A record's id: ``<case_id>@<started_at as YYYYMMDDTHHMMSSZ>`` (UTC), e.g.
+    ``40b2d1611def@20261130T155437Z``; ``started_at`` a datetime (or pandas Timestamp), a naive
+    one taken as UTC."""
+    from datetime import timezone
+
+    ts = started_at if started_at.tzinfo is None else started_at.astimezone(timezone.utc)
+    return f"{case_id}@{ts.strftime('%Y%m%dT%H%M%SZ')}"
