@@ -105,9 +105,12 @@ def _occupancy_metrics(occ: dict, metrics: MetricSet) -> None:
 def _watermark_check(case: Case, occ: dict, version, checks: dict) -> None:
     """``decode_watermark_page_aligned``: after every decode step, what the allocator handed the
     batch's requests is what they recorded (no partial last page beyond ``kv_allocated_len``).
-    Judged where the running release rounds its draft decode watermark up to whole pages (its
-    adapter's ``watermark`` site) and the case drafts into KV at page > 1; elsewhere only the
-    metrics are kept (a release whose own watermark is unaligned is not judged by this rule)."""
+    Judged at page > 1 for algorithms that draft into KV, on releases whose EAGLE decode watermark
+    is rounded up to whole pages (the adapter's ``watermark`` site); on a release whose EAGLE
+    watermark is itself unaligned (0.5.12-0.5.15) only the metrics are kept. DFLASH is judged by
+    the same rule: its own watermark is rounded up only from 0.5.19 (the shared
+    ``page_aligned_decode_alloc_lens``), so on 0.5.14-0.5.18 the check fails on DFLASH, which is
+    the bug class seed 003 fixed (0.5.17 H200 records: every page-64/256 DFLASH case)."""
     if "decode_unaligned_batches" not in occ or case.page_size <= 1 or not case.algorithm.has_draft_kv:
         return
     try:
