@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from functools import lru_cache
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Iterable, Optional
@@ -78,13 +79,20 @@ def _timed_verdict(b: Metric, h: Metric, threshold: float, alpha: float) -> tupl
         return Verdict.unchanged, f"{rel:+.1%} within {threshold:.0%}"
     if len(b.samples) < 2 or len(h.samples) < 2:
         return Verdict.unchanged, f"{rel:+.1%}, too few samples to tell from noise"
-    from scipy.stats import mannwhitneyu  # imported only when a timed change needs the test
-
-    p = mannwhitneyu(b.samples, h.samples, alternative="two-sided").pvalue
+    p = mann_whitney_p(tuple(b.samples), tuple(h.samples))
     if p > alpha:
         return Verdict.unchanged, f"{rel:+.1%}, p={p:.2f} > {alpha}"
     better = (rel > 0) == bool(h.higher_is_better)
     return (Verdict.improved if better else Verdict.regressed), f"{rel:+.1%}, p={p:.3f}"
+
+
+@lru_cache(maxsize=1 << 16)
+def mann_whitney_p(base: tuple, head: tuple) -> float:
+    """Two-sided Mann-Whitney U p-value of two sample tuples, kept per pair: a release verdict over
+    a large store tests the same repeats' samples many times."""
+    from scipy.stats import mannwhitneyu  # imported only when a timed change needs the test
+
+    return float(mannwhitneyu(base, head, alternative="two-sided").pvalue)
 
 
 def _exact_verdict(b: Metric, h: Metric) -> tuple[Verdict, str]:

@@ -46,9 +46,11 @@ def fault_table(df: pd.DataFrame) -> pd.DataFrame:
 
     faulty = df[df.fault.notna()]
     clean = df[df.fault.isna() & df.case_id.isin(faulty.case_id)]
+    # the last clean row of each (case, SGLang version), found once instead of per fault run
+    last_clean = {key: i for i, key in enumerate(zip(clean.case_id, clean.sglang_version)) if not pd.isna(key[1])}
     rows = []
     for _, r in faulty.sort_values(["fault", "page_size", "batch_size"]).iterrows():
-        c = clean[(clean.case_id == r.case_id) & (clean.sglang_version == r.sglang_version)]
+        c = last_clean.get((r.case_id, r.sglang_version))
         runs = r.get("fault_code_runs")
         rows.append(
             {
@@ -61,7 +63,7 @@ def fault_table(df: pd.DataFrame) -> pd.DataFrame:
                 "faulted code ran": "not counted"
                 if runs is None or pd.isna(runs)
                 else f"{int(runs)} times in its engine",
-                "clean run": verdict(c.iloc[-1]) if len(c) else "no clean run",
+                "clean run": "no clean run" if c is None else verdict(clean.iloc[c]),
             }
         )
     return pd.DataFrame(rows)
