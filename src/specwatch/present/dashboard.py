@@ -111,14 +111,19 @@ class TableView:
         classed by its text, a sortable cell carrying its sort value), built in Python: the
         template loop over every cell took most of a large store's page time."""
         status = self.columns.index("status") if "status" in self.columns else -1
+        drawn: list[dict] = [{} for _ in self.columns]  # per column: each distinct cell's markup, once
         out = []
         for row in self.rows:
             cells = []
-            for i, (text, key) in enumerate(row):
-                shown = escape(text)
-                cls = ' class="num"' if self.numeric[i] else f' class="st st-{shown}"' if i == status else ""
-                value = f' data-v="{escape(key)}"' if key else ""
-                cells.append(f"<td{cls}{value}>{shown}</td>")
+            for i, cell in enumerate(row):
+                td = drawn[i].get(cell)
+                if td is None:
+                    text, key = cell
+                    shown = escape(text)
+                    cls = ' class="num"' if self.numeric[i] else f' class="st st-{shown}"' if i == status else ""
+                    value = f' data-v="{escape(key)}"' if key else ""
+                    td = drawn[i][cell] = f"<td{cls}{value}>{shown}</td>"
+                cells.append(td)
             out.append(Markup("<tr>" + "".join(cells) + "</tr>"))
         return out
 
@@ -129,11 +134,28 @@ def anchor_of(title: str) -> str:
 
 
 def table_view(title: str, df: pd.DataFrame, anchor: Optional[str] = None) -> TableView:
-    """``df`` (index dropped) as a ``TableView``."""
-    cells = df.astype(object).where(df.notna(), None).values.tolist()
-    rows = [[(fmt_value(v), sort_key(v)) for v in row] for row in cells]
-    numeric = [any(row[i][1] for row in rows) for i in range(len(df.columns))]
+    """``df`` (index dropped) as a ``TableView``; cells are formatted column by column, each
+    distinct value of a column once (a large store's columns repeat a few values)."""
+    columns = [_column_cells(df.iloc[:, i]) for i in range(len(df.columns))]
+    rows = [list(row) for row in zip(*columns)] if columns else [[] for _ in range(len(df))]
+    numeric = [any(key for _, key in cells) for cells in columns]
     return TableView(title, anchor or anchor_of(title), [str(c) for c in df.columns], rows, numeric)
+
+
+def _column_cells(column: pd.Series) -> list[tuple[str, str]]:
+    """(text, sort value) of each cell of one column (missing values as None)."""
+    seen: dict = {}
+    out = []
+    for v in column.astype(object).where(column.notna(), None):
+        key = (float, repr(v)) if isinstance(v, float) else (type(v), v)  # -0.0 apart from 0.0
+        try:
+            cell = seen[key]
+        except KeyError:
+            cell = seen[key] = (fmt_value(v), sort_key(v))
+        except TypeError:  # unhashable (a list): formatted each time
+            cell = (fmt_value(v), sort_key(v))
+        out.append(cell)
+    return out
 
 
 SUMMARY_LINE = re.compile(r"^<details><summary>(.*)</summary>$")
