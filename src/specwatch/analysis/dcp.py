@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from typing import Optional
+from functools import cache
+from typing import Callable, Optional
 
 import pandas as pd
 
@@ -38,8 +39,9 @@ def dcp_matrix(df: pd.DataFrame, suite: str = "dcp") -> pd.DataFrame:
 
 def matrix_row(r: dict, by_id: dict) -> dict:
     """One record's row of the DCP support matrix; ``by_id``: the suite's rows by (SGLang version,
-    case id), where a dcp > 1 case finds its dcp-1 twin."""
-    case = case_of(r)
+    case id), where a dcp > 1 case finds its dcp-1 twin. The row's ``Case`` is built only where
+    a crash is read against the validity rules or an ok dcp > 1 case looks for its twin."""
+    case = cache(lambda: case_of(r))
     mismatch = cell(r, "draft_pool_page_mismatch")
     return {
         "sglang": r["sglang_version"],
@@ -67,11 +69,11 @@ def matrix_row(r: dict, by_id: dict) -> dict:
     }
 
 
-def outcome_text(r: dict, case: Case) -> str:
+def outcome_text(r: dict, case: Callable[[], Case]) -> str:
     """``ok``, or the status with SGLang's reason; a crash at start in the words of a validity rule
     reads as the skip that rule gives, and a case the host disturbed as not measured."""
     outcome = r["status"] if r["status"] == "ok" else f"{r['status']}: {str(r['reason'])[:160]}"
-    rule = skip_reason(case) if r["status"] == "crashed" else None
+    rule = skip_reason(case()) if r["status"] == "crashed" else None
     if rule and rule.split(": ", 1)[-1] in str(r["reason"]):
         # SGLang refused it at start with the words of a rule specwatch learnt since: a skip
         outcome = f"skipped: {rule} (SGLang refused it at start; recorded crashed before the rule)"
@@ -80,11 +82,11 @@ def outcome_text(r: dict, case: Case) -> str:
     return outcome
 
 
-def same_outputs(r: dict, case: Case, by_id: dict) -> str:
+def same_outputs(r: dict, case: Callable[[], Case], by_id: dict) -> str:
     """For an ok dcp > 1 case, how its greedy outputs compare with its dcp-1 twin's (``twin_outputs``)."""
     if r["dcp"] <= 1 or r["status"] != "ok":
         return ""
-    twin = by_id.get((r["sglang_version"], case.dcp_twin_id()))
+    twin = by_id.get((r["sglang_version"], case().dcp_twin_id()))
     if twin is None or twin["status"] != "ok":
         return "no dcp 1 run" if twin is None else f"dcp 1 {twin['status']}"
     return twin_outputs(r, twin)

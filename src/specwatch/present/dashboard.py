@@ -280,19 +280,19 @@ def build(
     reports = render_reports(out)
     report_names = {r.stem for r in reports}
     sections = section_tables(df, faults, overhead, dcp, tables)
-    (out / "cases.html").write_text(ENV.get_template("cases.html.j2").render(table=cases_table(df)))
+    # pages streamed to their files (a large store's pages run to tens of MB)
+    ENV.get_template("cases.html.j2").stream(table=cases_table(df)).dump(str(out / "cases.html"))
     index = out / "index.html"
-    index.write_text(
-        ENV.get_template("index.html.j2").render(
-            verdict=verdict,
-            plots=[(n, PLOT_TITLES.get(n, n)) for n in plots],
-            sections=sections,
-            reports=[r.stem for r in reports],
-            report_names=report_names,
-            dcp=bool(dcp),
-            health_anchor=lambda s: health_anchor(s, dcp),
-            asv=(out / "asv" / "index.html").exists(),
-            cases=len(df),
-        )
+    page = ENV.get_template("index.html.j2").stream(
+        verdict=verdict,
+        plots=[(n, PLOT_TITLES.get(n, n)) for n in plots],
+        sections=sections,
+        reports=[r.stem for r in reports],
+        report_names=report_names,
+        dcp=bool(dcp),
+        health_anchor=lambda s: health_anchor(s, dcp),
+        asv=(out / "asv" / "index.html").exists(),
+        cases=len(df),
     )
+    page.dump(str(index))
     return index
