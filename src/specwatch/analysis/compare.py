@@ -19,7 +19,7 @@ from enum import Enum
 from functools import lru_cache
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Iterable, Optional
+from typing import TYPE_CHECKING, Iterable, Iterator, Optional
 
 from specwatch.core.errors import SpecwatchInputError
 from specwatch.core.record import CaseRecord, Metric, Status
@@ -261,13 +261,24 @@ def compare_frames(
     """``compare_records`` of two selections as frame rows (``store.select_frame.select_rows``): the
     latest row of each case by the same rule (``latest_rows``), each case's two rows decoded only
     while its rows are made."""
-    b_by, h_by = ({} if df.empty else _by_case(latest_rows(df, ["case_id"])) for df in (base, head))
-    rows: list[Row] = []
-    for cid in sorted(set(b_by) | set(h_by)):
-        b, h = (RecordView(side[cid]) if cid in side else None for side in (b_by, h_by))
-        rows += case_rows(cid, b, h, threshold, alpha, budgets)
+    rows = list(frame_rows(base, head, threshold, alpha, budgets))
     rows.sort(key=lambda r: (ORDER[r.verdict], r.case_id, r.metric))
     return rows
+
+
+def frame_rows(
+    base: "pd.DataFrame",
+    head: "pd.DataFrame",
+    threshold: float = 0.05,
+    alpha: float = 0.1,
+    budgets: Optional[dict] = None,
+) -> Iterator[Row]:
+    """``compare_frames``' rows one case at a time, in case order (unsorted by verdict): a caller
+    that keeps only some of them (the release verdict) never holds them all."""
+    b_by, h_by = ({} if df.empty else _by_case(latest_rows(df, ["case_id"])) for df in (base, head))
+    for cid in sorted(set(b_by) | set(h_by)):
+        b, h = (RecordView(side[cid]) if cid in side else None for side in (b_by, h_by))
+        yield from case_rows(cid, b, h, threshold, alpha, budgets)
 
 
 def _by_case(df: "pd.DataFrame") -> dict[str, dict]:
