@@ -16,9 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from functools import lru_cache
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Iterable, Optional
+from typing import TYPE_CHECKING, Iterable, Iterator, Optional
 
 from specwatch.core.errors import SpecwatchInputError
 from specwatch.core.record import CaseRecord, Metric, Status
@@ -78,13 +79,20 @@ def _timed_verdict(b: Metric, h: Metric, threshold: float, alpha: float) -> tupl
         return Verdict.unchanged, f"{rel:+.1%} within {threshold:.0%}"
     if len(b.samples) < 2 or len(h.samples) < 2:
         return Verdict.unchanged, f"{rel:+.1%}, too few samples to tell from noise"
-    from scipy.stats import mannwhitneyu  # imported only when a timed change needs the test
-
-    p = mannwhitneyu(b.samples, h.samples, alternative="two-sided").pvalue
+    p = mann_whitney_p(tuple(b.samples), tuple(h.samples))
     if p > alpha:
         return Verdict.unchanged, f"{rel:+.1%}, p={p:.2f} > {alpha}"
     better = (rel > 0) == bool(h.higher_is_better)
     return (Verdict.improved if better else Verdict.regressed), f"{rel:+.1%}, p={p:.3f}"
+
+
+@lru_cache(maxsize=1 << 16)
+def mann_whitney_p(base: tuple, head: tuple) -> float:
+    """Two-sided Mann-Whitney U p-value of two sample tuples, kept per pair: a release verdict over
+    a large store tests the same repeats' samples many times."""
+    from scipy.stats import mannwhitneyu  # imported only when a timed change needs the test
+
+    return float(mannwhitneyu(base, head, alternative="two-sided").pvalue)
 
 
 def _exact_verdict(b: Metric, h: Metric) -> tuple[Verdict, str]:
@@ -253,13 +261,24 @@ def compare_frames(
     """``compare_records`` of two selections as frame rows (``store.select_frame.select_rows``): the
     latest row of each case by the same rule (``latest_rows``), each case's two rows decoded only
     while its rows are made."""
-    b_by, h_by = ({} if df.empty else _by_case(latest_rows(df, ["case_id"])) for df in (base, head))
-    rows: list[Row] = []
-    for cid in sorted(set(b_by) | set(h_by)):
-        b, h = (RecordView(side[cid]) if cid in side else None for side in (b_by, h_by))
-        rows += case_rows(cid, b, h, threshold, alpha, budgets)
+    rows = list(frame_rows(base, head, threshold, alpha, budgets))
     rows.sort(key=lambda r: (ORDER[r.verdict], r.case_id, r.metric))
     return rows
+
+
+def frame_rows(
+    base: "pd.DataFrame",
+    head: "pd.DataFrame",
+    threshold: float = 0.05,
+    alpha: float = 0.1,
+    budgets: Optional[dict] = None,
+) -> Iterator[Row]:
+    """``compare_frames``' rows one case at a time, in case order (unsorted by verdict): a caller
+    that keeps only some of them (the release verdict) never holds them all."""
+    b_by, h_by = ({} if df.empty else _by_case(latest_rows(df, ["case_id"])) for df in (base, head))
+    for cid in sorted(set(b_by) | set(h_by)):
+        b, h = (RecordView(side[cid]) if cid in side else None for side in (b_by, h_by))
+        yield from case_rows(cid, b, h, threshold, alpha, budgets)
 
 
 def _by_case(df: "pd.DataFrame") -> dict[str, dict]:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from typing import Optional
+from functools import cache
+from typing import Callable, Optional
 
 import pandas as pd
 
@@ -38,8 +39,9 @@ def dcp_matrix(df: pd.DataFrame, suite: str = "dcp") -> pd.DataFrame:
 
 def matrix_row(r: dict, by_id: dict) -> dict:
     """One record's row of the DCP support matrix; ``by_id``: the suite's rows by (SGLang version,
-    case id), where a dcp > 1 case finds its dcp-1 twin."""
-    case = case_of(r)
+    case id), where a dcp > 1 case finds its dcp-1 twin. The row's ``Case`` is built only where
+    a crash is read against the validity rules or an ok dcp > 1 case looks for its twin."""
+    case = cache(lambda: case_of(r))
     mismatch = cell(r, "draft_pool_page_mismatch")
     return {
         "sglang": r["sglang_version"],
@@ -67,11 +69,11 @@ def matrix_row(r: dict, by_id: dict) -> dict:
     }
 
 
-def outcome_text(r: dict, case: Case) -> str:
+def outcome_text(r: dict, case: Callable[[], Case]) -> str:
     """``ok``, or the status with SGLang's reason; a crash at start in the words of a validity rule
     reads as the skip that rule gives, and a case the host disturbed as not measured."""
     outcome = r["status"] if r["status"] == "ok" else f"{r['status']}: {str(r['reason'])[:160]}"
-    rule = skip_reason(case) if r["status"] == "crashed" else None
+    rule = skip_reason(case()) if r["status"] == "crashed" else None
     if rule and rule.split(": ", 1)[-1] in str(r["reason"]):
         # SGLang refused it at start with the words of a rule specwatch learnt since: a skip
         outcome = f"skipped: {rule} (SGLang refused it at start; recorded crashed before the rule)"
@@ -80,11 +82,11 @@ def outcome_text(r: dict, case: Case) -> str:
     return outcome
 
 
-def same_outputs(r: dict, case: Case, by_id: dict) -> str:
+def same_outputs(r: dict, case: Callable[[], Case], by_id: dict) -> str:
     """For an ok dcp > 1 case, how its greedy outputs compare with its dcp-1 twin's (``twin_outputs``)."""
     if r["dcp"] <= 1 or r["status"] != "ok":
         return ""
-    twin = by_id.get((r["sglang_version"], case.dcp_twin_id()))
+    twin = by_id.get((r["sglang_version"], case().dcp_twin_id()))
     if twin is None or twin["status"] != "ok":
         return "no dcp 1 run" if twin is None else f"dcp 1 {twin['status']}"
     return twin_outputs(r, twin)
@@ -178,22 +180,12 @@ def dcp_summary(matrix: pd.DataFrame) -> pd.DataFrame:
     lead = ["sglang", "tp", "model", "algo", "backend"]
     for key, g in matrix.groupby(lead, sort=True):
         row = dict(zip(lead, key))
-        for (dcp, workload, lengths), h in g.groupby(["dcp", "workload", "lengths"], sort=True):
-            col = f"dcp {dcp} {workload} {lengths}"
-            unmeasured = int(h.outcome.str.startswith("not measured").sum())
-            ran = h[~h.outcome.str.startswith("skipped") & ~h.outcome.str.startswith("not measured")]
-            if ran.empty:
-                row[col] = f"{unmeasured} not measured (host interference)" if unmeasured else "all skipped by rule"
-                continue
-            ok = int((ran.outcome == "ok").sum())
-            causes = sorted({crash_cause(o) for o in ran.outcome if o != "ok"})
-            skipped = int(h.outcome.str.startswith("skipped").sum())
-            row[col] = (
-                f"{ok}/{len(ran)} ok"
-                + "".join(f"; {c}" for c in causes)
-                + (f"; {unmeasured} more not measured (host interference)" if unmeasured else "")
-                + (f"; {skipped} more skipped by rule" if skipped else "")
-            )
+        cells: dict[tuple, list[str]] = {}  # (dcp, workload, lengths) -> outcomes, grouped in Python:
+        for group, outcome in zip(zip(g.dcp, g.workload, g.lengths), g.outcome):  # a large store has
+            if not any(pd.isna(v) for v in group):  # thousands of one-row groups
+                cells.setdefault(group, []).append(outcome)
+        for (dcp, workload, lengths), outcomes in cells.items():
+            row[f"dcp {dcp} {workload} {lengths}"] = summary_cell(outcomes)
         same = g.loc[g.dcp > 1, "same outputs as dcp 1"]
         compared = same[same.isin(["identical", "DIFFERENT"])]
         apart = int(same.str.startswith("prompts drawn apart").sum())
@@ -207,17 +199,44 @@ def dcp_summary(matrix: pd.DataFrame) -> pd.DataFrame:
     ].fillna("not run")
 
 
+MARKDOWN_ROWS = 2000
+"""Rows of a DCP table ``dcp_markdown`` writes; the rest are counted in a line under it (the
+dashboard's index page holds every row)."""
+
+
+def summary_cell(outcomes: list[str]) -> str:
+    """A DCP summary cell: of one group's matrix outcomes, how many ran ok out of those not
+    skipped by rule, the distinct failure causes, and the cases not measured or skipped."""
+    unmeasured = sum(o.startswith("not measured") for o in outcomes)
+    skipped = sum(o.startswith("skipped") for o in outcomes)
+    ran = [o for o in outcomes if not o.startswith("skipped") and not o.startswith("not measured")]
+    if not ran:
+        return f"{unmeasured} not measured (host interference)" if unmeasured else "all skipped by rule"
+    causes = sorted({crash_cause(o) for o in ran if o != "ok"})
+    return (
+        f"{sum(o == 'ok' for o in ran)}/{len(ran)} ok"
+        + "".join(f"; {c}" for c in causes)
+        + (f"; {unmeasured} more not measured (host interference)" if unmeasured else "")
+        + (f"; {skipped} more skipped by rule" if skipped else "")
+    )
+
+
 def dcp_markdown(tables: dict[str, tuple[pd.DataFrame, pd.DataFrame]]) -> str:
     """The DCP support summaries and matrices (suite -> (summary, matrix)) as markdown
     (``dashboards/dcp-support.md``, readable where the HTML dashboard is not served): generated from
-    the store, so no count in it is typed by hand."""
+    the store, so no count in it is typed by hand. A table over ``MARKDOWN_ROWS`` rows is cut
+    there, with a line saying how many rows the index page's table has beyond it."""
 
     def md(t: pd.DataFrame) -> str:
-        return (
-            t.astype(str)
+        text = (
+            t.head(MARKDOWN_ROWS)
+            .astype(str)
             .replace({r"\|": r"\\|", "\n": " ", "^nan$": "", "^None$": ""}, regex=True)
             .to_markdown(index=False)
         )
+        if len(t) > MARKDOWN_ROWS:
+            text += f"\n\n{len(t) - MARKDOWN_ROWS:,} more rows: see the table on the dashboard's index page"
+        return text
 
     names = ", ".join(f"`suites/{suite}.toml`" for suite in tables)
     versions = ", ".join(sorted({v for _, m in tables.values() for v in m.sglang.unique()}))

@@ -46,9 +46,11 @@ def fault_table(df: pd.DataFrame) -> pd.DataFrame:
 
     faulty = df[df.fault.notna()]
     clean = df[df.fault.isna() & df.case_id.isin(faulty.case_id)]
+    # the last clean row of each (case, SGLang version), found once instead of per fault run
+    last_clean = {key: i for i, key in enumerate(zip(clean.case_id, clean.sglang_version)) if not pd.isna(key[1])}
     rows = []
     for _, r in faulty.sort_values(["fault", "page_size", "batch_size"]).iterrows():
-        c = clean[(clean.case_id == r.case_id) & (clean.sglang_version == r.sglang_version)]
+        c = last_clean.get((r.case_id, r.sglang_version))
         runs = r.get("fault_code_runs")
         rows.append(
             {
@@ -61,7 +63,7 @@ def fault_table(df: pd.DataFrame) -> pd.DataFrame:
                 "faulted code ran": "not counted"
                 if runs is None or pd.isna(runs)
                 else f"{int(runs)} times in its engine",
-                "clean run": verdict(c.iloc[-1]) if len(c) else "no clean run",
+                "clean run": "no clean run" if c is None else verdict(clean.iloc[c]),
             }
         )
     return pd.DataFrame(rows)
@@ -177,15 +179,18 @@ def failed_checks(df: pd.DataFrame) -> pd.DataFrame:
     checks = [c for c in df.columns if c.startswith("check.")]
     failing = df[df[checks].eq(False).any(axis=1)] if checks else df.iloc[0:0]
     rows = []
-    for _, row in failing.iterrows():
+    wanted = ["case_id", "suite", "attention_backend", "page_size", "topk", "batch_size"] + checks
+    wanted += [c for c in ("leak_is_unflushed_cache", "row_matches_model_now") if c in failing]
+    for row in failing[wanted].to_dict("records"):  # dicts, not a Series per row: thousands at scale
         bad = [c[len("check.") :] for c in checks if row[c] == False]  # noqa: E712 (numpy bools, NaN)
         note = " (the radix cache a refused flush left, not a leak)" if row.get("leak_is_unflushed_cache") else ""
         if "req_to_token_matches_model" in bad and row.get("row_matches_model_now") is True:
             note += " (the row matches today's model: the model's rule was learned later)"
         rows.append(
             {
-                "case_id": row.case_id,
-                "where": f"{row.suite} {row.attention_backend} p{row.page_size} k{row.topk} bs{row.batch_size}",
+                "case_id": row["case_id"],
+                "where": f"{row['suite']} {row['attention_backend']} p{row['page_size']} k{row['topk']} "
+                f"bs{row['batch_size']}",
                 "failed": bad,
                 "note": note,
             }

@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 if TYPE_CHECKING:
     import pandas as pd
 
-from specwatch.analysis.compare import Verdict, compare_frames
+from specwatch.analysis.compare import ORDER, Row, Verdict, frame_rows
 from specwatch.core.errors import SpecwatchInputError
 from specwatch.core.record import CaseRecord, Status
 from specwatch.core.sglang_host import version_key
@@ -153,14 +153,21 @@ def compare_suite(
             rows = select_rows(spec, root)
         sides.append((spec, rows))
     (base, base_rows), (head, head_rows) = sides
-    rows = compare_frames(base_rows, head_rows, budgets=budgets)
+    # counted as they come, only the regressed and now-failing rows kept (in compare's order)
+    counts: Counter = Counter()
+    kept: list[Row] = []
+    for r in frame_rows(base_rows, head_rows, budgets=budgets):
+        counts[r.verdict] += 1
+        if r.verdict in (Verdict.regressed, Verdict.now_failing):
+            kept.append(r)
+    kept.sort(key=lambda r: (r.case_id, r.metric))
     return SuiteComparison(
         suite=suite,
         base=base,
         head=head,
-        counts=dict(Counter(r.verdict.value for r in rows)),
-        regressed=[f"{r.label}: {r.metric}" for r in rows if r.verdict is Verdict.regressed],
-        now_failing=[f"{r.label}: {r.note}" for r in rows if r.verdict is Verdict.now_failing],
+        counts={v.value: counts[v] for v in sorted(counts, key=lambda v: ORDER[v])},
+        regressed=[f"{r.label}: {r.metric}" for r in kept if r.verdict is Verdict.regressed],
+        now_failing=[f"{r.label}: {r.note}" for r in kept if r.verdict is Verdict.now_failing],
     )
 
 

@@ -18,7 +18,7 @@ from urllib.parse import quote
 import pandas as pd
 from jinja2 import Environment, PackageLoader
 from markdown_it import MarkdownIt
-from markupsafe import Markup
+from markupsafe import Markup, escape
 
 from specwatch.analysis.dcp import DCP_SUITES, dcp_markdown, dcp_matrix, dcp_summary
 from specwatch.analysis.health import fault_table, health_matrix
@@ -106,6 +106,27 @@ class TableView:
     def folded(self) -> bool:
         return len(self.rows) > FOLD_ROWS
 
+    def html_rows(self) -> list[Markup]:
+        """Each row as its ``<tr>`` (cells escaped; a number's cell right-aligned, a status cell
+        classed by its text, a sortable cell carrying its sort value), built in Python: the
+        template loop over every cell took most of a large store's page time."""
+        status = self.columns.index("status") if "status" in self.columns else -1
+        drawn: list[dict] = [{} for _ in self.columns]  # per column: each distinct cell's markup, once
+        out = []
+        for row in self.rows:
+            cells = []
+            for i, cell in enumerate(row):
+                td = drawn[i].get(cell)
+                if td is None:
+                    text, key = cell
+                    shown = escape(text)
+                    cls = ' class="num"' if self.numeric[i] else f' class="st st-{shown}"' if i == status else ""
+                    value = f' data-v="{escape(key)}"' if key else ""
+                    td = drawn[i][cell] = f"<td{cls}{value}>{shown}</td>"
+                cells.append(td)
+            out.append(Markup("<tr>" + "".join(cells) + "</tr>"))
+        return out
+
 
 def anchor_of(title: str) -> str:
     """An id for a section: the title's words, lower case, joined by '-'."""
@@ -113,11 +134,28 @@ def anchor_of(title: str) -> str:
 
 
 def table_view(title: str, df: pd.DataFrame, anchor: Optional[str] = None) -> TableView:
-    """``df`` (index dropped) as a ``TableView``."""
-    cells = df.astype(object).where(df.notna(), None).values.tolist()
-    rows = [[(fmt_value(v), sort_key(v)) for v in row] for row in cells]
-    numeric = [any(row[i][1] for row in rows) for i in range(len(df.columns))]
+    """``df`` (index dropped) as a ``TableView``; cells are formatted column by column, each
+    distinct value of a column once (a large store's columns repeat a few values)."""
+    columns = [_column_cells(df.iloc[:, i]) for i in range(len(df.columns))]
+    rows = [list(row) for row in zip(*columns)] if columns else [[] for _ in range(len(df))]
+    numeric = [any(key for _, key in cells) for cells in columns]
     return TableView(title, anchor or anchor_of(title), [str(c) for c in df.columns], rows, numeric)
+
+
+def _column_cells(column: pd.Series) -> list[tuple[str, str]]:
+    """(text, sort value) of each cell of one column (missing values as None)."""
+    seen: dict = {}
+    out = []
+    for v in column.astype(object).where(column.notna(), None):
+        key = (float, repr(v)) if isinstance(v, float) else (type(v), v)  # -0.0 apart from 0.0
+        try:
+            cell = seen[key]
+        except KeyError:
+            cell = seen[key] = (fmt_value(v), sort_key(v))
+        except TypeError:  # unhashable (a list): formatted each time
+            cell = (fmt_value(v), sort_key(v))
+        out.append(cell)
+    return out
 
 
 SUMMARY_LINE = re.compile(r"^<details><summary>(.*)</summary>$")
@@ -242,19 +280,19 @@ def build(
     reports = render_reports(out)
     report_names = {r.stem for r in reports}
     sections = section_tables(df, faults, overhead, dcp, tables)
-    (out / "cases.html").write_text(ENV.get_template("cases.html.j2").render(table=cases_table(df)))
+    # pages streamed to their files (a large store's pages run to tens of MB)
+    ENV.get_template("cases.html.j2").stream(table=cases_table(df)).dump(str(out / "cases.html"))
     index = out / "index.html"
-    index.write_text(
-        ENV.get_template("index.html.j2").render(
-            verdict=verdict,
-            plots=[(n, PLOT_TITLES.get(n, n)) for n in plots],
-            sections=sections,
-            reports=[r.stem for r in reports],
-            report_names=report_names,
-            dcp=bool(dcp),
-            health_anchor=lambda s: health_anchor(s, dcp),
-            asv=(out / "asv" / "index.html").exists(),
-            cases=len(df),
-        )
+    page = ENV.get_template("index.html.j2").stream(
+        verdict=verdict,
+        plots=[(n, PLOT_TITLES.get(n, n)) for n in plots],
+        sections=sections,
+        reports=[r.stem for r in reports],
+        report_names=report_names,
+        dcp=bool(dcp),
+        health_anchor=lambda s: health_anchor(s, dcp),
+        asv=(out / "asv" / "index.html").exists(),
+        cases=len(df),
     )
+    page.dump(str(index))
     return index

@@ -223,11 +223,12 @@ def across_versions(df: pd.DataFrame, out: Path, metrics=VERSION_METRICS) -> lis
     for ax, (m, unit) in zip(axes.ravel(), metrics):
         versions, labels, common, latest = version_lines(df, m) if not df.empty else ([], [], [], df)
         if common and m in latest:
-            for _cid, g in latest.groupby("case_id"):
-                first = g.iloc[0]
+            # one pivot (case x version) instead of a frame per case: a large store has thousands
+            values = latest.pivot(index="case_id", columns="sglang_version", values=m).reindex(columns=versions)
+            firsts = latest.drop_duplicates("case_id").set_index("case_id")
+            for line, first in zip(values.to_numpy(), firsts.loc[values.index].itertuples()):
                 name = f"{first.model} {first.attention_backend} p{first.page_size} k{first.topk} bs{first.batch_size}"
-                g = g.set_index("sglang_version").reindex(versions)
-                ax.plot(labels, g[m].values, marker="o", alpha=0.7, lw=1, label=name)
+                ax.plot(labels, line, marker="o", alpha=0.7, lw=1, label=name)
             capped_legend(ax, fontsize=7, title="case", title_fontsize=7)
         ax.set(
             xlabel="SGLang version",
