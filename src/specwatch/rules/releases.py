@@ -39,6 +39,7 @@ __all__ = [
     "fault_plan",
     "installed_version",
     "releases",
+    "running_version",
 ]
 
 
@@ -97,6 +98,17 @@ def installed_version() -> str:
         return version("sglang")
     except PackageNotFoundError:
         raise SpecwatchInputError(None, "SGLang is not installed here", field="sglang version") from None
+
+
+def running_version() -> str:
+    """The SGLang this process drives: the imported ``sglang`` module's version (an engine in the
+    worker), else the installed distribution's."""
+    try:
+        import sglang
+
+        return getattr(sglang, "__version__", None) or installed_version()
+    except ImportError:
+        return installed_version()
 
 
 def fault_plan(name: str, version: Optional[str] = None) -> FaultPlan:

@@ -20,7 +20,7 @@ from specwatch.core.timing_lock import PARALLEL_ENV, WorkerTimingLock
 from specwatch.inject.faults import PLAN_ENV
 from specwatch.oracle.checkpoints import ensure_models
 from specwatch.rules.pools import pool_checks
-from specwatch.rules.releases import FaultNotInRelease, fault_plan, installed_version
+from specwatch.rules.releases import FaultNotInRelease, fault_plan, running_version
 from specwatch.worker.engine_args import (
     engine_kwargs,
     fit_server_args,
@@ -129,7 +129,7 @@ def plan_fault(spec: WorkerSpec, emit: Emitter) -> bool:
     import sys
 
     try:
-        plan = fault_plan(spec.fault, _sglang_version())
+        plan = fault_plan(spec.fault, running_version())
     except FaultNotInRelease as e:
         _report_all(emit, spec.cases, Status.skipped, e.message, None)
         return False
@@ -141,16 +141,6 @@ def plan_fault(spec: WorkerSpec, emit: Emitter) -> bool:
     if probe is not None and hasattr(probe, "_register_fault"):
         probe._register_fault(os.environ[PLAN_ENV])
     return True
-
-
-def _sglang_version() -> str:
-    """The SGLang this worker drives: the imported module's version, else its distribution's."""
-    try:
-        import sglang
-
-        return getattr(sglang, "__version__", None) or installed_version()
-    except ImportError:
-        return installed_version()
 
 
 def _report_all(emit: Emitter, cases: list[Case], status: Status, reason: str, tail: Optional[str]) -> None:

@@ -28,7 +28,7 @@ from specwatch.oracle.prompts import (
     timed_tag,
 )
 from specwatch.oracle.shapes import SHAPES
-from specwatch.rules.releases import adapter_for
+from specwatch.rules.releases import adapter_for, running_version
 from specwatch.worker.engine_args import greedy_sampling, server_facts
 from specwatch.worker.near_full import MIN_DECODE_SHARE, near_full_extension
 
@@ -36,15 +36,7 @@ from specwatch.worker.near_full import MIN_DECODE_SHARE, near_full_extension
 def histogram_key() -> str:
     """The ``meta_info`` key of the running SGLang's per-request acceptance histogram (its release
     adapter's; the old ``spec_accept_histogram`` alias is gone from 0.5.21)."""
-    from specwatch.rules.releases import installed_version
-
-    try:
-        import sglang
-
-        version = getattr(sglang, "__version__", None) or installed_version()
-    except ImportError:
-        version = installed_version()
-    return adapter_for(version).correct_drafts_histogram_key
+    return adapter_for(running_version()).correct_drafts_histogram_key
 
 
 def now() -> str:
