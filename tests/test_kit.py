@@ -419,3 +419,36 @@ def test_a_distribution_omitted_at_build_time_is_left_out_and_says_why(index, tm
     r = resolve(index, tmp_path, "0.5.20", omit={"NVIDIA_NCCL_cu13": "the host's serves"})
     assert "nvidia-nccl-cu13" not in r.pins and r.omitted["nvidia-nccl-cu13"] == "the host's serves"
     assert "torch" in r.pins
+
+
+def test_layered_kit_carries_only_what_its_base_lacks_and_imports_through_the_base(index, tmp_path):
+    make_wheel(index, "sglang", "0.5.21", ["torch==2.13.0", "sglang-kernel==0.4.7", "transformers==5.12.1"])
+    base_out = tmp_path / "kit-0.5.20"
+    base_out, base = build(index, tmp_path, "0.5.20")
+    layer_out, layer = build(index, tmp_path, "0.5.21", base=base_out)
+    assert [w.name for w in layer.wheels] == ["sglang"]
+    assert layer.base.kit_id == base.kit_id and layer.base.wheels >= 5 and not layer.carries_torch
+    env = {**install_env(tmp_path), "SPECWATCH_SITE": str(tmp_path / "site-21")}
+    refused = run_install(layer_out / "part-00", {**env, "SPECWATCH_BASE_SITE": str(tmp_path / "site-20")})
+    assert refused.returncode == 2 and "install that kit first" in refused.stdout
+    for part in base.parts:
+        assert run_install(base_out / part.name, {**env, "SPECWATCH_SITE": str(tmp_path / "site-20")}).returncode == 0
+    done = run_install(layer_out / "part-00", {**env, "SPECWATCH_BASE_SITE": str(tmp_path / "site-20")})
+    assert done.returncode == 0 and "installed in" in done.stdout, done.stdout + done.stderr
+    check = subprocess.run(
+        [
+            "bash",
+            "-c",
+            f"source {tmp_path / 'site-21'}/env.sh && {sys.executable} -c "
+            "'import importlib.metadata as m, sglang, torch; print(sglang.__version__, m.version(\"sglang\"), torch.__version__)'",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert check.stdout.split() == ["0.5.21", "0.5.21", "2.13.0"], check.stderr
+
+
+def test_a_base_that_is_not_a_kit_is_one_line_and_exit_2(index, tmp_path):
+    (tmp_path / "nokit").mkdir()
+    run = cli("build", "0.5.20", "--out", str(tmp_path / "out"), "--base", str(tmp_path / "nokit"))
+    assert run.returncode == 2 and "--base" in run.stderr and "Traceback" not in run.stderr

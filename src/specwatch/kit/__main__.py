@@ -41,6 +41,12 @@ def parser() -> argparse.ArgumentParser:
         metavar="NAME[=WHY]",
         help="leave a distribution out (repeatable), e.g. one the host's own copy serves",
     )
+    build.add_argument(
+        "--base",
+        type=Path,
+        metavar="KIT",
+        help="layer on this kit: leave out every wheel it carries (same file), chain its site in env.sh",
+    )
     build.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="wheel cache folder")
     return top
 
@@ -64,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
             part_limit=int(args.part_mib * MiB),
             cache=args.cache,
             omit=dict(_omission(o) for o in args.omit),
+            base=args.base,
         )
     except SpecwatchInputError as e:
         print(f"error: {e}", file=sys.stderr)

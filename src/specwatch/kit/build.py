@@ -12,7 +12,7 @@ from specwatch.kit import pack
 from specwatch.kit.download import DEFAULT_CACHE, Downloader, PipDownloader
 from specwatch.kit.host import DEFAULT_HOST, HostProfile
 from specwatch.kit.installer import INSTALL_SH, write_installer
-from specwatch.kit.manifest import MANIFEST_NAME, KitFile, KitManifest, KitPart, KitWheel
+from specwatch.kit.manifest import MANIFEST_NAME, KitBase, KitFile, KitManifest, KitPart, KitWheel
 from specwatch.kit.pins import Pin, Resolution, Resolver
 from specwatch.kit.trim import without_fa3
 
@@ -28,26 +28,42 @@ def build_kit(
     cache: Path = DEFAULT_CACHE,
     downloader: Downloader | None = None,
     omit: dict[str, str] | None = None,
+    base: Path | None = None,
     log: Callable[[str], None] = print,
 ) -> KitManifest:
     """Build the offline kit for SGLang ``version`` in ``out`` (``out/part-NN/``).
 
     ``fa3=False`` leaves sglang-kernel's FA3 library out; ``cubin=True`` carries flashinfer-cubin.
     ``omit``: distributions to leave out (name -> why), e.g. a library the host's own copy serves.
+    ``base``: a kit folder (or its manifest) this kit is layered on: every wheel the base carries
+    as the same file with the same checksum is left to the base's site, e.g. one torch layer
+    shared by several SGLang releases.
     ``downloader`` replaces pip against the package index (tests use a local folder).
     Raises :class:`~specwatch.core.errors.SpecwatchInputError` (one line) on bad input or no network.
     """
     out = Path(out)
     check_out_dir(out)
+    base_manifest = read_base(base) if base is not None else None
     downloader = downloader or PipDownloader(host, cache, log=log)
     log(f"== resolving sglang {version} for Python {host.python_version}")
     resolution = Resolver(downloader, host, cubin=cubin, omit=omit, log=log).resolve(version)
     pins = resolution.sorted_pins()
     if not fa3:
         pins = [drop_fa3(p, cache) for p in pins]
+    layer = None
+    if base_manifest is not None:
+        pins, layer = layered_on(base_manifest, pins)
+        log(f"== layered on the sglang {layer.sglang_version} kit: {layer.wheels} wheels left to its site")
     log(f"== packing {len(pins)} wheels into parts of at most {part_limit / pack.MiB:g} MiB")
     manifest = write_parts(
-        resolution, pins, out, fa3=fa3, cubin=cubin, part_limit=part_limit, python_version=host.python_version
+        resolution,
+        pins,
+        out,
+        fa3=fa3,
+        cubin=cubin,
+        part_limit=part_limit,
+        python_version=host.python_version,
+        base=layer,
     )
     log(f"== kit in {out}: {len(manifest.parts)} parts, {manifest.total_size / pack.MiB:.1f} MiB")
     return manifest
@@ -63,6 +79,29 @@ def check_out_dir(out: Path) -> None:
             raise SpecwatchInputError(out, f"folder is not empty and holds no kit ({foreign[0]}, ...)")
 
 
+def read_base(path: Path) -> KitManifest:
+    """The manifest of the kit at ``path`` (its folder or its manifest file)."""
+    path = Path(path)
+    manifest = path / MANIFEST_NAME if path.is_dir() else path
+    if not manifest.is_file():
+        raise SpecwatchInputError(path, "no kit manifest here", field="--base")
+    try:
+        return KitManifest.read(manifest)
+    except ValueError as e:
+        raise SpecwatchInputError(manifest, f"not a kit manifest ({str(e).splitlines()[0]})", field="--base") from None
+
+
+def layered_on(base: KitManifest, pins: list[Pin]) -> tuple[list[Pin], KitBase]:
+    """The pins the base kit does not carry as the same file, and the layer's record of its base."""
+    served = {(w.filename, w.sha256) for w in base.wheels}
+    kept = [p for p in pins if (p.wheel.path.name, p.wheel.sha256()) not in served]
+    if not kept:
+        raise SpecwatchInputError(
+            None, f"the base kit (sglang {base.sglang_version}) already carries every wheel", field="--base"
+        )
+    return kept, KitBase(kit_id=base.kit_id, sglang_version=base.sglang_version, wheels=len(pins) - len(kept))
+
+
 def drop_fa3(pin: Pin, cache: Path) -> Pin:
     if pin.name != "sglang-kernel":
         return pin
@@ -70,7 +109,15 @@ def drop_fa3(pin: Pin, cache: Path) -> Pin:
 
 
 def write_parts(
-    resolution: Resolution, pins: list[Pin], out: Path, *, fa3: bool, cubin: bool, part_limit: int, python_version: str
+    resolution: Resolution,
+    pins: list[Pin],
+    out: Path,
+    *,
+    fa3: bool,
+    cubin: bool,
+    part_limit: int,
+    python_version: str,
+    base: KitBase | None = None,
 ) -> KitManifest:
     """Cut, lay out and checksum the parts; write the manifest and installer into each."""
     payload_limit = payload_limit_for(pins, part_limit)
@@ -94,17 +141,18 @@ def write_parts(
         )
     wheels = [kit_wheel(pin, [p.name for p in pieces if p.source == pin.wheel.path]) for pin in pins]
     manifest = KitManifest(
-        kit_id=hashlib.sha256("".join(w.sha256 for w in wheels).encode()).hexdigest(),
+        kit_id=hashlib.sha256(("".join(w.sha256 for w in wheels) + (base.kit_id if base else "")).encode()).hexdigest(),
         sglang_version=str(resolution.sglang_version),
         python_version=python_version,
         fa3=fa3,
         cubin=cubin,
-        carries_torch="torch" in resolution.pins,
+        carries_torch=any(w.name == "torch" for w in wheels),
         part_limit=part_limit,
         wheels=wheels,
         parts=parts,
         host_served=dict(sorted(resolution.host_served.items())),
         omitted=dict(sorted(resolution.omitted.items())),
+        base=base,
     )
     manifest.write(out / MANIFEST_NAME)
     for part in parts:

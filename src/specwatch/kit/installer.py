@@ -7,7 +7,9 @@ wheels, installs them with ``pip install --no-index --no-deps --target SITE`` an
 
 * ``SPECWATCH_SITE``: where the kit is installed (default ``/tmp/specwatch-site-VERSION``);
 * ``SPECWATCH_KIT_STASH``: the staging folder (default ``/tmp/specwatch-kit-VERSION``);
-* ``SPECWATCH_KIT_PYTHON``: the interpreter whose pip installs (default ``python3``).
+* ``SPECWATCH_KIT_PYTHON``: the interpreter whose pip installs (default ``python3``);
+* ``SPECWATCH_BASE_SITE``: for a layered kit, where its base kit is installed (default
+  ``/tmp/specwatch-site-BASEVERSION``); its ``env.sh`` is sourced first by this kit's.
 """
 
 from __future__ import annotations
@@ -75,6 +77,16 @@ if missing:
     say(f"stashed in {kit}: {have} of {len(manifest['parts'])} parts; still to come: "
         + " ".join(missing))
     sys.exit(0)
+
+# 2b. a layered kit needs its base kit installed first (its env.sh is sourced by this one's)
+base = manifest.get("base")
+if base:
+    base_site = Path(os.environ.get("SPECWATCH_BASE_SITE", f"/tmp/specwatch-site-{base['sglang_version']}"))
+    mark = base_site / ".specwatch-kit"
+    if not (mark.is_file() and mark.read_text().strip() == base["kit_id"]):
+        say(f"this kit is layered on the sglang {base['sglang_version']} kit {base['kit_id'][:16]}, "
+            f"which is not installed in {base_site}: install that kit first (or set SPECWATCH_BASE_SITE)")
+        sys.exit(2)
 
 # 3. verify every file; a bad one is removed so that copying its part again repairs it
 bad = []
@@ -145,8 +157,10 @@ if libs and manifest["carries_torch"]:
     host_sites = subprocess.run([py, "-c", "import site; print('\\n'.join(site.getsitepackages()))"],
                                 capture_output=True, text=True).stdout.split()
     libs += [d for s in host_sites for d in lib_dirs(s)]
-lines = [
-    f"# SGLang {version} offline kit (kit {manifest['kit_id'][:16]})",
+lines = [f"# SGLang {version} offline kit (kit {manifest['kit_id'][:16]})"]
+if base:
+    lines.append(f"source {base_site}/env.sh  # the base kit: sglang {base['sglang_version']}")
+lines += [
     f"export PYTHONPATH={':'.join(paths)}${{PYTHONPATH:+:$PYTHONPATH}}",
     "export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1",
     "export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1",

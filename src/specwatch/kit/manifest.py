@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 from pydantic import BaseModel, ConfigDict
 
@@ -59,6 +60,17 @@ class KitPart(_Model):
     """Hex sha256 of the payload files concatenated in order."""
 
 
+class KitBase(_Model):
+    """The kit a layered kit is installed on top of."""
+
+    kit_id: str
+    """The base kit's id: the installer checks the base site holds exactly this kit."""
+    sglang_version: str
+    """The base kit's SGLang release (its default site is ``/tmp/specwatch-site-VERSION``)."""
+    wheels: int
+    """How many wheels the layered kit leaves to the base (same file, same checksum)."""
+
+
 class KitManifest(_Model):
     """Everything an install needs to check and reassemble a kit."""
 
@@ -86,6 +98,8 @@ class KitManifest(_Model):
     """Requirements left to the host's own distributions: name -> requirement."""
     omitted: dict[str, str]
     """Requirements left out by a release rule: name -> why."""
+    base: Optional[KitBase] = None
+    """Set for a layered kit: the kit whose site serves every wheel this one leaves out."""
 
     @property
     def total_size(self) -> int:
