@@ -16,14 +16,24 @@ for suite in smoke tree-page; do
   report "sglang-0.5.16-vs-0.5.17-$suite" "sglang_version=0.5.16,suite=$suite" "sglang_version=0.5.17,suite=$suite" \
     --budgets results/noise-budgets.json
 done
-# newest release measured against the last release of the torch 2.11 line (0.5.20 ran with --overlap-starts)
-for suite in smoke tree-page; do
-  report "sglang-0.5.17-vs-0.5.20-$suite" "sglang_version=0.5.17,suite=$suite" "sglang_version=0.5.20,suite=$suite,overlap=on" \
-    --budgets results/noise-budgets.json
-done
+# newest release measured against the last release of the torch 2.11 line (0.5.20 ran with
+# --overlap-starts; smoke pinned to its first run, the one taken without other releases beside it)
+report "sglang-0.5.17-vs-0.5.20-smoke" "sglang_version=0.5.17,suite=smoke" \
+  "sglang_version=0.5.20,suite=smoke,overlap=on,run=20261201T114337Z-196a15" --budgets results/noise-budgets.json
+report "sglang-0.5.17-vs-0.5.20-tree-page" "sglang_version=0.5.17,suite=tree-page" \
+  "sglang_version=0.5.20,suite=tree-page,overlap=on" --budgets results/noise-budgets.json
 # where the shared page-aligned decode watermark lands (0.5.19, torch 2.13, --overlap-starts)
 for suite in smoke tree-page; do
   report "sglang-0.5.17-vs-0.5.19-$suite" "sglang_version=0.5.17,suite=$suite" "sglang_version=0.5.19,suite=$suite,overlap=on" \
+    --budgets results/noise-budgets.json
+done
+# the releases after 0.5.19, each smoke run with --overlap-starts beside the others (layered kits)
+report "sglang-0.5.18-vs-0.5.19-smoke" "sglang_version=0.5.18,suite=smoke,overlap=on" "sglang_version=0.5.19,suite=smoke,overlap=on" \
+  --budgets results/noise-budgets.json
+report "sglang-0.5.22-vs-0.5.23-smoke" "sglang_version=0.5.22,suite=smoke,overlap=on" "sglang_version=0.5.23,suite=smoke,overlap=on" \
+  --budgets results/noise-budgets.json
+for suite in smoke dflash; do
+  report "sglang-0.5.17-vs-0.5.23-$suite" "sglang_version=0.5.17,suite=$suite,overlap=$( [ $suite = dflash ] && echo on || echo off)" "sglang_version=0.5.23,suite=$suite,overlap=on" \
     --budgets results/noise-budgets.json
 done
 # A/A: the first two smoke runs of 0.5.17 (engines started one by one, then 8 at once)
