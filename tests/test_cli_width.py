@@ -20,7 +20,7 @@ def at_100(monkeypatch, args) -> str:
     return res.stdout
 
 
-@pytest.mark.parametrize("suite", sorted(p.name for p in SUITES.glob("*.toml")))
+@pytest.mark.parametrize("suite", sorted(p.name for p in SUITES.glob("*.toml") if p.name != "byo-oracle.toml"))
 def test_plan_fits_100_columns(monkeypatch, suite):
     out = at_100(monkeypatch, ["plan", SUITES / suite])
     assert "case id" in out  # the id column keeps its header

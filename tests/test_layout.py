@@ -11,6 +11,7 @@ FLOORS = {
     "core": 1,
     "oracle": 2,
     "inject": 2,
+    "own": 2,
     "rules": 3,
     "store": 4,
     "worker": 4,

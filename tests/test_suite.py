@@ -148,7 +148,8 @@ def test_every_shipped_suite_loads_and_the_profiles_suite_covers_the_imperfect_p
     from specwatch.core.case import Profile
 
     for path in sorted(SUITES.glob("*.toml")):
-        assert load_suite(path).plan(), path.name
+        if path.name != "byo-oracle.toml":  # its checkpoints are written first (test_own_model)
+            assert load_suite(path).plan(), path.name
     plan = load_suite(SUITES / "profiles.toml").plan()
     assert {p.case.profile for p in plan} == {Profile.q01, Profile.q03, Profile.random}
     assert all(p.skip is None for p in plan) and {p.case.topk for p in plan} == {1, 4}

@@ -36,7 +36,8 @@ from pydantic_core import PydanticCustomError
 from specwatch.core.case import Algorithm, Backend, Case, ModelSize, Profile, Workload
 from specwatch.core.errors import SpecwatchInputError
 from specwatch.oracle.shapes import SHAPES
-from specwatch.rules.validity import normalize_dflash, normalize_draft_tokens, skip_reason
+from specwatch.own.suite_model import ModelEntry, OwnPromptFields, own_fields, own_skip_reason, resolve_own
+from specwatch.rules.validity import RULES, normalize_dflash, normalize_draft_tokens, skip_reason
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -146,13 +147,13 @@ class SuiteHeader(BaseModel):
     """Largest number of cases the matrices may expand to (counted before expanding)."""
 
 
-class Matrix(BaseModel):
-    """One ``[[matrix]]`` table: lists whose cartesian product gives cases."""
+class Matrix(OwnPromptFields):
+    """One ``[[matrix]]`` table: lists whose cartesian product gives cases (own models' prompts apart)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    model: Annotated[list[ModelSize], Field(min_length=1)] = [ModelSize.tiny]
-    """Oracle model sizes."""
+    model: Annotated[list[ModelEntry], Field(min_length=1)] = [ModelSize.tiny]
+    """Oracle model sizes and own models (``{name, target, draft, tokenizer, dtype}`` tables)."""
     algorithm: Annotated[list[Algorithm], Field(min_length=1)] = [Algorithm.EAGLE]
     """Speculative algorithms."""
     attention_backend: Annotated[list[Backend], Field(min_length=1)]
@@ -184,7 +185,7 @@ class Matrix(BaseModel):
 
     def axis_sizes(self) -> dict[str, int]:
         """Length of every axis, in field order."""
-        return {f: len(getattr(self, f)) for f in type(self).model_fields}
+        return {f: len(getattr(self, f)) for f in AXES}
 
     def case_count(self) -> int:
         """Cases this matrix expands to: the product of its axes' lengths."""
@@ -244,6 +245,10 @@ class Suite:
     def iter_plan(self) -> Iterator[PlannedCase]:
         """The plan one case at a time (``iter_expand``)."""
         return iter_expand(self.spec)
+
+
+AXES: tuple[str, ...] = tuple(f for f in Matrix.model_fields if not f.startswith("prompt"))
+"""The ``[[matrix]]`` fields whose cartesian product gives cases (``prompts*`` are per matrix)."""
 
 
 WHERE_FIELDS: tuple[str, ...] = ("case_id",)
@@ -337,6 +342,7 @@ def load_suite(path: str | Path) -> Suite:
         more = f" (+{e.error_count() - 1} more)" if e.error_count() > 1 else ""
         raise SpecwatchInputError(path, _error_line(err) + more, field=_format_loc(err["loc"])) from None
     check_case_count(spec, path)
+    resolve_own(spec, path)
     return Suite(spec=spec, path=path, sha256=hashlib.sha256(raw).hexdigest())
 
 
@@ -358,11 +364,12 @@ def check_case_count(spec: SuiteSpec, path: str | Path | None = None) -> int:
 def iter_expand(spec: SuiteSpec) -> Iterator[PlannedCase]:
     """Cartesian product of every matrix, in file order, one case at a time; a case that
     normalizes to an earlier one is yielded as a skipped duplicate naming it."""
-    fields = list(Matrix.model_fields)
+    fields = list(AXES)
     seen: set[str] = set()
+    resolve_own(spec, None)
     for m in spec.matrix:
         for values in itertools.product(*(getattr(m, f) for f in fields)):
-            p = dict(zip(fields, values))
+            p = own_fields(m, dict(zip(fields, values)))
             requested = p["num_draft_tokens"]
             p["topk"], p["num_steps"], adjusted = normalize_dflash(p["algorithm"], p["topk"], p["num_steps"])
             p["num_draft_tokens"] = normalize_draft_tokens(p["algorithm"], p["topk"], p["num_steps"], requested)
@@ -380,7 +387,9 @@ def iter_expand(spec: SuiteSpec) -> Iterator[PlannedCase]:
                 yield PlannedCase(case, why, duplicate=True, adjusted=adjusted)
                 continue
             seen.add(cid)
-            yield PlannedCase(case, skip_reason(case), adjusted=adjusted)
+            yield PlannedCase(
+                case, skip_reason(case) if case.own_model is None else own_skip_reason(case, RULES), adjusted=adjusted
+            )
 
 
 def expand(spec: SuiteSpec) -> list[PlannedCase]:

@@ -158,3 +158,43 @@ def model_simulate(
                 f"watermark {v.watermark} > row width {v.row_width}"
             )
     raise typer.Exit(0 if res.clean else 1)
+
+
+@model_app.command("write-oracle")
+def model_write_oracle(
+    folder: Path = typer.Argument(..., help="Folder to write the checkpoints into."),
+    size: str = typer.Option("tiny", help="Oracle size: tiny, tiny-attn, 1b, 8b."),
+    algorithm: str = typer.Option("EAGLE", help="EAGLE, EAGLE3, STANDALONE, NGRAM or DFLASH: which draft."),
+    profile: str = typer.Option("perfect", help="Draft acceptance profile (perfect, q=0.1, ...)."),
+    seed: int = typer.Option(0, "--seed"),
+) -> None:
+    """Write an oracle target and draft with a tokenizer, to name by path in a suite as an own model."""
+    from specwatch.core.case import Algorithm, ModelSize, Profile
+
+    try:
+        size_v, algo_v, profile_v = ModelSize(size), Algorithm(algorithm.upper()), Profile(profile)
+    except ValueError as e:
+        raise SpecwatchInputError(None, str(e), field="--size/--algorithm/--profile") from None
+    if size_v is ModelSize.own:
+        raise SpecwatchInputError(None, "'own' is no oracle size", field="--size")
+    from specwatch.oracle.checkpoints import write_oracle_model
+
+    target, draft = write_oracle_model(folder, size_v, profile_v, algo_v, seed)
+    console.print(f"target: {target}")
+    console.print(f"draft: {draft if draft is not None else 'none'}")
+    draft_kv = f', draft = "{draft}"' if draft is not None else ""
+    console.print(f'suite: model = [{{name = "oracle-{size_v.value}", target = "{target}"{draft_kv}}}]')
+
+
+@model_app.command("fetch-prompts")
+def model_fetch_prompts(
+    name: str = typer.Argument(..., help="Dataset: mt-bench, gsm8k or sharegpt."),
+    folder: Optional[Path] = typer.Option(None, help="Prompts folder (default: $SPECWATCH_PROMPTS_DIR or ~/.cache)."),
+) -> None:
+    """Fetch a prompt dataset once into the prompts folder (needs network) and write its sha256 beside it."""
+    from specwatch.own.prompts import DATASETS, fetch_dataset
+
+    if name not in DATASETS:
+        raise SpecwatchInputError(None, f"unknown dataset {name!r}: one of {', '.join(DATASETS)}", field="NAME")
+    path, sha = fetch_dataset(name, folder)
+    console.print(f"{path}: sha256 {sha}")

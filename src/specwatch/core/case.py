@@ -5,8 +5,9 @@ from __future__ import annotations
 import hashlib
 import json
 from enum import Enum
+from typing import Optional
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
 
 class Algorithm(str, Enum):
@@ -82,6 +83,62 @@ class ModelSize(str, Enum):
     tiny_attn = "tiny-attn"
     """tiny shapes with an attention-sensitive layer 0: the next token also depends on the KV read
     at the previous position, so wrong KV reads (pages, masks, stale slots) change outputs."""
+    own = "own"
+    """A checkpoint the suite names by path or Hugging Face id (``Case.own_model``): no oracle
+    shapes and no closed form; its outputs are checked against the target without speculation."""
+
+
+class Expectation(str, Enum):
+    """What a case's outputs and acceptance are checked against (``details.expectation``)."""
+
+    oracle = "oracle"
+    """The closed form of an oracle model: exact acceptance and the lossless oracle chain."""
+    parity = "parity"
+    """An own model: the same prompts decoded greedily by the target without speculation
+    (``parity_with_plain``); acceptance is measured, not expected."""
+
+
+class OwnModel(BaseModel):
+    """A model the suite names by path or Hugging Face id (``model = {name = ..., target = ...}``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: StrictStr
+    """The suite's name for the model; part of the case id."""
+    config_sha: StrictStr
+    """sha256 (16 hex digits) of the config files of target, draft and tokenizer (config.json,
+    tokenizer_config.json, generation_config.json), not of paths or weights: part of the case id,
+    so records of one checkpoint on two machines join."""
+    dtype: StrictStr = "bfloat16"
+    """``--dtype`` the engine loads the weights in; part of the case id."""
+    target: StrictStr
+    """Target checkpoint as the suite names it: a folder or a Hugging Face id (never in the id)."""
+    draft: Optional[StrictStr] = None
+    """Draft checkpoint (None: the model has none, e.g. for NGRAM)."""
+    tokenizer: Optional[StrictStr] = None
+    """Tokenizer folder or id (None: the target's)."""
+    context_len: StrictInt = Field(ge=1)
+    """The target's context length (config.json's ``max_position_embeddings``): what SGLang sizes
+    its request rows by (``rules.pools``)."""
+
+
+class PromptSet(BaseModel):
+    """Where an own model's prompts come from (the suite's ``prompts``, ``prompt_count``, ``prompt_seed``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    source: StrictStr
+    """A dataset name (``mt-bench``, ``gsm8k``, ``sharegpt``), ``random`` or ``file``."""
+    count: StrictInt = Field(ge=1)
+    """Prompts drawn from the source; each timed repeat sends all of them."""
+    seed: StrictInt = 0
+    """Seed of the draw (which prompts, and ``random``'s token ids)."""
+    sha256: Optional[StrictStr] = None
+    """sha256 (16 hex digits) of the prompt file's bytes (None: ``random``); part of the case id."""
+    file: Optional[StrictStr] = None
+    """The prompt file read on this host (never in the id)."""
+    field: StrictStr = "prompt"
+    """JSONL field holding each prompt's text (``file``); a dataset's own field otherwise."""
 
 
 class Case(BaseModel):
@@ -109,20 +166,51 @@ class Case(BaseModel):
     profile: Profile = Field(default=Profile.perfect, description="Oracle acceptance profile.")
     workload: Workload = Field(default=Workload.standard, description="Request-stream shape.")
     cuda_graph: StrictBool = Field(default=True, description="Whether CUDA graphs are enabled.")
+    own_model: Optional[OwnModel] = Field(default=None, description="The checkpoint of a model 'own' (else None).")
+    prompts: Optional[PromptSet] = Field(default=None, description="An own model's prompts (else None).")
+
+    @model_validator(mode="after")
+    def _own_model_consistent(self) -> "Case":
+        if (self.model is ModelSize.own) != (self.own_model is not None):
+            raise ValueError("own_model is given exactly when model is 'own'")
+        if (self.own_model is None) != (self.prompts is None):
+            raise ValueError("prompts are given exactly when own_model is")
+        return self
 
     @property
     def case_id(self) -> str:
         """Stable id: hash of the normalized parameters (joins results across days and hosts)."""
         return case_id_of(self.params())
 
+    @property
+    def expectation(self) -> Expectation:
+        """What the case's outputs are checked against: the oracle's closed form, or parity."""
+        return Expectation.oracle if self.own_model is None else Expectation.parity
+
     def params(self) -> dict:
-        """Plain JSON-able parameter dict (enum values as strings)."""
-        return json.loads(self.model_dump_json())
+        """Plain JSON-able parameter dict (enum values as strings). An oracle case's has exactly the
+        ``CASE_FIELDS``; an own model's adds ``OWN_PARAMS`` (name, config hash, dtype, prompt set),
+        never the paths, which differ per host."""
+        p = json.loads(self.model_dump_json(exclude={"own_model", "prompts"}))
+        if self.own_model is not None:
+            m, q = self.own_model, self.prompts
+            p.update(
+                model_name=m.name,
+                model_config_sha=m.config_sha,
+                model_dtype=m.dtype,
+                prompts=q.source,
+                prompt_count=q.count,
+                prompt_seed=q.seed,
+                prompts_sha=q.sha256,
+                prompt_field=q.field if q.file else None,
+            )
+        return p
 
     def engine_key(self) -> tuple:
         """Parameters that need a new engine when they change; the rest reuse one engine."""
         p = self.params()
-        return tuple(p[f] for f in ENGINE_FIELDS)
+        key = tuple(p[f] for f in ENGINE_FIELDS)
+        return key if self.own_model is None else key + (self.own_model,)  # its checkpoint, paths too
 
     def prompt_lens(self) -> list[int]:
         """Prompt length of each batch a conversation sends: ``[input_len]``, or for the multi-turn
@@ -137,8 +225,9 @@ class Case(BaseModel):
 
     def label(self) -> str:
         """Short human label used in tables and plots."""
+        model = self.own_model.name if self.own_model else self.model.value
         return (
-            f"{self.model.value}/{self.algorithm.value}/{self.attention_backend.value}"
+            f"{model}/{self.algorithm.value}/{self.attention_backend.value}"
             f" p{self.page_size} k{self.topk} s{self.num_steps} d{self.num_draft_tokens}"
             f" tp{self.tp} dcp{self.dcp} bs{self.batch_size} {self.input_len}->{self.output_len}"
             f" {self.profile.value} {self.workload.value}{'' if self.cuda_graph else ' eager'}"
@@ -161,7 +250,20 @@ ENGINE_FIELDS: tuple[str, ...] = (
 )
 """Case fields that are engine-level (a change restarts ``sglang.Engine``)."""
 
-CASE_FIELDS: tuple[str, ...] = tuple(Case.model_fields)
+CASE_FIELDS: tuple[str, ...] = tuple(f for f in Case.model_fields if f not in ("own_model", "prompts"))
+"""The parameters every case has (``params()`` of an oracle case, ``--where`` keys, frame columns)."""
+
+OWN_PARAMS: tuple[str, ...] = (
+    "model_name",
+    "model_config_sha",
+    "model_dtype",
+    "prompts",
+    "prompt_count",
+    "prompt_seed",
+    "prompts_sha",
+    "prompt_field",
+)
+"""The parameters an own model's case adds to ``params()`` (and to its id)."""
 
 
 def case_id_of(params: dict) -> str:

@@ -115,6 +115,7 @@ __all__ = [
     "write_dflash_draft",
     "write_eagle3_draft",
     "write_eagle_draft",
+    "write_oracle_model",
     "write_target",
 ]
 """The writers' public names, importable from here wherever they live."""
@@ -248,3 +249,22 @@ def _write_missing(
             write_dflash_draft(draft, oracle, block_size, device=device)
         else:
             write_eagle_draft(draft, oracle, device=device)
+
+
+def write_oracle_model(
+    root: Path,
+    size: ModelSize,
+    profile: Profile,
+    algorithm: Algorithm,
+    seed: int = 0,
+    device: str = "cpu",
+    block_size: Optional[int] = None,
+) -> tuple[Path, Optional[Path]]:
+    """The checkpoints of ``ensure_models`` plus the oracle tokenizer (``oracle.tokenizer``) beside
+    the target: a model a suite can name by path as its own. Returns (target, draft)."""
+    from specwatch.oracle.tokenizer import write_tokenizer
+
+    target, draft = ensure_models(root, size, profile, algorithm, seed, device, block_size)
+    if not (target / "tokenizer_config.json").exists():
+        write_tokenizer(target, SHAPES[size])
+    return target, draft

@@ -103,6 +103,7 @@ def req_to_token_vs_model(
     """The memory model beside a measured req_to_token pool of ``size`` request slots: the sizing
     inputs of the case's engine, the model's sizing for that SGLang release (the row rule moved at
     0.5.13 and 0.5.16), and whether the row's width and bytes are the model's."""
-    inputs = SizingInput.for_case(case, SHAPES[case.model].max_position, size)
+    ctx = case.own_model.context_len if case.own_model else SHAPES[case.model].max_position
+    inputs = SizingInput.for_case(case, ctx, size)
     model = reference_sizing(inputs, sglang_version)
     return inputs, model, model.req_to_token_row_width == row_width and model.req_to_token_bytes == row_bytes

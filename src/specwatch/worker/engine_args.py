@@ -46,7 +46,7 @@ def engine_kwargs(case: Case, target: Path, draft, max_bs: int, kv_tokens: int |
         page_size=case.page_size,
         tp_size=case.tp,
         max_running_requests=max(max_bs, 8),
-        max_total_tokens=kv_tokens or KV_TOKENS[case.model],
+        max_total_tokens=kv_tokens or KV_TOKENS.get(case.model),
         cuda_graph_max_bs_decode=max(max_bs, 8),
         disable_cuda_graph=not case.cuda_graph,
         # Prefill graphs cost ~1 min of capture per engine and do not touch the decode path timed here.
@@ -82,6 +82,12 @@ def engine_kwargs(case: Case, target: Path, draft, max_bs: int, kv_tokens: int |
         # SGLang forces both to 1 for DFLASH (``_handle_dflash``, with a warning otherwise); the block
         # size is speculative_num_draft_tokens, which the oracle draft's dflash_config.block_size names.
         kw["speculative_num_steps"] = kw["speculative_eagle_topk"] = 1
+    if case.own_model is not None:
+        # an own model: its dtype; SGLang sizes its KV pool from the memory fraction
+        kw["dtype"] = case.own_model.dtype
+        if kw["max_total_tokens"] is None:
+            del kw["max_total_tokens"]
+        return kw
     if case.tp > 1 and SHAPES[case.model].arch == "deepseek-v3":
         # SGLang auto-enables FlashInfer's allreduce fusion for DeepSeek at tp > 1 on sm90; its
         # kernels JIT-compile on a fresh host (still compiling after 170 s on the x2 host, nothing

@@ -34,6 +34,8 @@ from specwatch.worker.measure import MetricSet, flush_cache, host_load, now, run
 from specwatch.worker.memory_facts import memory_and_leaks
 from specwatch.worker.multi_turn import run_multi_turn
 from specwatch.worker.near_full import kv_pool_tokens
+from specwatch.worker.own_model import case_prompts, checkpoint_paths, run_own_case
+from specwatch.worker.parity import PlainRun, plain_outputs
 
 FAULT_ENV = "SPECWATCH_FAULT"
 """Environment variable the probe applies a fault from (``inject/probe/sitecustomize.py``)."""
@@ -82,6 +84,8 @@ class Engine:
     facts_start: dict = field(default_factory=dict)
     waited_s: float = 0.0
     """Seconds queued for the timing lock."""
+    plain: Optional[PlainRun] = None
+    """An own model's outputs without speculation (``worker.parity``; None: an oracle model)."""
 
 
 def main(spec_path: str, child: bool = False) -> int:
@@ -162,23 +166,28 @@ def start_engine(spec: WorkerSpec, emit: Emitter) -> Optional[Engine]:
     report every case (``skipped`` where SGLang's own checks refused it) and return None."""
     cases, first = spec.cases, spec.cases[0]
     t0 = time.perf_counter()
-    target, draft = ensure_models(
-        Path(spec.models_dir),
-        first.model,
-        first.profile,
-        first.algorithm,
-        device="cuda",
-        block_size=first.num_draft_tokens,
-    )
+    if first.own_model is not None:
+        target, draft = checkpoint_paths(first)
+    else:
+        target, draft = ensure_models(
+            Path(spec.models_dir),
+            first.model,
+            first.profile,
+            first.algorithm,
+            device="cuda",
+            block_size=first.num_draft_tokens,
+        )
     gen_s = time.perf_counter() - t0
     import sglang
 
     known = server_arg_names()  # before the clock: the engine imports it anyway
     t0 = time.perf_counter()
     try:
-        kwargs = engine_kwargs(first, target, draft, max(c.batch_size for c in cases), kv_pool_tokens(cases))
+        kv_tokens = kv_pool_tokens(cases) if first.own_model is None else None
+        kwargs = engine_kwargs(first, target, draft, max(c.batch_size for c in cases), kv_tokens)
         kwargs["nccl_port"] = rendezvous_port()  # tp 1 too: its process group has a TCP store
         kwargs, dropped_args = fit_server_args(kwargs, known) if known else (kwargs, [])
+        plain = plain_outputs(sglang.Engine, kwargs, cases, lambda c: case_prompts(c)[0]) if first.own_model else None
         engine = sglang.Engine(**kwargs)
     except Exception as e:
         where = sglang_refusal(e)
@@ -191,7 +200,7 @@ def start_engine(spec: WorkerSpec, emit: Emitter) -> Optional[Engine]:
         return None
     start_s = time.perf_counter() - t0
     emit(EngineStarted(engine_start_s=start_s))
-    return Engine(engine, kwargs, dropped_args, start_s, gen_s)
+    return Engine(engine, kwargs, dropped_args, start_s, gen_s, plain=plain)
 
 
 def run_one(spec: WorkerSpec, run: Engine, c: Case, lock: WorkerTimingLock) -> dict:
@@ -199,7 +208,9 @@ def run_one(spec: WorkerSpec, run: Engine, c: Case, lock: WorkerTimingLock) -> d
     started = now()
     load_before = host_load()
     try:
-        if c.workload is Workload.long_prompt_multi_turn:
+        if c.own_model is not None:
+            res = run_own_case(run.engine, c, spec.repeats, spec.warmup, run.plain)
+        elif c.workload is Workload.long_prompt_multi_turn:
             res = run_multi_turn(run.engine, c, spec.repeats, spec.warmup)
         else:
             res = run_case(run.engine, c, spec.repeats, spec.warmup, calibrate=spec.probe)
