@@ -80,6 +80,11 @@ class RunOptions:
     """``executor`` ray: the cluster to join (``ray.init(address=...)``); None: ``RAY_ADDRESS`` or a
     Ray started here."""
 
+    def __post_init__(self) -> None:
+        """``executor`` and ``timing_scope`` given by name read as their enums."""
+        object.__setattr__(self, "executor", ExecutorKind(self.executor))
+        object.__setattr__(self, "timing_scope", TimingScope(self.timing_scope))
+
     @property
     def probe(self) -> bool:
         """Whether SGLang's processes carry specwatch's probe (not a bare run)."""
