@@ -53,15 +53,28 @@ def import_ray() -> Any:
     return ray
 
 
-def group_task(job: GroupJob, options: RunOptions, machine: str, lock_dir: str, slots: int) -> Iterator[tuple]:
+def node_lock(run_key: str) -> Path:
+    """This node's timing lock for the run ``run_key``: in the Ray session's folder, which Ray owns
+    and clears (a temporary folder where that cannot be read)."""
+    try:
+        import ray._private.worker as ray_worker
+
+        base = Path(ray_worker._global_node.get_session_dir_path()) / "specwatch"
+    except (ImportError, AttributeError):
+        base = Path(tempfile.gettempdir()) / "specwatch-ray-locks"
+    base.mkdir(parents=True, exist_ok=True)
+    return base / f"timing-{run_key}.lock"
+
+
+def group_task(job: GroupJob, options: RunOptions, machine: str, run_key: str, slots: int) -> Iterator[tuple]:
     """The Ray task (on its node): run ``job`` and yield ``("placed", {...})``, then ``("event", EV)``
-    and ``("record", JSON)`` items as they happen, and ``("error", TEXT)`` if the group's run raised."""
+    and ``("record", JSON)`` items as they happen, and ``("error", TEXT)`` if the group's run raised.
+    Under ``--timing-scope host`` the node's groups of this run share one timing lock (``node_lock``)."""
     import ray
 
     os.environ["SPECWATCH_MACHINE"] = machine  # the records' machine is the results file's
     ids = [str(g) for g in ray.get_gpu_ids()]
-    lock = Path(lock_dir) / "timing.lock"
-    lock.parent.mkdir(parents=True, exist_ok=True)
+    lock = node_lock(run_key)
     options = replace(options, extra_env=group_env(options.extra_env, ids, slots, lock, options.timing_scope))
     yield ("placed", {"host": socket.gethostname(), "gpu_ids": ids, "node_id": ray.get_runtime_context().get_node_id()})
     items: "queue.Queue[Optional[tuple]]" = queue.Queue()
@@ -69,7 +82,7 @@ def group_task(job: GroupJob, options: RunOptions, machine: str, lock_dir: str, 
 
     def body() -> None:
         try:
-            job.run(options, lambda ev: items.put(("event", str(ev))))
+            job.run(options, lambda ev: items.put(("event", getattr(ev, "value", ev))))
         except Exception as e:  # noqa: BLE001 - reported to the driver, which records the cases
             items.put(("error", f"{type(e).__name__}: {e}"))
         finally:
@@ -115,7 +128,7 @@ class RayExecutor(Placing):
         super().__init__(options.timing_scope)
         if not self.ray.is_initialized():
             self.ray.init(address=options.ray_address)
-        self.task = self.ray.remote(group_task)
+        self.task = self.ray.remote(max_calls=1, max_retries=0, num_returns="streaming")(group_task)
         nodes = [n for n in self.ray.nodes() if n.get("Alive")]
         self.node_gpus = max((int(n["Resources"].get("GPU", 0)) for n in nodes), default=0)
         self.cluster_gpus = sum(int(n["Resources"].get("GPU", 0)) for n in nodes)
@@ -123,32 +136,32 @@ class RayExecutor(Placing):
     def widest_group(self, host_gpus: int) -> int:
         return self.node_gpus
 
-    def submit(self, job: GroupJob, options: RunOptions, lock_dir: str) -> tuple[Any, Flight]:
+    def submit(self, job: GroupJob, options: RunOptions, run_key: str) -> tuple[Any, Flight]:
         """Start ``job``'s task; returns its generator and its ``Flight``."""
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         tp = job.cases[0].tp
         flight = Flight(job)
-        opts: dict = dict(num_gpus=tp, num_cpus=1, max_calls=1, max_retries=0, num_returns="streaming")
+        opts: dict = dict(num_gpus=tp, num_cpus=1)
         if tp > 1:
             flight.pg = placement_group([{"GPU": tp, "CPU": 1}], strategy="STRICT_PACK")
             opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(flight.pg, placement_group_bundle_index=0)
         task = self.task.options(**opts)
         remote_job = replace(job, emit=None)  # the driver's append stays here
-        gen = task.remote(remote_job, options, machine_label(), lock_dir, max(1, self.node_gpus))
+        gen = task.remote(remote_job, options, machine_label(), run_key, max(1, self.node_gpus))
         return gen, flight
 
     def run(self, jobs: list[GroupJob], options: RunOptions, expired: Callable[[], bool], hooks: Hooks) -> None:
         """Keep up to the cluster's GPU count of tasks in flight (widest tp first), take their items
         as they come (``ray.wait``), until every group ran or ``expired()``."""
         options = replace(options, progress=None)
-        lock_dir = str(Path(tempfile.gettempdir()) / f"specwatch-lock-{uuid.uuid4().hex[:12]}")
+        run_key = uuid.uuid4().hex[:12]
         todo = sorted(jobs, key=lambda j: -j.cases[0].tp)
         flying: dict[Any, Flight] = {}
         while todo or flying:
             while todo and len(flying) < max(1, self.cluster_gpus) and not expired():
-                gen, flight = self.submit(todo.pop(0), options, lock_dir)
+                gen, flight = self.submit(todo.pop(0), options, run_key)
                 flying[gen] = flight
                 hooks.launch(1)
             if not flying:
