@@ -54,8 +54,8 @@ def import_ray() -> Any:
 
 
 def node_lock(run_key: str) -> Path:
-    """This node's timing lock for the run ``run_key``: in the Ray session's folder, which Ray owns
-    and clears (a temporary folder where that cannot be read)."""
+    """This node's timing lock for the run ``run_key``, in the folder Ray keeps for the running
+    cluster under its temporary root (a temporary folder of specwatch's where that cannot be read)."""
     try:
         import ray._private.worker as ray_worker
 
