@@ -103,6 +103,7 @@ class Flight:
     done: set = field(default_factory=set)
     """Case ids recorded so far."""
     started: Any = field(default_factory=utcnow)
+    """When the task was submitted: the start time of its lost cases' records."""
 
     def lost(self, reason: str) -> None:
         """Every case of the group not yet recorded is ``crashed`` with ``reason``."""
@@ -197,6 +198,7 @@ class RayExecutor(Placing):
         return True
 
     def _land(self, flight: Flight) -> None:
+        """A task has ended: free its placement group."""
         if flight.pg is not None:
             from ray.util.placement_group import remove_placement_group
 
