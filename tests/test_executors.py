@@ -231,3 +231,13 @@ def test_bad_executor_options_give_one_line_and_exit_2(tmp_path, monkeypatch, ar
     assert out.returncode == 2, out.stdout + out.stderr
     assert line in out.stderr and "Traceback" not in out.stderr + out.stdout
     assert len([x for x in out.stderr.splitlines() if x.strip()]) == 1, out.stderr
+
+
+def test_the_ray_executor_without_ray_says_how_to_install_it(monkeypatch):
+    from specwatch.run.executors.ray_executor import RayExecutor
+
+    monkeypatch.setitem(sys.modules, "ray", None)
+    with pytest.raises(
+        SpecwatchInputError, match=r"--executor: --executor ray needs Ray: pip install 'specwatch\[ray\]'"
+    ):
+        RayExecutor(RunOptions(executor="ray"))
