@@ -34,6 +34,14 @@ def check_shard(text: Optional[str]) -> Optional[str]:
     return text
 
 
+def check_gpu_ids(text: Optional[str]) -> Optional[str]:
+    """``--gpus``: GPU indexes, comma-separated (``0,1,2,3``); whether the host has them is checked
+    when the GPUs are discovered (``run.executors.topology``)."""
+    if text is not None and not all(g.strip().isdigit() for g in text.split(",")):
+        raise typer.BadParameter(f"{text!r}: give GPU indexes, comma-separated (e.g. 0,1,2,3)")
+    return text
+
+
 Where = Annotated[
     list[str],
     typer.Option(

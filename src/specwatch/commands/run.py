@@ -10,9 +10,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from specwatch.commands.options import Results, Where, check_shard, load_suite_file
+from specwatch.commands.options import Results, Where, check_gpu_ids, check_shard, load_suite_file
 from specwatch.commands.output import console, print_frame
 from specwatch.core.errors import SpecwatchInputError
+from specwatch.core.placement import ExecutorKind, TimingScope
 
 SuiteFiles = Annotated[list[Path], typer.Argument(help="Suite file(s); on a GPU their engine groups share waves.")]
 Resume = Annotated[bool, typer.Option(help="Skip cases already recorded ok or skipped.")]
@@ -95,6 +96,38 @@ KnownRoot = Annotated[
     ),
 ]
 
+ExecutorOpt = Annotated[
+    ExecutorKind,
+    typer.Option(
+        "--executor",
+        help="GPU: who runs the engine groups: 'local' (this host's GPUs as one pool), "
+        "'gpus' (one GPU set per group, sized by its tp, inside one NVLink island), "
+        "'ray' (one Ray task per group on a Ray cluster; pip install 'specwatch[ray]'). See docs/scale-out.md.",
+    ),
+]
+GpuIds = Annotated[
+    Optional[str],
+    typer.Option(
+        "--gpus",
+        callback=check_gpu_ids,
+        help="With --executor gpus: the GPUs to use, e.g. 0,1,2,3 (default: every GPU nvidia-smi -L lists).",
+    ),
+]
+TimingScopeOpt = Annotated[
+    TimingScope,
+    typer.Option(
+        "--timing-scope",
+        help="With --executor gpus or ray: 'host' (no two timed batches on a host overlap, nor a "
+        "timed batch and an engine start) or 'gpu' (timed batches exclude only their own GPU set's work).",
+    ),
+]
+RayAddress = Annotated[
+    Optional[str],
+    typer.Option(
+        "--address", help="With --executor ray: the Ray cluster to join (default: RAY_ADDRESS, or a local Ray)."
+    ),
+]
+
 
 def run(
     suites: SuiteFiles,
@@ -116,6 +149,10 @@ def run(
     group_timeout: GroupTimeout = None,
     bare: Bare = False,
     known: KnownRoot = None,
+    executor: ExecutorOpt = ExecutorKind.local,
+    gpus: GpuIds = None,
+    timing_scope: TimingScopeOpt = TimingScope.host,
+    address: RayAddress = None,
 ) -> None:
     """Run suites: on a GPU host through sglang.Engine; without a GPU, the CPU tier."""
     from specwatch.run.options import RunOptions
@@ -125,7 +162,7 @@ def run(
         use_overlay(overlay)
     loaded = [load_suite_file(p) for p in suites]
     flt = parse_where(where)
-    if cpu_tier or not _cuda_available():
+    if cpu_tier or (executor is ExecutorKind.local and not _cuda_available()):
         bad = False
         for s in loaded:
             bad |= cpu_tier_tables(s, flt, context_len, out, strict, announce=not cpu_tier)
@@ -144,7 +181,12 @@ def run(
         known_root=known,
         overlap_starts=overlap_starts,
         timing_lock=timing_lock,
+        executor=executor,
+        gpu_ids=tuple(g.strip() for g in gpus.split(",")) if gpus else None,
+        timing_scope=timing_scope,
+        ray_address=address,
     )
+    check_executor_options(options)
     for path in dict.fromkeys(run_with_progress(loaded, results, options)):
         console.print(f"results in {path}")
 
@@ -183,6 +225,16 @@ def check_gpu_options(shard, faults, bare: bool, overlap_starts: bool, parallel_
     except ValueError as e:
         raise SpecwatchInputError(None, str(e)) from None
     return sh
+
+
+def check_executor_options(options) -> None:
+    """``--executor`` with its partners (``runner.check_executor``): one line on bad input."""
+    from specwatch.run.runner import check_executor
+
+    try:
+        check_executor(options)
+    except ValueError as e:
+        raise SpecwatchInputError(None, str(e)) from None
 
 
 def run_with_progress(loaded: list, results: Path, options) -> list[Path]:

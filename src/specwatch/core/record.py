@@ -21,6 +21,7 @@ from specwatch.core.case import Case
 from specwatch.core.details import Details, HostLoad
 from specwatch.core.errors import NewerSchemaError, SpecwatchInputError
 from specwatch.core.migrations import MIGRATIONS, SCHEMA_VERSION, migrate, update_to_2, update_to_3
+from specwatch.core.placement import Placement, RunPlacement
 
 __all__ = [
     "MIGRATIONS",
@@ -143,6 +144,11 @@ class Provenance(BaseModel):
         description="The `specwatch run` invocation that recorded the case "
         "(its RunSummary has the same id), so two runs of one checkout and SGLang, e.g. "
         "an A/A pair, can be told apart. None: recorded before run ids existed.",
+    )
+    placement: Optional[Placement] = Field(
+        default=None,
+        description="Executor, host and GPU ids the case's engine group ran on "
+        "(``specwatch run --executor``). None: recorded before executors existed.",
     )
 
 
@@ -270,6 +276,11 @@ class RunSummary(BaseModel):
         default=None,
         description="Id stamped on every record of this run "
         "(``provenance.run_id``). None: a summary from before run ids existed.",
+    )
+    executor: Optional[RunPlacement] = Field(
+        default=None,
+        description="The executor, its version and timing scope, and the hosts and GPU ids the "
+        "run's groups ran on. None: a summary from before executors existed.",
     )
     started_at: datetime = Field(description="UTC start of the run.")
     finished_at: datetime = Field(description="UTC end of the run.")

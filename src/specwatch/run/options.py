@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from specwatch.core.placement import ExecutorKind, TimingScope
 from specwatch.core.record import CaseRecord
 
 
@@ -68,6 +69,21 @@ class RunOptions:
     timing_lock: Optional[Path] = None
     """With ``overlap_starts``: a lock file shared with other runs on the host, so no two timed
     batches of any of them overlap."""
+    executor: ExecutorKind = ExecutorKind.local
+    """Who runs the engine groups (``run.executors``): this host as one pool, its GPUs one set per
+    group, or a Ray cluster."""
+    gpu_ids: Optional[tuple[str, ...]] = None
+    """``executor`` gpus: the GPUs to use (``--gpus 0,1,2,3``); None: every GPU the host lists."""
+    timing_scope: TimingScope = TimingScope.host
+    """``executor`` gpus or ray: whether timed batches exclude each other host-wide or per GPU set."""
+    ray_address: Optional[str] = None
+    """``executor`` ray: the cluster to join (``ray.init(address=...)``); None: ``RAY_ADDRESS`` or a
+    Ray started here."""
+
+    def __post_init__(self) -> None:
+        """``executor`` and ``timing_scope`` given by name read as their enums."""
+        object.__setattr__(self, "executor", ExecutorKind(self.executor))
+        object.__setattr__(self, "timing_scope", TimingScope(self.timing_scope))
 
     @property
     def probe(self) -> bool:

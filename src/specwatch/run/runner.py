@@ -19,13 +19,15 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional
 
 from specwatch.core.case import Case
+from specwatch.core.placement import ExecutorKind, RunPlacement, TimingScope
 from specwatch.core.record import CaseRecord, RunSummary, Status, new_run_id, utcnow
 from specwatch.core.sglang_host import sglang_version
 from specwatch.run.case_records import failure_record
+from specwatch.run.executors import Executor, make_executor
 from specwatch.run.group import STARTED_EVENT, GroupJob
 from specwatch.run.options import RunOptions, Shard
 from specwatch.run.provenance import host_facts, machine_label, specwatch_commit
-from specwatch.run.schedule import _kill_workers_on_sigterm, _run_rolling, _run_waves, stop_signals_held
+from specwatch.run.schedule import _kill_workers_on_sigterm, stop_signals_held
 from specwatch.store.jsonl import (
     WriterLock,
     append_record,
@@ -36,7 +38,7 @@ from specwatch.store.jsonl import (
 )
 from specwatch.suite import PlannedCase, Suite, matches
 
-__all__ = ["RunOptions", "Shard", "engine_groups", "plan_run", "run_suite", "run_suites"]
+__all__ = ["Executor", "RunOptions", "Shard", "engine_groups", "plan_run", "run_suite", "run_suites"]
 
 
 def engine_groups(cases: Iterable[Case]) -> list[list[Case]]:
@@ -57,11 +59,14 @@ def plan_run(
     record_lock: Optional[threading.Lock] = None,
     run_id: Optional[str] = None,
     writer_locks: Optional[ExitStack] = None,
+    widest: Optional[int] = None,
 ) -> tuple[Path, list[GroupJob]]:
     """Record the suite's skips under ``fault``, return its results file and its engine groups still
     to run (``options``: resume, shard, where, known_root, bare, group_timeout_s).
     ``run_id``: stamped on every record this run appends (``Provenance.run_id``).
-    ``writer_locks``: takes the results file's ``WriterLock`` into it (held until it closes)."""
+    ``writer_locks``: takes the results file's ``WriterLock`` into it (held until it closes).
+    ``widest``: GPUs one group can be given (``Executor.widest_group``; default the host's count)."""
+    widest = facts["gpu_count"] if widest is None else widest
     probe = options.probe
     where_in_store = (machine_label(facts), sglang_version(), suite.name, fault, probe)
     out = results_path(results_root, *where_in_store)
@@ -88,19 +93,9 @@ def plan_run(
             continue
         if p.skip:
             emit(failure_record(suite, p.case, Status.skipped, p.skip, None, fault, utcnow(), probe))
-        elif p.case.tp > facts["gpu_count"]:
-            emit(
-                failure_record(
-                    suite,
-                    p.case,
-                    Status.skipped,
-                    f"host: needs {p.case.tp} GPUs, this host has {facts['gpu_count']}",
-                    None,
-                    fault,
-                    utcnow(),
-                    probe,
-                )
-            )
+        elif p.case.tp > widest:
+            reason = f"host: needs {p.case.tp} GPUs, this host has {widest}"
+            emit(failure_record(suite, p.case, Status.skipped, reason, None, fault, utcnow(), probe))
         else:
             runnable.append(p.case)
     groups = engine_groups(runnable)
@@ -125,6 +120,32 @@ def check_overlap(overlap_starts: bool, parallel_starts: int, timing_lock: Optio
         raise ValueError("--timing-lock is shared with other runs' workers: give it with --overlap-starts")
 
 
+def check_executor(options: RunOptions) -> None:
+    """Options that belong to one executor are refused with another; ``--parallel-starts`` overlaps
+    engines on one GPU set, which only the local executor does."""
+    kind = options.executor
+    if kind is not ExecutorKind.local and options.parallel_starts > 1:
+        raise ValueError(
+            f"--parallel-starts overlaps engines on one GPU set: --executor {kind.value} runs one group per set"
+        )
+    if options.gpu_ids is not None and kind is not ExecutorKind.gpus:
+        raise ValueError("--gpus picks this host's GPUs for --executor gpus: give it with --executor gpus")
+    if options.ray_address is not None and kind is not ExecutorKind.ray:
+        raise ValueError("--address is a Ray cluster's: give it with --executor ray")
+    if options.timing_scope is TimingScope.gpu and kind is ExecutorKind.local:
+        raise ValueError("--timing-scope gpu needs GPU sets of their own: give it with --executor gpus or ray")
+
+
+def wanted_cases(suites: list[Suite], options: RunOptions) -> list[Case]:
+    """The cases the run means to start (not skipped, not a duplicate, selected by ``where``)."""
+    return [
+        p.case
+        for s in suites
+        for p in s.plan()
+        if not p.duplicate and not p.skip and (not options.where or matches(p.case, options.where))
+    ]
+
+
 def run_suites(suites: list[Suite], results_root: Path, options: RunOptions = RunOptions()) -> list[Path]:
     """Run every planned case of each suite once per fault of ``options.faults`` (``None``: clean);
     returns the results files. ``RunOptions`` says how: ``parallel_starts`` > 1 starts that many
@@ -132,9 +153,13 @@ def run_suites(suites: list[Suite], results_root: Path, options: RunOptions = Ru
     starts no new group (or wave) after that many seconds, leaving the rest to ``resume``, and so on."""
     check_bare(options.faults, options.bare)
     check_overlap(options.overlap_starts, options.parallel_starts, options.timing_lock)
+    check_executor(options)
     facts = dict(host_facts())
     if options.gpus is not None:
         facts["gpu_count"] = options.gpus
+    executor = make_executor(options)
+    widest = executor.widest_group(facts["gpu_count"])
+    executor.check(c for c in wanted_cases(suites, options) if c.tp <= widest)
     record_lock = threading.Lock()
     tally = _Tally(options.progress)
     run_id = new_run_id()
@@ -142,9 +167,7 @@ def run_suites(suites: list[Suite], results_root: Path, options: RunOptions = Ru
     held = ExitStack()  # one WriterLock per results file, for the whole run
     for suite in suites:
         for fault in options.faults:
-            out, js = plan_run(
-                suite, fault, results_root, facts, options, tally.add, record_lock, run_id, writer_locks=held
-            )
+            out, js = plan_run(suite, fault, results_root, facts, options, tally.add, record_lock, run_id, held, widest)
             outs.append(out)
             jobs += js
     if options.max_groups is not None:
@@ -165,11 +188,12 @@ def run_suites(suites: list[Suite], results_root: Path, options: RunOptions = Ru
                     machine_label(facts),
                     run_id,
                     started_at,
+                    executor.placed_runs,
                 ),
             )
 
     with held, _kill_workers_on_sigterm(on_stop=summarize, record_lock=record_lock):
-        _schedule(
+        executor.run(
             jobs,
             options,
             lambda: options.stop_after_s is not None and time.monotonic() - t0 > options.stop_after_s,
@@ -177,20 +201,6 @@ def run_suites(suites: list[Suite], results_root: Path, options: RunOptions = Ru
         )
     summarize()
     return outs
-
-
-def _schedule(jobs: list[GroupJob], options: RunOptions, expired: Callable[[], bool], tally: "_Tally") -> None:
-    """Run the jobs one after another, in waves, or rolling (``--overlap-starts``)."""
-    if options.parallel_starts <= 1:
-        for job in jobs:
-            if expired():
-                break
-            tally.launch(1)
-            job.run(options, tally.event)
-    elif options.overlap_starts:
-        _run_rolling(jobs, options, expired, tally.event, on_launch=tally.launch)
-    else:
-        _run_waves(jobs, options, expired, tally.event, on_wave=tally.launch)
 
 
 class _Tally:
@@ -233,8 +243,10 @@ class _Tally:
         machine: str,
         run_id: str,
         started_at,
+        executor: Optional[RunPlacement] = None,
     ) -> RunSummary:
-        """The run's RunSummary so far (``jobs``: engine groups it meant to run)."""
+        """The run's RunSummary so far (``jobs``: engine groups it meant to run; ``executor``: where
+        they went)."""
         return RunSummary(
             suites=[s.name for s in suites],
             faults=list(options.faults),
@@ -255,6 +267,7 @@ class _Tally:
             run_id=run_id,
             started_at=started_at,
             finished_at=utcnow(),
+            executor=executor.model_copy(deep=True) if executor is not None else None,
         )
 
     def event(self, ev: str) -> None:

@@ -1,0 +1,205 @@
+"""``--executor ray``: one Ray task per engine group on a Ray cluster (``pip install specwatch[ray]``).
+
+Each group is a streaming-generator task with ``num_gpus`` = its tp (a one-bundle placement group
+with ``STRICT_PACK`` for tp > 1, so the tp GPUs are one node's), ``max_calls=1`` (a fresh process
+per group, as a local worker is) and ``max_retries=0`` (a retried group would repeat the cases it
+already recorded). On its node the task runs the group exactly as the local executor does
+(``run.group.run_group``: worker processes, the group's clock, a fresh worker after a crash) and
+yields what happens as it happens: where it was placed, the workers' events, and every record. The
+runner, on the driver, takes them with ``ray.wait`` and appends the records to its store: it stays
+the only writer, so ``--resume`` works across a cluster exactly as on one host. A task that dies (its
+process killed, its node lost) leaves each of its group's unrecorded cases ``crashed`` with Ray's
+reason, and the sweep goes on.
+
+Every node needs specwatch and SGLang installed, and writes the oracle checkpoints into its own
+``--models-dir``: they are a few MB to a few GB, written in seconds, and identical on every node,
+so no shared storage is needed (a shared ``--models-dir`` works as well).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import tempfile
+import threading
+import uuid
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+from specwatch.core.errors import SpecwatchInputError
+from specwatch.core.placement import ExecutorKind
+from specwatch.core.record import CaseRecord, Status, utcnow
+from specwatch.run.case_records import failure_record
+from specwatch.run.executors.base import Hooks, Placing
+from specwatch.run.executors.gpus import group_env
+from specwatch.run.group import GroupJob
+from specwatch.run.options import RunOptions
+from specwatch.run.provenance import machine_label
+
+LOST = "ray task lost before this case finished: "
+"""Start of the reason of a case whose group's Ray task died (Ray's error follows)."""
+
+
+def import_ray() -> Any:
+    """The ``ray`` module, or one line saying how to install it."""
+    try:
+        import ray
+    except ImportError:
+        raise SpecwatchInputError(
+            None, "--executor ray needs Ray: pip install 'specwatch[ray]'", field="--executor"
+        ) from None
+    return ray
+
+
+def node_lock(run_key: str) -> Path:
+    """This node's timing lock for the run ``run_key``, in the folder Ray keeps for the running
+    cluster under its temporary root (a temporary folder of specwatch's where that cannot be read)."""
+    try:
+        import ray._private.worker as ray_worker
+
+        base = Path(ray_worker._global_node.get_session_dir_path()) / "specwatch"
+    except (ImportError, AttributeError):
+        base = Path(tempfile.gettempdir()) / "specwatch-ray-locks"
+    base.mkdir(parents=True, exist_ok=True)
+    return base / f"timing-{run_key}.lock"
+
+
+def group_task(job: GroupJob, options: RunOptions, machine: str, run_key: str, slots: int) -> Iterator[tuple]:
+    """The Ray task (on its node): run ``job`` and yield ``("placed", {...})``, then ``("event", EV)``
+    and ``("record", JSON)`` items as they happen, and ``("error", TEXT)`` if the group's run raised.
+    Under ``--timing-scope host`` the node's groups of this run share one timing lock (``node_lock``)."""
+    import ray
+
+    os.environ["SPECWATCH_MACHINE"] = machine  # the records' machine is the results file's
+    ids = [str(g) for g in ray.get_gpu_ids()]
+    lock = node_lock(run_key)
+    options = replace(options, extra_env=group_env(options.extra_env, ids, slots, lock, options.timing_scope))
+    yield ("placed", {"host": socket.gethostname(), "gpu_ids": ids, "node_id": ray.get_runtime_context().get_node_id()})
+    items: "queue.Queue[Optional[tuple]]" = queue.Queue()
+    job = replace(job, emit=lambda rec: items.put(("record", rec.model_dump_json())))
+
+    def body() -> None:
+        try:
+            job.run(options, lambda ev: items.put(("event", getattr(ev, "value", ev))))
+        except Exception as e:  # noqa: BLE001 - reported to the driver, which records the cases
+            items.put(("error", f"{type(e).__name__}: {e}"))
+        finally:
+            items.put(None)
+
+    threading.Thread(target=body, daemon=True).start()
+    while (item := items.get()) is not None:
+        yield item
+
+
+@dataclass
+class Flight:
+    """One group's task as the driver sees it."""
+
+    job: GroupJob
+    pg: Any = None
+    """Its placement group (tp > 1), removed when the task ends."""
+    done: set = field(default_factory=set)
+    """Case ids recorded so far."""
+    started: Any = field(default_factory=utcnow)
+    """When the task was submitted: the start time of its lost cases' records."""
+
+    def lost(self, reason: str) -> None:
+        """Every case of the group not yet recorded is ``crashed`` with ``reason``."""
+        for case in self.job.cases:
+            if case.case_id not in self.done:
+                self.job.emit(
+                    failure_record(
+                        self.job.suite, case, Status.crashed, reason, None, self.job.fault, self.started, self.job.probe
+                    )
+                )
+                self.done.add(case.case_id)
+
+
+class RayExecutor(Placing):
+    """Groups as Ray tasks on the cluster ``ray.init`` joins (``--address``, ``RAY_ADDRESS``, or one
+    already initialized in this process)."""
+
+    kind = ExecutorKind.ray
+
+    def __init__(self, options: RunOptions):
+        self.ray = import_ray()
+        self.executor_version = self.ray.__version__
+        super().__init__(options.timing_scope)
+        if not self.ray.is_initialized():
+            self.ray.init(address=options.ray_address)
+        self.task = self.ray.remote(max_calls=1, max_retries=0, num_returns="streaming")(group_task)
+        nodes = [n for n in self.ray.nodes() if n.get("Alive")]
+        self.node_gpus = max((int(n["Resources"].get("GPU", 0)) for n in nodes), default=0)
+        self.cluster_gpus = sum(int(n["Resources"].get("GPU", 0)) for n in nodes)
+
+    def widest_group(self, host_gpus: int) -> int:
+        return self.node_gpus
+
+    def submit(self, job: GroupJob, options: RunOptions, run_key: str) -> tuple[Any, Flight]:
+        """Start ``job``'s task; returns its generator and its ``Flight``."""
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        tp = job.cases[0].tp
+        flight = Flight(job)
+        opts: dict = dict(num_gpus=tp, num_cpus=1)
+        if tp > 1:
+            flight.pg = placement_group([{"GPU": tp, "CPU": 1}], strategy="STRICT_PACK")
+            opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(flight.pg, placement_group_bundle_index=0)
+        task = self.task.options(**opts)
+        remote_job = replace(job, emit=None)  # the driver's append stays here
+        gen = task.remote(remote_job, options, machine_label(), run_key, max(1, self.node_gpus))
+        return gen, flight
+
+    def run(self, jobs: list[GroupJob], options: RunOptions, expired: Callable[[], bool], hooks: Hooks) -> None:
+        """Keep up to the cluster's GPU count of tasks in flight (widest tp first), take their items
+        as they come (``ray.wait``), until every group ran or ``expired()``."""
+        options = replace(options, progress=None)
+        run_key = uuid.uuid4().hex[:12]
+        todo = sorted(jobs, key=lambda j: -j.cases[0].tp)
+        flying: dict[Any, Flight] = {}
+        while todo or flying:
+            while todo and len(flying) < max(1, self.cluster_gpus) and not expired():
+                gen, flight = self.submit(todo.pop(0), options, run_key)
+                flying[gen] = flight
+                hooks.launch(1)
+            if not flying:
+                break
+            ready, _ = self.ray.wait(list(flying), num_returns=1, timeout=1.0)
+            for gen in ready:
+                if not self._take(gen, flying[gen], hooks):
+                    self._land(flying.pop(gen))
+
+    def _take(self, gen: Any, flight: Flight, hooks: Hooks) -> bool:
+        """Handle the task's next item; False once it has ended (done, or lost)."""
+        try:
+            kind, payload = self.ray.get(next(gen))
+        except StopIteration:
+            flight.lost(LOST + "the task ended without a record for it")
+            return False
+        except self.ray.exceptions.RayError as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            flight.lost(LOST + f"{type(e).__name__}: {first}"[:2000])
+            return False
+        if kind == "placed":
+            flight.job = self.placed(
+                flight.job, self.placement(payload["gpu_ids"], payload["host"], payload["node_id"])
+            )
+        elif kind == "event":
+            hooks.event(payload)
+        elif kind == "record":
+            rec = CaseRecord.model_validate_json(payload)
+            flight.done.add(rec.case_id)
+            flight.job.emit(rec)
+        elif kind == "error":
+            flight.lost(LOST + payload[:2000])
+        return True
+
+    def _land(self, flight: Flight) -> None:
+        """A task has ended: free its placement group."""
+        if flight.pg is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(flight.pg)
