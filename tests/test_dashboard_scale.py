@@ -146,3 +146,19 @@ def test_a_table_too_large_for_the_index_is_linked_there_and_paged_on_its_own(tm
     # the case table runs on over pages of 2 rows; the earlier build's extra page is gone
     assert sorted(p.name for p in tmp_path.glob("cases*.html")) == ["cases-2.html", "cases-3.html", "cases.html"]
     assert "page 1 of 3 (5 rows in all)" in (tmp_path / "cases.html").read_text()
+
+
+def test_the_verdict_lists_a_bounded_number_of_regressed_cases_and_counts_the_rest(tmp_path):
+    from specwatch.analysis.verdict import ReleaseVerdict, SuiteComparison
+    from specwatch.present.dashboard import VERDICT_LINES, build
+
+    regressed = [f"case {i}: output_throughput -{i}%" for i in range(VERDICT_LINES + 7)]
+    verdict = ReleaseVerdict(
+        head_version="0.5.17",
+        base_version="0.5.16",
+        budgets=None,
+        compared=[SuiteComparison(suite="smoke", base="b", head="h", counts={"regressed": 32}, regressed=regressed)],
+    )
+    index = build(records_frame([record(case())]), tmp_path, verdict=verdict).read_text()
+    assert index.count("<li>regressed: ") == VERDICT_LINES and f"case {VERDICT_LINES - 1}:" in index
+    assert f"case {VERDICT_LINES}:" not in index and "+7 more regressed: in the suite's report" in index
