@@ -1,10 +1,12 @@
 """GPU workloads of suites/tree-page.toml, as asv tracks.
 
 asv runs these in the environment that holds the SGLang under test. The numbers come from the
-records ``specwatch run`` wrote for that SGLang version (``SPECWATCH_RESULTS``, default
-``results/``; ``SPECWATCH_SGLANG_VERSION`` and ``SPECWATCH_MACHINE`` select, as ``specwatch
-asv-import`` sets them): one engine per engine group is far cheaper than asv's one process per benchmark.
-A combination with no ok record raises NotImplementedError (asv shows n/a), with the reason.
+records ``specwatch run`` wrote for that SGLang version: ``specwatch asv-import`` reads the store once
+per version into a cases file (``SPECWATCH_ASV_CASES``) and runs only the cases it holds; without
+one, the records under ``SPECWATCH_RESULTS`` (default ``results/``) are read, selected by
+``SPECWATCH_SGLANG_VERSION`` and ``SPECWATCH_MACHINE``. One engine per engine group is far cheaper
+than asv's one process per benchmark. A combination with no ok record raises NotImplementedError
+(asv shows n/a), with the reason.
 """
 
 import os
@@ -14,45 +16,28 @@ from benchmarks.common import SpecwatchBenchmark, suite_values
 
 
 def _records():
-    """The ok clean tree-page records of the selected SGLang version (and machine): only that
-    version's own results files are read, once per asv process (``RECORDS``)."""
+    """Case -> its tracked metric values (``asv_bridge.tree_page_cases``), from the cases file
+    ``specwatch asv-import`` wrote or else from the selected version's own results files."""
     from specwatch.core.sglang_host import sglang_version
-    from specwatch.store.jsonl import load_records, result_files, results_path
-    from specwatch.store.latest import latest_by_case
+    from specwatch.present.asv_bridge import CASES_ENV, read_cases, tree_page_cases
 
+    if os.environ.get(CASES_ENV):
+        return read_cases(Path(os.environ[CASES_ENV]))
     root = Path(os.environ.get("SPECWATCH_RESULTS", Path(__file__).resolve().parents[1] / "results"))
-    version = sglang_version()  # honours SPECWATCH_SGLANG_VERSION
-    machine = os.environ.get("SPECWATCH_MACHINE")
-    files = (
-        [results_path(root, machine, version, "tree-page")]
-        if machine
-        else [f for f in result_files(root) if f.name == "tree-page.jsonl"]
-    )
-    return {
-        (r.case.attention_backend.value, r.case.page_size, r.case.topk, r.case.batch_size, r.case.profile.value): r
-        for r in latest_by_case(
-            r
-            for r in load_records(f for f in files if f.exists())
-            if r.suite == "tree-page"
-            and r.provenance.sglang_version == version
-            and r.status.value == "ok"
-            and r.provenance.fault is None
-            and (machine is None or r.provenance.machine == machine)
-            and not r.overlap_starts
-        ).values()
-    }  # timed while other engines started: not a trend point
+    # sglang_version honours SPECWATCH_SGLANG_VERSION
+    return tree_page_cases(root, sglang_version(), os.environ.get("SPECWATCH_MACHINE"))
 
 
 RECORDS = _records()
 """Loaded when asv imports this module: its forkserver imports the suite once and forks every
-benchmark from it, so the store is read once per SGLang version, not once per benchmark."""
+benchmark from it, so each benchmark reads no file."""
 
 
 def _track(metric: str, unit: str):
     """A ``track_`` function returning the stored value of ``metric`` for the case set up."""
 
     def track(self, *args):
-        return self.case.metrics[metric].value
+        return self.case[metric]
 
     track.unit = unit
     return track

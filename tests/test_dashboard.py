@@ -101,7 +101,7 @@ def test_reports_are_rendered_to_html_with_names_and_contents_escaped(tmp_path):
     assert md.read_bytes() == before
 
 
-def test_legends_list_at_most_twelve_entries_and_fold_the_rest_into_other():
+def test_legends_list_at_most_twelve_entries_and_fold_the_rest_into_more():
     import matplotlib.pyplot as plt
 
     from specwatch.present.plots import FOLDED_COLOR, capped_legend
@@ -110,7 +110,7 @@ def test_legends_list_at_most_twelve_entries_and_fold_the_rest_into_other():
     lines = [ax.plot([0, 1], [i, i], label=f"case {i}")[0] for i in range(20)]
     texts = [t.get_text() for t in capped_legend(ax).get_texts()]
     plt.close(fig)
-    assert len(texts) == 12 and texts[:11] == [f"case {i}" for i in range(11)] and texts[-1] == "other (9 more)"
+    assert len(texts) == 12 and texts[:11] == [f"case {i}" for i in range(11)] and texts[-1] == "+9 more"
     assert all(line.get_color() == FOLDED_COLOR for line in lines[11:]) and lines[10].get_color() != FOLDED_COLOR
     assert [list(line.get_ydata()) for line in lines] == [[i, i] for i in range(20)]  # data as drawn
 

@@ -100,7 +100,7 @@ def asv_import_cmd(
     from specwatch.present.asv_bridge import asv_import
 
     try:
-        done = asv_import(results, work, html, publish, log=console.print)
+        done = asv_import(results, work, html, publish, log=console.print, console=console)
     except (ValueError, RuntimeError) as e:
         raise SpecwatchInputError(work, str(e)) from None
     if publish and done:

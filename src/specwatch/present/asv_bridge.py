@@ -1,10 +1,12 @@
 """specwatch records -> asv's native results, through asv's own runner (``specwatch asv-import``).
 
 The offline GPU host cannot let asv build SGLang per commit, so this is the existing-environment
-mode: for every (machine, SGLang version) in the store, ``asv run -E existing --set-commit-hash``
-runs ``benchmarks/eagle_tree.py`` with ``SPECWATCH_SGLANG_VERSION`` / ``SPECWATCH_MACHINE`` set, and
-its ``track_`` functions return the stored values. asv needs a repository that knows each commit
-and its date, so SGLang versions are kept as commits of a small local "version ledger" repository
+mode: for every (machine, SGLang version) in the store, the version's tree-page records are read
+once (``tree_page_cases``) into a small cases file under the asv work folder, and ``asv run -E
+existing --set-commit-hash`` runs ``benchmarks/eagle_tree.py`` over exactly the recorded cases
+(``bench_regex``; every other case of the grid stays n/a) with ``SPECWATCH_ASV_CASES`` naming that
+file, so its ``track_`` functions return the stored values without parsing a record. asv needs a
+repository that knows each commit and its date, so SGLang versions are kept as commits of a small local "version ledger" repository
 (one empty commit per version, dated in version order); ``asv publish`` and ``asv compare`` then
 work unchanged on ``.asv/offline/results`` (the trend axis is the SGLang version).
 """
@@ -13,17 +15,80 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable, Optional
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from specwatch.core.sglang_host import VERSION_ENV, version_key
+from specwatch.store.jsonl import load_records, result_files, results_path
+from specwatch.store.latest import latest_by_case
 
 ROOT = Path(__file__).resolve().parents[3]
 EPOCH = 1735689600
 """2025-01-01 UTC: the ledger's first version is dated here, each next one a day later."""
+
+
+CASES_ENV = "SPECWATCH_ASV_CASES"
+"""Names the cases file (``write_cases``) the EagleTree benchmarks read instead of the store."""
+
+TRACKED = ("decode_throughput", "accept_length", "req_to_token_bytes", "leaked_tokens", "lossless_mismatches")
+"""The tree-page metrics the EagleTree benchmarks track (one asv ``track_`` each)."""
+
+CaseKey = tuple[str, int, int, int, str]
+"""An EagleTree case as asv names it: (backend, page_size, topk, batch_size, profile)."""
+
+
+def tree_page_cases(root: Path, version: str, machine: Optional[str] = None) -> dict[CaseKey, dict[str, float]]:
+    """The tracked metric values of each case's latest ok clean tree-page record of SGLang
+    ``version`` (on ``machine``: only its own results file is read; None: every machine's). Runs
+    whose starts overlapped other engines' timed batches are left out: not a trend point."""
+    files = (
+        [results_path(root, machine, version, "tree-page")]
+        if machine
+        else [f for f in result_files(root) if f.name == "tree-page.jsonl"]
+    )
+    chosen = latest_by_case(
+        r
+        for r in load_records(f for f in files if f.exists())
+        if r.suite == "tree-page"
+        and r.provenance.sglang_version == version
+        and r.status.value == "ok"
+        and r.provenance.fault is None
+        and (machine is None or r.provenance.machine == machine)
+        and not r.overlap_starts
+    )
+    return {
+        (r.case.attention_backend.value, r.case.page_size, r.case.topk, r.case.batch_size, r.case.profile.value): {
+            m: r.metrics[m].value for m in TRACKED if m in r.metrics and r.metrics[m].value is not None
+        }
+        for r in chosen.values()
+    }
+
+
+def write_cases(path: Path, cases: dict[CaseKey, dict[str, float]]) -> Path:
+    """``cases`` as the JSON file ``read_cases`` reads (sorted: the same store gives the same file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(sorted([list(k), v] for k, v in cases.items())))
+    return path
+
+
+def read_cases(path: Path) -> dict[CaseKey, dict[str, float]]:
+    """The cases file ``write_cases`` wrote."""
+    return {tuple(k): v for k, v in json.loads(Path(path).read_text())}
+
+
+def bench_regex(cases) -> str:
+    """asv's ``--bench`` regex for every EagleTree track of exactly ``cases`` (asv's parameter
+    names: strings quoted, numbers bare), so asv runs no benchmark that could only answer n/a."""
+    names = sorted("(" + ", ".join(repr(v) for v in key) + ")" for key in cases)
+    return r"EagleTree\.track_\w+(?:" + "|".join(re.escape(n) for n in names) + ")$"
 
 
 def _git(repo: Path, *args: str, env: dict | None = None) -> str:
@@ -83,18 +148,23 @@ def offline_config(work: Path, ledger: Path, html_dir: Path) -> Path:
     return path
 
 
-def _asv(cfg: Path, *args: str, env: dict | None = None) -> str:
-    res = subprocess.run(
+def _asv(cfg: Path, *args: str, env: dict | None = None, on_line: Callable[[str], None] = lambda line: None) -> str:
+    """Run ``asv ARGS`` on ``cfg``; ``on_line`` hears each line of its output as it comes."""
+    proc = subprocess.Popen(
         [sys.executable, "-m", "asv", *args, "--config", str(cfg.resolve())],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
-        env={**os.environ, **(env or {})},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         cwd=cfg.parent,
-        timeout=1800,
     )
-    if res.returncode != 0:
-        raise RuntimeError(f"asv {' '.join(args)} failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
-    return res.stdout
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        on_line(line)
+    if proc.wait(timeout=1800) != 0:
+        raise RuntimeError(f"asv {' '.join(args[:1])} failed:\n{''.join(lines)[-6000:]}")
+    return "".join(lines)
 
 
 ENV_LABEL = "specwatch"
@@ -130,18 +200,21 @@ def tree_page_pairs(results_root: Path) -> list[tuple[str, str]]:
     return sorted(pairs, key=lambda mv: (mv[0], version_key(mv[1])))
 
 
+TRACK_DONE = re.compile(r"^\[\s*[\d.]+%\] ·+ \S*EagleTree\.track_")
+"""asv's line for one track finished (over every case of the run)."""
+
+
 def asv_import(
     results_root: Path,
     work: Path = Path(".asv/offline"),
     html_dir: Path = Path("dashboards/asv"),
     publish: bool = True,
     log=None,
-    bench: str = "EagleTree",
+    console: Optional[Console] = None,
 ) -> dict[tuple[str, str], str]:
-    """Write asv results for every (machine, SGLang version) that has tree-page records; returns
+    """Write asv results for every (machine, SGLang version) that has ok tree-page records; returns
     {(machine, version): ledger commit}. ``asv publish`` writes the HTML into ``html_dir``. ``log``
-    hears one line per step (each version's asv run reads that version's own results file once).
-    ``bench``: asv's ``--bench`` regex (names with their parameters), all EagleTree tracks by default."""
+    hears one line per step; ``console``: where a progress bar (one step per asv track run) is drawn."""
     say = log or (lambda line: None)
     work.mkdir(parents=True, exist_ok=True)
     pairs = tree_page_pairs(results_root)
@@ -155,35 +228,63 @@ def asv_import(
         hashes = version_ledger(work / "sglang-versions", [v for _, v in pairs])
     cfg = offline_config(work, work / "sglang-versions", html_dir)
     done: dict[tuple[str, str], str] = {}
-    for i, (machine, version) in enumerate(pairs, start=1):
-        started = time.monotonic()
-        env = {
-            VERSION_ENV: version,
-            "SPECWATCH_MACHINE": machine,
-            "SPECWATCH_RESULTS": str(Path(results_root).resolve()),
-        }
-        _asv(cfg, "machine", "--yes", "--machine", machine, env=env)
-        _asv(
-            cfg,
-            "run",
-            "-E",
-            f"existing:{sys.executable}",
-            "--set-commit-hash",
-            hashes[version],
-            "--machine",
-            machine,
-            "--bench",
-            bench,
-            "--quick",
-            env=env,
-        )
-        done[(machine, version)] = hashes[version]
-        say(
-            f"[{i}/{len(pairs)}] {machine} sglang {version}: asv commit {hashes[version][:8]} "
-            f"({time.monotonic() - started:.0f} s)"
-        )
-    stabilise_env_names(work / "results")
-    if publish and done:
-        say("asv publish ...")
-        _asv(cfg, "publish")
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        disable=console is None,
+    )
+    with progress:
+        task = progress.add_task("asv-import", total=len(pairs) * len(TRACKED))
+        for machine in sorted({m for m, _ in pairs}):
+            _asv(cfg, "machine", "--yes", "--machine", machine)
+        for i, (machine, version) in enumerate(pairs, start=1):
+            started = time.monotonic()
+            progress.update(task, description=f"{machine} sglang {version}")
+            if _import_pair(results_root, work, cfg, machine, version, hashes[version], progress, task):
+                done[(machine, version)] = hashes[version]
+                said = f"asv commit {hashes[version][:8]}"
+            else:
+                said = "no ok tree-page record: nothing for asv"
+            progress.update(task, completed=i * len(TRACKED))
+            say(f"[{i}/{len(pairs)}] {machine} sglang {version}: {said} ({time.monotonic() - started:.0f} s)")
+        stabilise_env_names(work / "results")
+        if publish and done:
+            progress.update(task, description="asv publish")
+            say("asv publish ...")
+            _asv(cfg, "publish")
     return done
+
+
+def _import_pair(
+    root: Path, work: Path, cfg: Path, machine: str, version: str, commit: str, progress: Progress, task
+) -> bool:
+    """One (machine, version)'s asv run over its recorded cases (False: it has none). The commit's
+    earlier asv results are removed first: they are derived from the records, and a case that
+    has lost its ok record must read n/a, not its old value."""
+    cases = tree_page_cases(Path(root), version, machine)
+    for old in (work / "results" / machine).glob(f"{commit[:8]}-*.json"):
+        old.unlink()
+    if not cases:
+        return False
+    path = write_cases(work / "cases" / machine / f"sglang-{version}.json", cases)
+    env = {
+        VERSION_ENV: version,
+        "SPECWATCH_MACHINE": machine,
+        CASES_ENV: str(path.resolve()),
+        # asv drops PYTHONPATH: the benchmarks read the cases file with this same specwatch
+        "ASV_PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+    }
+    args = ("run", "-E", f"existing:{sys.executable}", "--set-commit-hash", commit, "--machine", machine)
+    _asv(
+        cfg,
+        *args,
+        "--bench",
+        bench_regex(cases),
+        "--quick",
+        env=env,
+        on_line=lambda line: progress.advance(task) if TRACK_DONE.match(line) else None,
+    )
+    return True

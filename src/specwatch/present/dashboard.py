@@ -2,7 +2,10 @@
 against the previous one, ``analysis.verdict``) and each suite's health, then a contents list, the
 plots and the coverage/health, DCP and fault tables; ``dashboards/cases.html`` holds every case
 (sortable, filterable); each comparison report (``dashboards/reports/*.md``) and the DCP tables'
-markdown are rendered to HTML beside their markdown. Pages come from the Jinja2 templates in
+markdown are rendered to HTML beside their markdown. A table too large for the index
+(``INLINE_CELLS``) gets pages of its own under ``dashboards/tables/`` (``PAGE_ROWS`` rows each),
+linked from its place on the index; ``cases.html`` runs on to ``cases-2.html`` ... past
+``CASE_PAGE_ROWS`` rows, so no page grows with the store's history. Pages come from the Jinja2 templates in
 ``present/templates`` with autoescaping on."""
 
 from __future__ import annotations
@@ -58,6 +61,22 @@ NOT_MEASURED = "–"
 FOLD_ROWS = 60
 """Tables longer than this start folded (``<details>``), their row count in the summary."""
 
+INLINE_CELLS = 8_000
+"""Most cells (rows x columns) a table shows on the index; a larger one is linked there and drawn
+on pages of its own (``tables/<anchor>.html``, ``tables/<anchor>-2.html``, ...)."""
+
+PAGE_ROWS = 1_000
+"""Rows per page of a table drawn on pages of its own."""
+
+CASE_PAGE_ROWS = 5_000
+"""Rows per page of the case table (``cases.html``, then ``cases-2.html``, ...)."""
+
+VERDICT_LINES = 25
+"""Most regressed (and most now-failing) cases the verdict lists per suite; the suite's report has all."""
+
+TABLE_DIR = "tables"
+"""The folder under the dashboard that holds the tables' own pages."""
+
 ENV = Environment(
     loader=PackageLoader("specwatch.present", "templates"),
     autoescape=True,
@@ -102,9 +121,43 @@ class TableView:
     numeric: list[bool] = field(default_factory=list)
     """Per column: True when it holds a number (its cells align right)."""
 
+    page: int = 1
+    """This view's page of its table (1: the first or only one)."""
+    pages: int = 1
+    """How many pages its table is drawn on."""
+    total_rows: int = -1
+    """Rows of the whole table (-1: this view's own rows)."""
+
     @property
     def folded(self) -> bool:
         return len(self.rows) > FOLD_ROWS
+
+    @property
+    def row_count(self) -> int:
+        """Rows of the whole table, over all its pages."""
+        return len(self.rows) if self.total_rows < 0 else self.total_rows
+
+    @property
+    def own_page(self) -> bool:
+        """True when the table is too large for the index (``INLINE_CELLS``)."""
+        return len(self.rows) * max(1, len(self.columns)) > INLINE_CELLS
+
+    def split(self, rows_per_page: int) -> list["TableView"]:
+        """The table cut into pages of ``rows_per_page`` rows (one page when it fits)."""
+        n = max(1, -(-len(self.rows) // rows_per_page))
+        return [
+            TableView(
+                self.title,
+                self.anchor,
+                self.columns,
+                self.rows[i * rows_per_page : (i + 1) * rows_per_page],
+                self.numeric,
+                i + 1,
+                n,
+                len(self.rows),
+            )
+            for i in range(n)
+        ]
 
     def html_rows(self) -> list[Markup]:
         """Each row as its ``<tr>`` (cells escaped; a number's cell right-aligned, a status cell
@@ -204,6 +257,41 @@ def render_reports(out: Path) -> list[Path]:
     return reports
 
 
+def page_name(stem: str, page: int) -> str:
+    """The file of a table's ``page``: ``STEM.html``, then ``STEM-2.html``, ..."""
+    return f"{stem}.html" if page == 1 else f"{stem}-{page}.html"
+
+
+def write_pages(views: list[TableView], folder: Path, stem: str, template: str, back: str) -> list[Path]:
+    """Each page of one table to ``folder``/``page_name``, with links to all its pages; returns them."""
+    folder.mkdir(parents=True, exist_ok=True)
+    pager = [(i, page_name(stem, i)) for i in range(1, len(views) + 1)]
+    for t in views:
+        ENV.get_template(template).stream(table=t, pager=pager, back=back).dump(str(folder / page_name(stem, t.page)))
+    return [folder / name for _, name in pager]
+
+
+def remove_stale_pages(folder: Path, pattern: str, written: list[Path]) -> None:
+    """The pages matching ``pattern`` in ``folder`` that this build did not write (a previous build's
+    pages past the last one, or of a table now small enough for the index): the dashboard folder
+    is this command's own output."""
+    for old in folder.glob(pattern):
+        if old not in written:
+            old.unlink()
+
+
+def table_pages(sections: list[TableView], out: Path) -> None:
+    """The index's tables too large for it (``TableView.own_page``) on pages of their own under
+    ``out/TABLE_DIR``, each page linking back to the table's place on the index."""
+    written = []
+    for t in sections:
+        if t.own_page:
+            back = f"../index.html#{t.anchor}"
+            written += write_pages(t.split(PAGE_ROWS), out / TABLE_DIR, t.anchor, "table.html.j2", back)
+    if (out / TABLE_DIR).exists():
+        remove_stale_pages(out / TABLE_DIR, "*.html", written)
+
+
 def cases_table(df: pd.DataFrame) -> TableView:
     """Every clean case record, one row each, sorted by suite, backend, page and topk."""
     cols = [c for c in CASE_COLUMNS if c in df]
@@ -280,12 +368,17 @@ def build(
     reports = render_reports(out)
     report_names = {r.stem for r in reports}
     sections = section_tables(df, faults, overhead, dcp, tables)
-    # pages streamed to their files (a large store's pages run to tens of MB)
-    ENV.get_template("cases.html.j2").stream(table=cases_table(df)).dump(str(out / "cases.html"))
+    # pages streamed to their files; the large tables get pages of their own
+    cases = write_pages(cases_table(df).split(CASE_PAGE_ROWS), out, "cases", "cases.html.j2", "index.html")
+    remove_stale_pages(out, "cases-[0-9]*.html", cases)
+    table_pages(sections, out)
     index = out / "index.html"
     page = ENV.get_template("index.html.j2").stream(
         verdict=verdict,
         plots=[(n, PLOT_TITLES.get(n, n)) for n in plots],
+        table_dir=TABLE_DIR,
+        page_rows=PAGE_ROWS,
+        list_limit=VERDICT_LINES,
         sections=sections,
         reports=[r.stem for r in reports],
         report_names=report_names,

@@ -25,7 +25,7 @@ PAGES = (1, 16, 64, 256)
 TOPKS = (1, 2, 4, 8)
 
 LEGEND_LIMIT = 12
-"""Most entries a legend lists; the artists past it are drawn grey under one "other" entry."""
+"""Most entries a legend lists; the artists past it are drawn grey under one "+N more" entry."""
 
 FOLDED_COLOR = "#9a9a9a"
 """The colour of the artists a legend folds into "other"."""
@@ -34,12 +34,16 @@ PANEL_WIDTH_PER_VERSION = 0.6
 """Inches of an across-versions panel per SGLang version (at least 5 in a panel)."""
 
 FIGURE_MAX_WIDTH = 16
-"""Inches past which the across-versions panels wrap into rows (one per metric) instead of growing wider."""
+"""Inches past which the across-versions panels wrap into rows (one per metric) instead of growing
+wider; a panel itself is never wider (its version ticks thin out instead)."""
+
+MAX_VERSION_TICKS = 40
+"""Most version labels an across-versions axis shows; past it every k-th version is labelled."""
 
 
 def capped_legend(ax, limit: int = LEGEND_LIMIT, **kw):
     """``ax.legend`` listing at most ``limit`` entries: past ``limit - 1`` the artists are recoloured
-    grey (their data as drawn) and share one entry, "other (N more)"."""
+    grey (their data as drawn) and share one entry, "+N more"."""
     handles, labels = ax.get_legend_handles_labels()
     if len(handles) > limit:
         folded = handles[limit - 1 :]
@@ -47,7 +51,7 @@ def capped_legend(ax, limit: int = LEGEND_LIMIT, **kw):
             for setter in ("set_color", "set_facecolor", "set_edgecolor"):
                 if hasattr(h, setter):
                     getattr(h, setter)(FOLDED_COLOR)
-        handles, labels = handles[: limit - 1] + [folded[0]], labels[: limit - 1] + [f"other ({len(folded)} more)"]
+        handles, labels = handles[: limit - 1] + [folded[0]], labels[: limit - 1] + [f"+{len(folded)} more"]
     return ax.legend(handles, labels, **kw)
 
 
@@ -208,34 +212,86 @@ def version_lines(df: pd.DataFrame, metric: str) -> tuple[list, list[str], list[
     return versions, labels, common, latest
 
 
+def case_name(first) -> str:
+    """An across-versions line's legend name: the case's model, backend, page, topk and batch."""
+    return f"{first.model} {first.attention_backend} p{first.page_size} k{first.topk} bs{first.batch_size}"
+
+
+def ranked_trajectories(values: pd.DataFrame, names: pd.Series) -> list[tuple[list, str, int]]:
+    """The distinct lines of a (case x version) panel, most relevant first: cases whose values are
+    equal on every version share one line, named after its first case with "(+N same)"; relevance
+    is the line's relative range over the versions ((max - min) / |median|), then its case count.
+    Returns (values, name, cases) per line."""
+    groups: dict[tuple, list[str]] = {}
+    for case_id, row in zip(values.index, values.itertuples(index=False)):
+        groups.setdefault(tuple(None if pd.isna(v) else v for v in row), []).append(case_id)
+    ranked = []
+    for line, ids in groups.items():
+        seen = pd.Series([v for v in line if v is not None], dtype=float)
+        spread = float((seen.max() - seen.min()) / abs(seen.median())) if len(seen) and seen.median() else 0.0
+        name = names[ids[0]] + (f" (+{len(ids) - 1} same)" if len(ids) > 1 else "")
+        ranked.append((-spread, -len(ids), name, [float("nan") if v is None else v for v in line], len(ids)))
+    ranked.sort(key=lambda r: r[:3])
+    return [(line, name, n) for _, _, name, line, n in ranked]
+
+
+def _version_ticks(ax, labels: list[str]) -> None:
+    """Version labels under an across-versions panel: every one up to ``MAX_VERSION_TICKS``, every
+    k-th past it; slanted once they would crowd each other."""
+    step = -(-len(labels) // MAX_VERSION_TICKS)
+    shown = list(range(0, len(labels), step))
+    ax.set_xticks(shown, [labels[i] for i in shown], fontsize=8)
+    if len(labels) > 6:
+        ax.tick_params(axis="x", labelrotation=45)
+        for t in ax.get_xticklabels():
+            t.set_horizontalalignment("right")
+    ax.set_xlim(-0.5, len(labels) - 0.5)
+
+
+def _panel_lines(ax, latest: pd.DataFrame, versions: list, metric: str) -> None:
+    """One panel's lines (``ranked_trajectories``): the first ``LEGEND_LIMIT - 1`` in colour and
+    named in the legend below the panel, the rest grey under one "+N more" entry."""
+    # one pivot (case x version) instead of a frame per case: a large store has thousands
+    values = latest.pivot(index="case_id", columns="sglang_version", values=metric).reindex(columns=versions)
+    firsts = latest.drop_duplicates("case_id").set_index("case_id").loc[values.index]
+    names = pd.Series([case_name(f) for f in firsts.itertuples()], index=values.index)
+    lines = ranked_trajectories(values, names)
+    xs = list(range(len(versions)))
+    for i, (line, name, _) in enumerate(lines[: LEGEND_LIMIT - 1]):
+        ax.plot(xs, line, marker="o", alpha=0.8, lw=1.2, label=name, zorder=3 + LEGEND_LIMIT - i)
+    rest = lines[LEGEND_LIMIT - 1 :]
+    for j, (line, _, _) in enumerate(rest):
+        label = f"+{sum(n for _, _, n in rest)} more cases ({len(rest)} lines)" if j == 0 else None
+        ax.plot(xs, line, color=FOLDED_COLOR, marker=".", alpha=0.5, lw=0.8, label=label, zorder=2)
+    ax.legend(fontsize=7, title="case", title_fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2))
+
+
 def across_versions(df: pd.DataFrame, out: Path, metrics=VERSION_METRICS) -> list[Path]:
     """One line per case present (ok) in every SGLang version that has an ok case, so a change in the
     case mix can never look like a change in SGLang; the latest record of each case per version
     (``version_axis``: versions that ran nothing ok stay on the axis, as a gap in every line). Each
-    panel takes the records that may show its metric (``version_lines``). Panels widen with the
-    number of versions and wrap into one row per metric past ``FIGURE_MAX_WIDTH``; legends list at
-    most ``LEGEND_LIMIT`` cases."""
+    panel takes the records that may show its metric (``version_lines``); cases with equal values
+    share a line and the legend names the lines that moved most (``_panel_lines``). Panels widen
+    with the number of versions up to ``FIGURE_MAX_WIDTH`` and wrap into one row per metric past
+    it, so the figure's size is bounded however long the history."""
     n_versions = df.sglang_version.nunique() if "sglang_version" in df else 0
-    width = max(5.0, PANEL_WIDTH_PER_VERSION * n_versions)
+    width = min(FIGURE_MAX_WIDTH, max(5.0, PANEL_WIDTH_PER_VERSION * n_versions))
     cols = len(metrics) if width * len(metrics) <= FIGURE_MAX_WIDTH else 1
     rows = -(-len(metrics) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, 4 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, 6 * rows), squeeze=False)
     for ax, (m, unit) in zip(axes.ravel(), metrics):
         versions, labels, common, latest = version_lines(df, m) if not df.empty else ([], [], [], df)
         if common and m in latest:
-            # one pivot (case x version) instead of a frame per case: a large store has thousands
-            values = latest.pivot(index="case_id", columns="sglang_version", values=m).reindex(columns=versions)
-            firsts = latest.drop_duplicates("case_id").set_index("case_id")
-            for line, first in zip(values.to_numpy(), firsts.loc[values.index].itertuples()):
-                name = f"{first.model} {first.attention_backend} p{first.page_size} k{first.topk} bs{first.batch_size}"
-                ax.plot(labels, line, marker="o", alpha=0.7, lw=1, label=name)
-            capped_legend(ax, fontsize=7, title="case", title_fontsize=7)
+            _panel_lines(ax, latest, versions, m)
+        if labels:
+            _version_ticks(ax, labels)
         ax.set(
             xlabel="SGLang version",
             ylabel=f"{m} ({unit})",
             title=f"{m}\n{len(common)} cases ok on every version"
             + (" (wave runs)" if m in TIMED_METRICS else " (all runs)"),
         )
+    fig.tight_layout()
     return _save(fig, out, "across_versions")
 
 
