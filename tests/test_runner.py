@@ -249,16 +249,15 @@ def _timed_run(tmp_path, **kw):
 def test_parallel_starts_overlap_each_other_but_never_a_timed_batch(tmp_path):
     """4 groups in one wave: the fake engine starts (0.6 s each) run together, the timed parts
     (0.2 s per case) run one at a time and only after every start of the wave has ended."""
-    import time
-
-    t0 = time.monotonic()
     out, st, tm = _timed_run(tmp_path, parallel_starts=4)
-    wall = time.monotonic() - t0
     assert len(st) == 4 and len(tm) == 4
     assert max(s["t0"] for s in st) < min(s["t1"] for s in st)  # the starts overlapped
     assert min(t["t0"] for t in tm) >= max(s["t1"] for s in st)  # no timing before all starts ended
     assert all(a["t1"] <= b["t0"] for a, b in zip(tm, tm[1:]))  # timed parts one at a time
-    assert wall < 4 * 0.6 + 8 * 0.2  # cheaper than starting one by one
+    # cheaper than starting one by one, read from the workers' own clocks (the wall time of the
+    # whole run also holds interpreter starts, which a loaded host stretches)
+    span = max(s["t1"] for s in st) - min(s["t0"] for s in st)
+    assert span < 0.75 * sum(s["t1"] - s["t0"] for s in st)
 
 
 def test_overlapping_starts_keep_k_groups_in_flight_and_timed_parts_apart(tmp_path):
