@@ -167,6 +167,13 @@ class CaseRecord(BaseModel):
         description="Facts read from SGLang and the worker (``Details``: typed known keys, any other key kept).",
     )
     provenance: Provenance = Field(description="Where and with what it ran.")
+    plain_twin: Optional[str] = Field(
+        default=None,
+        description="Record id (``<case_id>@<started_at>``) of the plain-decoding twin the "
+        "``speedup`` and ``break_even_accept_length`` metrics were computed against (``store.twins``); "
+        "None: no twin (the suite has no ``[suite] speedup``, the twin had not finished, or the "
+        "record is a twin itself).",
+    )
 
     @property
     def overlap_starts(self) -> bool:

@@ -34,6 +34,7 @@ from specwatch.store.jsonl import (
     recorded_case_ids,
     results_path,
 )
+from specwatch.store.twins import TwinBoard
 from specwatch.suite import PlannedCase, Suite, matches
 
 __all__ = ["RunOptions", "Shard", "engine_groups", "plan_run", "run_suite", "run_suites"]
@@ -61,7 +62,8 @@ def plan_run(
     """Record the suite's skips under ``fault``, return its results file and its engine groups still
     to run (``options``: resume, shard, where, known_root, bare, group_timeout_s).
     ``run_id``: stamped on every record this run appends (``Provenance.run_id``).
-    ``writer_locks``: takes the results file's ``WriterLock`` into it (held until it closes)."""
+    ``writer_locks``: takes the results file's ``WriterLock`` into it (held until it closes).
+    Long because its records' one writer (``emit``: run id, plain twins' speedup) is a closure here."""
     probe = options.probe
     where_in_store = (machine_label(facts), sglang_version(), suite.name, fault, probe)
     out = results_path(results_root, *where_in_store)
@@ -71,9 +73,11 @@ def plan_run(
     if options.known_root is not None:
         done |= recorded_case_ids(results_path(options.known_root, *where_in_store))
     lock = record_lock or threading.Lock()
+    twins = TwinBoard.of_file(out) if suite.spec.suite.speedup else TwinBoard(off=True)  # [suite] speedup
 
     def emit(rec: CaseRecord) -> None:
         rec.provenance.run_id = run_id
+        rec = twins.add(rec)
         with stop_signals_held(), lock:  # a record and its tally land together, or neither
             append_record(out, rec)
             if emit_progress:

@@ -63,6 +63,10 @@ def engine_kwargs(case: Case, target: Path, draft, max_bs: int, kv_tokens: int |
         speculative_eagle_topk=case.topk,
         speculative_num_draft_tokens=case.num_draft_tokens,
     )
+    if not case.algorithm.speculative:
+        # the plain-decoding twin: SGLang's own no-speculation path, no draft
+        kw = {k: v for k, v in kw.items() if not k.startswith("speculative_")}
+        draft = None
     if case.dcp > 1:
         kw["dcp_size"] = case.dcp
     if case.workload is Workload.near_full:

@@ -37,6 +37,9 @@ from specwatch.core.case import Algorithm, Backend, Case, ModelSize, Profile, Wo
 from specwatch.core.errors import SpecwatchInputError
 from specwatch.oracle.shapes import SHAPES
 from specwatch.rules.validity import normalize_dflash, normalize_draft_tokens, skip_reason
+from specwatch.suite.planned import PlannedCase
+from specwatch.suite.twins import refuse_plain as _speculative
+from specwatch.suite.twins import with_twins
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -144,6 +147,10 @@ class SuiteHeader(BaseModel):
     """Wall-clock limit per engine group, seconds."""
     max_cases: _header_int("max_cases") = MAX_CASES_DEFAULT
     """Largest number of cases the matrices may expand to (counted before expanding)."""
+    speedup: StrictBool = False
+    """Plan each timing case's no-speculation twin (``Case.plain_twin``) right before the first
+    case that needs it, so records carry ``speedup`` over plain decoding (``store.twins``). Off:
+    the plan is the matrices' cases only."""
 
 
 class Matrix(BaseModel):
@@ -153,8 +160,10 @@ class Matrix(BaseModel):
 
     model: Annotated[list[ModelSize], Field(min_length=1)] = [ModelSize.tiny]
     """Oracle model sizes."""
-    algorithm: Annotated[list[Algorithm], Field(min_length=1)] = [Algorithm.EAGLE]
-    """Speculative algorithms."""
+    algorithm: Annotated[list[Annotated[Algorithm, AfterValidator(_speculative)]], Field(min_length=1)] = [
+        Algorithm.EAGLE
+    ]
+    """Speculative algorithms (plain decoding is planned by ``[suite] speedup``, not here)."""
     attention_backend: Annotated[list[Backend], Field(min_length=1)]
     """Attention backends (target and draft)."""
     page_size: _axis("page_size")
@@ -202,23 +211,9 @@ class SuiteSpec(BaseModel):
     """The ``[[matrix]]`` tables, in file order."""
 
     def case_count(self) -> int:
-        """Cases the suite expands to (duplicates included), computed without expanding."""
+        """Matrix points the suite expands to (duplicates included), computed without expanding;
+        ``speedup``'s plain twins come on top (at most one per point, usually far fewer)."""
         return sum(m.case_count() for m in self.matrix)
-
-
-@dataclass(frozen=True)
-class PlannedCase:
-    """A case as planned: runnable (``skip`` is None) or skipped with the reason.
-
-    A ``duplicate`` is a matrix point that normalizes to a case planned earlier: it is listed
-    by ``specwatch plan`` but runs (and is recorded) once, under the shared case id.
-    """
-
-    case: Case
-    skip: Optional[str]
-    duplicate: bool = False
-    adjusted: tuple[str, ...] = ()
-    """SGLang's words for each value it overrides in the matrix point (DFLASH's topk and num_steps)."""
 
 
 @dataclass(frozen=True)
@@ -357,7 +352,14 @@ def check_case_count(spec: SuiteSpec, path: str | Path | None = None) -> int:
 
 def iter_expand(spec: SuiteSpec) -> Iterator[PlannedCase]:
     """Cartesian product of every matrix, in file order, one case at a time; a case that
-    normalizes to an earlier one is yielded as a skipped duplicate naming it."""
+    normalizes to an earlier one is yielded as a skipped duplicate naming it. With ``speedup``,
+    a runnable case's plain twin comes right before it, once per twin (``with_twins``)."""
+    cases = _matrix_points(spec)
+    return with_twins(cases) if spec.suite.speedup else cases
+
+
+def _matrix_points(spec: SuiteSpec) -> Iterator[PlannedCase]:
+    """The matrices' cases (``iter_expand`` without twins)."""
     fields = list(Matrix.model_fields)
     seen: set[str] = set()
     for m in spec.matrix:
