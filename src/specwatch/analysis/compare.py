@@ -65,6 +65,8 @@ class Row:
     """A timed metric compared on per-repeat samples (both sides have at least 2)."""
     noise_class: str = ""
     """The case's noise class (``noise_class``): where a noise budget applies."""
+    speedup: Optional[float] = None
+    """The head's speedup over its plain twin (``store.twins``); None: no twin measured."""
 
     @property
     def ratio(self) -> Optional[float]:
@@ -188,6 +190,9 @@ def case_rows(
             rows.append(Row(cid, label, f"check:{name}", 1, 0, "pass", Verdict.regressed, "check now fails"))
         elif was is False and ok:
             rows.append(Row(cid, label, f"check:{name}", 0, 1, "pass", Verdict.improved, "check now passes"))
+    if "speedup" in h.metrics:  # the speedup column (store.twins)
+        for r in rows:
+            r.speedup = h.metrics["speedup"].value
     return rows
 
 
@@ -328,12 +333,18 @@ def _is_benign_new(r: Row) -> bool:
 
 
 def _table(rows: list[Row]) -> list[str]:
-    out = ["| verdict | case | metric | base | head | ratio | note |", "|---|---|---|---|---|---|---|"]
+    """The rows as a markdown table; a ``speedup`` column (the head's, over plain decoding) where any has one."""
+    sp = any(r.speedup is not None for r in rows)
+    out = [
+        f"| verdict | case | metric | base | head | ratio |{' speedup |' if sp else ''} note |",
+        f"|---|---|---|---|---|---|{'---|' if sp else ''}---|",
+    ]
     for r in rows:
         ratio = "" if r.ratio is None else f"{r.ratio:.3f}"
+        cell = (" " + ("" if r.speedup is None else f"{r.speedup:.2f}x") + " |") if sp else ""
         out.append(
             f"| {r.verdict.value} | `{r.case_id}` {r.label} | {r.metric} | {_fmt(r.base)} | "
-            f"{_fmt(r.head)} {r.unit} | {ratio} | {r.note} |"
+            f"{_fmt(r.head)} {r.unit} | {ratio} |{cell} {r.note} |"
         )
     return out
 

@@ -45,6 +45,7 @@ CASE_COLUMNS = (
     "profile",
     "status",
     "decode_throughput",
+    "speedup",
     "accept_length",
     "leaked_tokens",
     "lossless_mismatches",
