@@ -159,3 +159,38 @@ def test_the_plain_engine_gets_no_speculative_argument():
     assert not [k for k in kw if k.startswith("speculative")]
     spec = engine_kwargs(c.model_copy(update={"algorithm": Algorithm.EAGLE}), Path("/t"), Path("/d"), 1)
     assert spec["speculative_algorithm"] == "EAGLE" and spec["speculative_draft_model_path"] == "/d"
+
+
+def _plain_and_spec(spec_tps=200.0, plain_tps=100.0, stored=True):
+    from records import case, record
+    from specwatch.core.record import Metric
+    from specwatch.store.twins import with_speedup
+
+    spec = record(case(), tps=spec_tps)
+    plain = record(case().plain_twin(), tps=plain_tps)
+    for r, step in ((spec, 6.0), (plain, 2.0)):
+        r.metrics["step_time"] = Metric(value=step, unit="ms", higher_is_better=False)
+    return (with_speedup(spec, plain) if stored else spec), plain
+
+
+def test_compare_reports_a_speedup_column_only_where_the_head_has_one():
+    from specwatch.analysis.compare import compare_records, markdown
+
+    spec, plain = _plain_and_spec()
+    text = markdown(compare_records([spec, plain], [spec, plain]), "a", "b", show_unchanged=True)
+    assert "| ratio | speedup | note |" in text
+    assert f"| `{spec.case_id}` " in text and "| 2.00x |" in text
+    bare, _ = _plain_and_spec(stored=False)
+    text = markdown(compare_records([bare], [bare]), "a", "b", show_unchanged=True)
+    assert "| verdict | case | metric | base | head | ratio | note |" in text and "speedup" not in text
+
+
+def test_the_dashboard_table_computes_a_speedup_the_record_lacks_from_its_twin():
+    from specwatch.analysis.speedup import speedup_frame
+    from specwatch.store.frame import records_frame
+
+    spec, plain = _plain_and_spec(spec_tps=300.0, stored=False)  # twin recorded after the spec case
+    (row,) = speedup_frame(records_frame([spec, plain])).to_dict("records")
+    assert row["speedup"] == pytest.approx(3.0) and row["break-even accept_length"] == pytest.approx(3.0)
+    assert row["plain tokens/s"] == 100.0
+    assert speedup_frame(records_frame([spec])).empty  # no twin anywhere: no table

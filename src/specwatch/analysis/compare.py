@@ -308,12 +308,15 @@ def _fmt(v: Optional[float]) -> str:
     return f"{v:.4g}" if abs(v) < 1e6 else f"{v:.4e}"
 
 
-def markdown(rows: list[Row], base_name: str, head_name: str, show_unchanged: bool = False) -> str:
+def markdown(
+    rows: list[Row], base_name: str, head_name: str, show_unchanged: bool = False, header: Iterable[str] = ()
+) -> str:
+    """The report; ``header``: lines after the verdict counts (the detection floor, ``analysis.floor``)."""
     counts: dict[Verdict, int] = {}
     for r in rows:
         counts[r.verdict] = counts.get(r.verdict, 0) + 1
     summary = ", ".join(f"{n} {v.value}" for v, n in sorted(counts.items(), key=lambda kv: ORDER[kv[0]]))
-    lines = [f"## specwatch: `{head_name}` vs `{base_name}`", "", summary or "no cases", ""]
+    lines = [f"## specwatch: `{head_name}` vs `{base_name}`", "", summary or "no cases", "", *header]
     shown = [r for r in rows if show_unchanged or r.verdict is not Verdict.unchanged]
     folded = [r for r in shown if _is_benign_new(r)]
     if main := [r for r in shown if not _is_benign_new(r)]:
