@@ -60,8 +60,8 @@ def test_every_release_edits_its_eagle_verify_step():
     """0.5.12-0.5.15 verify in ``EAGLEWorkerV2.verify``, 0.5.16 on in ``run_eagle_verify`` (the
     match text and the patcher are checked against each release's source by test_releases)."""
     for a in ADAPTERS:
-        for name, us in faults.SLOW_VERIFY_US.items():
+        for name, micros in faults.SLOW_VERIFY_US.items():
             site = a.faults[name]
             assert site.target.endswith(("EAGLEWorkerV2.verify", "run_eagle_verify")), (a.first, site.target)
-            assert f".stall({us})" in site.replacement
+            assert f".stall({micros})" in site.replacement
     assert fault_plan("slow-verify-100us", "0.5.12").modules == ("sglang.srt.speculative.eagle_worker_v2",)

@@ -69,18 +69,18 @@ SLOW_VERIFY_US: dict[str, int] = {
 (the tiny oracle's steps take about 3-8 ms on the H200, so these are about 2%, 10% and 40%)."""
 
 
-def stall(us: int) -> None:
-    """Spin for ``us`` microseconds on the calling thread (``time.sleep`` overshoots at this scale)."""
+def stall(micros: int) -> None:
+    """Spin for ``micros`` microseconds on the calling thread (``time.sleep`` overshoots at this scale)."""
     import time
 
-    end = time.perf_counter() + us / 1e6
+    end = time.perf_counter() + micros / 1e6
     while time.perf_counter() < end:
         pass
 
 
-def stall_expression(us: int) -> str:
+def stall_expression(micros: int) -> str:
     """The statement a slow-verify edit adds to each verify step."""
-    return f'__import__("specwatch.inject.faults", fromlist=["stall"]).stall({us})'
+    return f'__import__("specwatch.inject.faults", fromlist=["stall"]).stall({micros})'
 
 
 @dataclass(frozen=True)
@@ -204,12 +204,12 @@ FAULTS: dict[str, Fault] = {
         *(
             Fault(
                 name=name,
-                recreates=f"a decode slowdown: {us} us of host time added to every EAGLE verify step (a verify "
+                recreates=f"a decode slowdown: {micros} µs of host time added to every EAGLE verify step (a verify "
                 "path that got slower: an extra sync, a host-side loop), outputs and acceptance unchanged",
                 expected_flag="compare: step_time, decode_throughput and speedup regressed against the clean run "
                 "when the added share of a step is above the detection floor; every exact check stays clean",
             )
-            for name, us in SLOW_VERIFY_US.items()
+            for name, micros in SLOW_VERIFY_US.items()
         ),
     )
 }

@@ -58,9 +58,9 @@ def _slow_verify(target: str) -> dict[str, FaultSite]:
             target=target,
             module=module,
             match="bs = len(batch.seq_lens)",
-            replacement="{hit}\n" + stall_expression(us) + "\nbs = len(batch.seq_lens)",
+            replacement="{hit}\n" + stall_expression(micros) + "\nbs = len(batch.seq_lens)",
         )
-        for name, us in SLOW_VERIFY_US.items()
+        for name, micros in SLOW_VERIFY_US.items()
     }
 
 
