@@ -194,3 +194,15 @@ def test_the_dashboard_table_computes_a_speedup_the_record_lacks_from_its_twin()
     assert row["speedup"] == pytest.approx(3.0) and row["break-even accept_length"] == pytest.approx(3.0)
     assert row["plain tokens/s"] == 100.0
     assert speedup_frame(records_frame([spec])).empty  # no twin anywhere: no table
+
+
+def test_a_record_without_a_twin_is_written_as_before():
+    import json
+
+    from records import record
+    from specwatch.core.record import parse_record
+
+    r = record()
+    assert "plain_twin" not in json.loads(r.model_dump_json())  # older readers refuse unknown keys
+    twinned = parse_record(json.loads(r.model_copy(update={"plain_twin": "abc@20261130T000000Z"}).model_dump_json()))
+    assert twinned.plain_twin == "abc@20261130T000000Z"
