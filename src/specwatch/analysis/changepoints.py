@@ -76,6 +76,9 @@ def release_steps(history: list[tuple[str, list[float]]], threshold: float = THR
         owner += [i] * len(samples)
     if len(history) < 2 or len(y) < 2:
         return []
+    lo, hi = min(y), max(y)
+    if lo > 0 and hi / lo - 1.0 <= threshold:
+        return []  # segment values lie within [lo, hi]: no step can exceed the threshold
     segments = detect_steps(y)
     out = []
     for left, right in zip(segments, segments[1:]):
@@ -111,11 +114,15 @@ def changepoints(df: pd.DataFrame, metrics: Optional[list[str]] = None, threshol
     if "probe" in clean:
         clean = clean[clean.probe != False]  # noqa: E712
     latest = latest_rows(clean, ["machine", "case_id", "sglang_version"])
+    cols = ["machine", "case_id", "sglang_version", COMPARE_COLUMN]
+    histories: dict[tuple, list[dict]] = {}
+    for r in latest[cols].to_dict("records"):
+        histories.setdefault((r["machine"], r["case_id"]), []).append(r)
     rows = []
-    for (machine, cid), group in latest.groupby(["machine", "case_id"], sort=True):
-        if group.sglang_version.nunique() < 2:
+    for (machine, cid), group in sorted(histories.items()):
+        if len(group) < 2:
             continue
-        ordered = sorted(group.to_dict("records"), key=lambda r: _version_key(r["sglang_version"]))
+        ordered = sorted(group, key=lambda r: _version_key(r["sglang_version"]))
         cells = [(r["sglang_version"], orjson.loads(r[COMPARE_COLUMN])) for r in ordered]
         names = metrics or sorted({n for _, c in cells for n in c["m"]})
         for name in names:
