@@ -1,6 +1,7 @@
 """A stand-in for specwatch.worker in harness tests: no GPU, no SGLang.
 
-Reports each case ok with a throughput of 100 * page_size, except that a case whose topk is 4
+Reports each case ok with a throughput of 100 * page_size (a plain-decoding twin: 50 * page_size;
+FAKE_STEP_MS adds a step_time of that many ms, three times as many for spec cases), except that a case whose topk is 4
 kills the process the way a dying SGLang scheduler does (SIGKILL of the worker), a case with topk 6
 does so after a CUDA device-side assertion (printed as the H200 printed it, then the cuBLAS error it
 surfaced as), a case with
@@ -67,6 +68,7 @@ with open(spec["results"], "a") as out:
     t0 = time.time()
     for i, c in enumerate(spec["cases"]):
         case = Case(**c)
+        spec_case = case.algorithm.speculative  # a plain twin (NONE) decodes at half the rate
         if case.topk == 4:
             print("RuntimeError: scheduler died (fake)", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
@@ -89,12 +91,15 @@ with open(spec["results"], "a") as out:
             out.write(os.environ["FAKE_BAD_LINE"].replace("CASE_ID", case.case_id) + "\n")
             out.flush()
             continue
+        metrics = {"output_throughput": {"value": (100.0 if spec_case else 50.0) * case.page_size, "unit": "tokens/s"}}
+        if os.environ.get("FAKE_STEP_MS"):
+            metrics["step_time"] = {"value": float(os.environ["FAKE_STEP_MS"]) * (3 if spec_case else 1), "unit": "ms"}
         out.write(
             json.dumps(
                 {
                     "case_id": case.case_id,
                     "status": "ok",
-                    "metrics": {"output_throughput": {"value": 100.0 * case.page_size, "unit": "tokens/s"}},
+                    "metrics": metrics,
                     "details": {"probe_env": os.environ.get("SPECWATCH_PROBE", "1"), "spec_probe": spec.get("probe")},
                 }
             )

@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 import typer
 from rich.text import Text
 
-from specwatch.commands import inject, noise, plan, run, store
+from specwatch.commands import changepoints, inject, noise, plan, run, store
 from specwatch.commands.model import model_app
 from specwatch.commands.output import console, err_console, width_for
 from specwatch.core.errors import SpecwatchInputError
@@ -92,6 +92,7 @@ for name, command in (
     ("asv-import", store.asv_import_cmd),
     ("results", store.results_cmd),
     ("roofline", store.roofline_cmd),
+    ("changepoints", changepoints.changepoints),
 ):
     app.command(name)(command)
 app.add_typer(model_app, name="model")

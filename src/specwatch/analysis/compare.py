@@ -65,6 +65,8 @@ class Row:
     """A timed metric compared on per-repeat samples (both sides have at least 2)."""
     noise_class: str = ""
     """The case's noise class (``noise_class``): where a noise budget applies."""
+    speedup: Optional[float] = None
+    """The head's speedup over its plain twin (``store.twins``); None: no twin measured."""
 
     @property
     def ratio(self) -> Optional[float]:
@@ -188,6 +190,9 @@ def case_rows(
             rows.append(Row(cid, label, f"check:{name}", 1, 0, "pass", Verdict.regressed, "check now fails"))
         elif was is False and ok:
             rows.append(Row(cid, label, f"check:{name}", 0, 1, "pass", Verdict.improved, "check now passes"))
+    if "speedup" in h.metrics:  # the speedup column (store.twins)
+        for r in rows:
+            r.speedup = h.metrics["speedup"].value
     return rows
 
 
@@ -303,12 +308,15 @@ def _fmt(v: Optional[float]) -> str:
     return f"{v:.4g}" if abs(v) < 1e6 else f"{v:.4e}"
 
 
-def markdown(rows: list[Row], base_name: str, head_name: str, show_unchanged: bool = False) -> str:
+def markdown(
+    rows: list[Row], base_name: str, head_name: str, show_unchanged: bool = False, header: Iterable[str] = ()
+) -> str:
+    """The report; ``header``: lines after the verdict counts (the detection floor, ``analysis.floor``)."""
     counts: dict[Verdict, int] = {}
     for r in rows:
         counts[r.verdict] = counts.get(r.verdict, 0) + 1
     summary = ", ".join(f"{n} {v.value}" for v, n in sorted(counts.items(), key=lambda kv: ORDER[kv[0]]))
-    lines = [f"## specwatch: `{head_name}` vs `{base_name}`", "", summary or "no cases", ""]
+    lines = [f"## specwatch: `{head_name}` vs `{base_name}`", "", summary or "no cases", "", *header]
     shown = [r for r in rows if show_unchanged or r.verdict is not Verdict.unchanged]
     folded = [r for r in shown if _is_benign_new(r)]
     if main := [r for r in shown if not _is_benign_new(r)]:
@@ -328,12 +336,18 @@ def _is_benign_new(r: Row) -> bool:
 
 
 def _table(rows: list[Row]) -> list[str]:
-    out = ["| verdict | case | metric | base | head | ratio | note |", "|---|---|---|---|---|---|---|"]
+    """The rows as a markdown table; a ``speedup`` column (the head's, over plain decoding) where any has one."""
+    sp = any(r.speedup is not None for r in rows)
+    out = [
+        f"| verdict | case | metric | base | head | ratio |{' speedup |' if sp else ''} note |",
+        f"|---|---|---|---|---|---|{'---|' if sp else ''}---|",
+    ]
     for r in rows:
         ratio = "" if r.ratio is None else f"{r.ratio:.3f}"
+        cell = (" " + ("" if r.speedup is None else f"{r.speedup:.2f}x") + " |") if sp else ""
         out.append(
             f"| {r.verdict.value} | `{r.case_id}` {r.label} | {r.metric} | {_fmt(r.base)} | "
-            f"{_fmt(r.head)} {r.unit} | {ratio} | {r.note} |"
+            f"{_fmt(r.head)} {r.unit} | {ratio} |{cell} {r.note} |"
         )
     return out
 

@@ -29,11 +29,16 @@ def compare(
     all_rows: bool = typer.Option(False, "--all", help="Also list unchanged metrics."),
     budgets: BudgetsOpt = None,
 ) -> None:
-    """Markdown report of HEAD vs BASE; exit code 1 when anything regressed or now fails."""
+    """Markdown report of HEAD vs BASE, opening with the detection floor of its timed metrics (from the
+    A/A pairs of --budgets, else RESULTS/noise-budgets.json); exit code 1 when anything regressed or now fails."""
     from specwatch.analysis.compare import compare_specs, has_regression, markdown
+    from specwatch.analysis.floor import store_floor
 
     rows = compare_specs(base, head, results, threshold=threshold, alpha=alpha, budgets=budget_values(budgets))
-    text = markdown(rows, base, head, show_unchanged=all_rows)
+    floor = store_floor(results, budgets, threshold, alpha).header(
+        f"{r.noise_class}/{r.metric}" for r in rows if r.timed
+    )
+    text = markdown(rows, base, head, show_unchanged=all_rows, header=floor)
     if output:
         output.write_text(text)
     print(text)

@@ -47,6 +47,7 @@ def dashboard(
     from specwatch.analysis.verdict import release_verdict
     from specwatch.present.dashboard import build, render_markdown_page
     from specwatch.present.findings import findings_markdown
+    from specwatch.present.timing import timing_tables
     from specwatch.store.frame import files_frame, runs_frame
     from specwatch.store.jsonl import result_files
 
@@ -62,6 +63,7 @@ def dashboard(
         "Sweep cost per GPU run (wall time / the cases' own time; K: engines in flight, 'overlap': "
         "--overlap-starts)": runs_frame(results),
     }
+    tables.update(timing_tables(results, df))
     console.print(f"wrote {build(df, out, tables, verdict=verdict, source=results)}")
     (out / "findings.md").write_text(findings_markdown(df))
     render_markdown_page(out / "findings.md", "index.html")

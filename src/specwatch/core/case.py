@@ -20,11 +20,19 @@ class Algorithm(str, Enum):
     DFLASH = "DFLASH"
     """Block-diffusion drafting (SGLang 0.5.11 on): one draft forward proposes a block of
     ``num_draft_tokens`` (its block size); SGLang forces num_steps = topk = 1."""
+    NONE = "NONE"
+    """No speculation: the plain-decoding twin of a timing case (``[suite] speedup = true``,
+    ``Case.plain_twin``). SGLang gets no ``speculative_*`` argument; never written in a matrix."""
 
     @property
     def has_draft_kv(self) -> bool:
         """Whether the draft phase writes KV chains (SGLang: ``SpeculativeAlgorithm.has_draft_kv``)."""
-        return self is not Algorithm.NGRAM
+        return self not in (Algorithm.NGRAM, Algorithm.NONE)
+
+    @property
+    def speculative(self) -> bool:
+        """Whether the case decodes speculatively (every algorithm but ``NONE``)."""
+        return self is not Algorithm.NONE
 
 
 class Backend(str, Enum):
@@ -150,7 +158,7 @@ class Case(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=False)
 
     model: ModelSize = Field(description="Oracle model size (target shapes; draft derived from it).")
-    algorithm: Algorithm = Field(description="Speculative algorithm.")
+    algorithm: Algorithm = Field(description="Speculative algorithm (``NONE``: a plain-decoding twin).")
     attention_backend: Backend = Field(description="Attention backend for target and draft.")
     page_size: StrictInt = Field(ge=1, description="KV page size in tokens (SGLang --page-size).")
     topk: StrictInt = Field(ge=1, description="EAGLE tree branching (--speculative-eagle-topk); NGRAM: BFS breadth.")
@@ -222,6 +230,21 @@ class Case(BaseModel):
     def dcp_twin_id(self) -> str:
         """Case id of the same case at dcp 1: DCP and its twin share prompts (equivalence check)."""
         return self.case_id if self.dcp == 1 else self.model_copy(update={"dcp": 1}).case_id
+
+    def plain_twin(self) -> "Case":
+        """The same target decoding without speculation: algorithm ``NONE``, the draft's parameters
+        at 1 and the profile ``perfect`` (they shape the draft only), everything the target engine
+        and the timed batch depend on (model, backend, page, tp, dcp, batch, lengths, workload, CUDA
+        graphs) kept. Spec cases that differ only in their draft share one twin (and one engine)."""
+        return self.model_copy(
+            update={
+                "algorithm": Algorithm.NONE,
+                "topk": 1,
+                "num_steps": 1,
+                "num_draft_tokens": 1,
+                "profile": Profile.perfect,
+            }
+        )
 
     def label(self) -> str:
         """Short human label used in tables and plots."""

@@ -6,7 +6,7 @@ import math
 import re
 from datetime import datetime, timezone
 from enum import Enum
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Callable, Optional
 
 from pydantic import (
     AfterValidator,
@@ -14,6 +14,7 @@ from pydantic import (
     ConfigDict,
     Field,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -173,6 +174,21 @@ class CaseRecord(BaseModel):
         description="Facts read from SGLang and the worker (``Details``: typed known keys, any other key kept).",
     )
     provenance: Provenance = Field(description="Where and with what it ran.")
+    plain_twin: Optional[str] = Field(
+        default=None,
+        description="Record id (``<case_id>@<started_at>``) of the plain-decoding twin the "
+        "``speedup`` and ``break_even_accept_length`` metrics were computed against (``store.twins``); "
+        "None: no twin (the suite has no ``[suite] speedup``, the twin had not finished, or the "
+        "record is a twin itself).",
+    )
+
+    @model_serializer(mode="wrap")
+    def _no_twin_no_key(self, handler: Callable) -> dict:
+        """``plain_twin`` is written only when set: a record without a twin reads as before."""
+        data = handler(self)
+        if data.get("plain_twin") is None:
+            data.pop("plain_twin", None)
+        return data
 
     @property
     def overlap_starts(self) -> bool:

@@ -60,6 +60,29 @@ def hit_expression(name: str) -> str:
 _hit = hit_expression
 
 
+SLOW_VERIFY_US: dict[str, int] = {
+    "slow-verify-100us": 100,
+    "slow-verify-500us": 500,
+    "slow-verify-2000us": 2000,
+}
+"""The planted decode slowdowns, by fault name -> microseconds added to every EAGLE verify step
+(the tiny oracle's steps take about 3-8 ms on the H200, so these are about 2%, 10% and 40%)."""
+
+
+def stall(micros: int) -> None:
+    """Spin for ``micros`` microseconds on the calling thread (``time.sleep`` overshoots at this scale)."""
+    import time
+
+    end = time.perf_counter() + micros / 1e6
+    while time.perf_counter() < end:
+        pass
+
+
+def stall_expression(micros: int) -> str:
+    """The statement a slow-verify edit adds to each verify step."""
+    return f'__import__("specwatch.inject.faults", fromlist=["stall"]).stall({micros})'
+
+
 @dataclass(frozen=True)
 class Fault:
     """One injectable fault: what it re-creates and what should catch it."""
@@ -177,6 +200,16 @@ FAULTS: dict[str, Fault] = {
             "draft starts after it",
             expected_flag="lossless check (output skips one chain token per verify step) and acceptance below the "
             "oracle's exact value",
+        ),
+        *(
+            Fault(
+                name=name,
+                recreates=f"a decode slowdown: {micros} µs of host time added to every EAGLE verify step (a verify "
+                "path that got slower: an extra sync, a host-side loop), outputs and acceptance unchanged",
+                expected_flag="compare: step_time, decode_throughput and speedup regressed against the clean run "
+                "when the added share of a step is above the detection floor; every exact check stays clean",
+            )
+            for name, micros in SLOW_VERIFY_US.items()
         ),
     )
 }

@@ -185,10 +185,11 @@ def model_dirs(
     seed: int = 0,
     block_size: Optional[int] = None,
 ) -> tuple[Path, Optional[Path]]:
-    """(target, draft) folders for a case; the draft is None for NGRAM. ``block_size``: DFLASH's
-    (the case's ``num_draft_tokens``, which its draft config names; None: ``MAX_BLOCK``)."""
+    """(target, draft) folders for a case; the draft is None for NGRAM and plain decoding (NONE).
+    ``block_size``: DFLASH's (the case's ``num_draft_tokens``, which its draft config names; None:
+    ``MAX_BLOCK``)."""
     target = root / f"{size.value}-seed{seed}" / "target"
-    if algorithm is Algorithm.NGRAM:
+    if algorithm in (Algorithm.NGRAM, Algorithm.NONE):
         return target, None
     if SHAPES[size].arch == "deepseek-v3":
         return target, target  # the MTP layer ships inside the target checkpoint (SGLang loads it as NextN)

@@ -48,6 +48,7 @@ CASE_COLUMNS = (
     "profile",
     "status",
     "decode_throughput",
+    "speedup",
     "accept_length",
     "leaked_tokens",
     "lossless_mismatches",

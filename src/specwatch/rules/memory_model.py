@@ -94,7 +94,7 @@ class SizingInput:
     def for_case(cls, case, context_len: int, max_running_requests: int) -> "SizingInput":
         """The sizing parameters of a ``specwatch.core.case.Case`` at a given context and request pool."""
         return cls(
-            case.algorithm,
+            case.algorithm if case.algorithm.speculative else None,
             case.page_size,
             case.topk,
             case.num_steps,

@@ -7,6 +7,7 @@ signature and match text below against them).
 
 from __future__ import annotations
 
+from specwatch.inject.faults import SLOW_VERIFY_US, stall_expression
 from specwatch.rules.release_model import (
     FaultSite,
     ReleaseAdapter,
@@ -47,6 +48,20 @@ def _off_by_one(target: str) -> FaultSite:
         replacement="{hit}\naccept_lens = torch.clamp(accept_lens - 1, min=1)\n"
         "next_draft_input = EagleDraftInput(bonus_tokens=bonus_tokens)",
     )
+
+
+def _slow_verify(target: str) -> dict[str, FaultSite]:
+    """slow-verify-*: a spin of the fault's microseconds at the top of every EAGLE verify step."""
+    module = target.rsplit(".", 2)[0] if "EAGLEWorkerV2" in target else target.rsplit(".", 1)[0]
+    return {
+        name: FaultSite(
+            target=target,
+            module=module,
+            match="bs = len(batch.seq_lens)",
+            replacement="{hit}\n" + stall_expression(micros) + "\nbs = len(batch.seq_lens)",
+        )
+        for name, micros in SLOW_VERIFY_US.items()
+    }
 
 
 _S = "sglang.srt."
@@ -140,6 +155,7 @@ def _later_faults(row_match: str, unaligned: FaultSite) -> dict:
             "unaligned-watermark": unaligned,
             "no-prefix-tail-dup": _tail_dup(_S + "speculative.eagle_worker_common"),
             "accept-off-by-one": _off_by_one(_RUN_EAGLE_VERIFY),
+            **_slow_verify(_RUN_EAGLE_VERIFY),
         },
         dflash_faults={"accept-off-by-one": _dflash_off_by_one()},
         faults_absent={},
@@ -169,7 +185,7 @@ ADAPTERS: tuple[ReleaseAdapter, ...] = (
             page_tree_spec_backends_site=None,
             leak_counters_on="scheduler",
             scheduler_startup_time=False,
-            faults={},
+            faults=_slow_verify(_WORKER_V2_VERIFY),
             faults_absent={
                 "row-widen-revert": "rows are 4 + num_draft_tokens wide whatever the reserve "
                 "(model_runner_kv_cache_mixin.py): the reverted sizing is the release's own",
@@ -207,6 +223,7 @@ ADAPTERS: tuple[ReleaseAdapter, ...] = (
                         _S + ("speculative.eagle_info_v2" if x == 13 else "speculative.base_spec_worker")
                     ),
                     "accept-off-by-one": _off_by_one(_WORKER_V2_VERIFY),
+                    **_slow_verify(_WORKER_V2_VERIFY),
                 },
                 dflash_faults={"accept-off-by-one": _dflash_off_by_one()} if x == 15 else {},
                 faults_absent={"unaligned-watermark": _NO_ROUND_UP},

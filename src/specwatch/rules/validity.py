@@ -142,8 +142,8 @@ def _mla_oracle(c: Case) -> Optional[str]:
     from specwatch.oracle.shapes import SHAPES
 
     if SHAPES[c.model].arch == "deepseek-v3" and (
-        c.algorithm is not Algorithm.EAGLE or c.profile is not Profile.perfect
-    ):
+        c.algorithm not in (Algorithm.EAGLE, Algorithm.NONE) or c.profile is not Profile.perfect
+    ):  # NONE: a plain twin, the target alone
         return (
             "specwatch: the MLA oracle's draft is its MTP (NextN) layer, which predicts perfectly; "
             "only EAGLE with profile 'perfect' is built for it"

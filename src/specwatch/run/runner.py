@@ -36,6 +36,7 @@ from specwatch.store.jsonl import (
     recorded_case_ids,
     results_path,
 )
+from specwatch.store.twins import TwinBoard
 from specwatch.suite import PlannedCase, Suite, matches
 
 __all__ = ["Executor", "RunOptions", "Shard", "engine_groups", "plan_run", "run_suite", "run_suites"]
@@ -65,7 +66,8 @@ def plan_run(
     to run (``options``: resume, shard, where, known_root, bare, group_timeout_s).
     ``run_id``: stamped on every record this run appends (``Provenance.run_id``).
     ``writer_locks``: takes the results file's ``WriterLock`` into it (held until it closes).
-    ``widest``: GPUs one group can be given (``Executor.widest_group``; default the host's count)."""
+    ``widest``: GPUs one group can be given (``Executor.widest_group``; default the host's count).
+    Long because its records' one writer (``emit``: run id, plain twins' speedup) is a closure here."""
     widest = facts["gpu_count"] if widest is None else widest
     probe = options.probe
     where_in_store = (machine_label(facts), sglang_version(), suite.name, fault, probe)
@@ -76,9 +78,11 @@ def plan_run(
     if options.known_root is not None:
         done |= recorded_case_ids(results_path(options.known_root, *where_in_store))
     lock = record_lock or threading.Lock()
+    twins = TwinBoard.of_file(out) if suite.spec.suite.speedup else TwinBoard(off=True)  # [suite] speedup
 
     def emit(rec: CaseRecord) -> None:
         rec.provenance.run_id = run_id
+        rec = twins.add(rec)
         with stop_signals_held(), lock:  # a record and its tally land together, or neither
             append_record(out, rec)
             if emit_progress:

@@ -63,6 +63,10 @@ def engine_kwargs(case: Case, target: Path, draft, max_bs: int, kv_tokens: int |
         speculative_eagle_topk=case.topk,
         speculative_num_draft_tokens=case.num_draft_tokens,
     )
+    if not case.algorithm.speculative:
+        # the plain-decoding twin: SGLang's own no-speculation path, no draft
+        kw = {k: v for k, v in kw.items() if not k.startswith("speculative_")}
+        draft = None
     if case.dcp > 1:
         kw["dcp_size"] = case.dcp
     if case.workload is Workload.near_full:
@@ -72,16 +76,7 @@ def engine_kwargs(case: Case, target: Path, draft, max_bs: int, kv_tokens: int |
         # get_num_allocatable_reqs counts it twice; with one slot left the round marks the running
         # batch full, and that flag holds until a request finishes. Whole prompts admit all 16.
         kw["chunked_prefill_size"] = -1
-    if draft is not None:
-        kw["speculative_draft_model_path"] = str(draft)
-        if case.profile is Profile.random:
-            kw["speculative_draft_load_format"] = "dummy"
-    if case.algorithm is Algorithm.NGRAM:
-        kw["speculative_ngram_max_bfs_breadth"] = case.topk
-    if case.algorithm is Algorithm.DFLASH:
-        # SGLang forces both to 1 for DFLASH (``_handle_dflash``, with a warning otherwise); the block
-        # size is speculative_num_draft_tokens, which the oracle draft's dflash_config.block_size names.
-        kw["speculative_num_steps"] = kw["speculative_eagle_topk"] = 1
+    _add_draft_args(kw, case, draft)
     if case.own_model is not None:
         # an own model: its dtype; SGLang sizes its KV pool from the memory fraction
         kw["dtype"] = case.own_model.dtype
@@ -94,6 +89,20 @@ def engine_kwargs(case: Case, target: Path, draft, max_bs: int, kv_tokens: int |
         # recorded). A communication fusion, not what specwatch measures: off, and recorded.
         kw["enforce_disable_flashinfer_allreduce_fusion"] = True
     return kw
+
+
+def _add_draft_args(kw: dict, case: Case, draft) -> None:
+    """The draft's and the algorithm's own engine arguments, into ``kw``."""
+    if draft is not None:
+        kw["speculative_draft_model_path"] = str(draft)
+        if case.profile is Profile.random:
+            kw["speculative_draft_load_format"] = "dummy"
+    if case.algorithm is Algorithm.NGRAM:
+        kw["speculative_ngram_max_bfs_breadth"] = case.topk
+    if case.algorithm is Algorithm.DFLASH:
+        # SGLang forces both to 1 for DFLASH (``_handle_dflash``, with a warning otherwise); the block
+        # size is speculative_num_draft_tokens, which the oracle draft's dflash_config.block_size names.
+        kw["speculative_num_steps"] = kw["speculative_eagle_topk"] = 1
 
 
 RENAMED_ARGS = {

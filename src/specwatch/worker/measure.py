@@ -219,7 +219,8 @@ class CaseTally:
         metas = [o["meta_info"] for o in outs]
         self.als.append(statistics.mean(m.get("spec_accept_length", 0.0) for m in metas))
         self.rates.append(statistics.mean(m.get("spec_accept_rate", 0.0) for m in metas))
-        vct = max(m.get("spec_verify_ct", 0) for m in metas)
+        # plain decoding (the NONE twin) takes one step per token after the prefill's first
+        vct = max(m.get("spec_verify_ct", 0) for m in metas) if case.algorithm.speculative else case.output_len - 1
         self.verify.append(vct)
         if decode_s is not None:
             self.step_ms.append(1e3 * decode_s / max(vct, 1))
@@ -242,6 +243,9 @@ class CaseTally:
             m.put("decode_throughput", med(self.decode_tps), "tokens/s", self.decode_tps, higher_is_better=True)
             m.put("step_time", med(self.step_ms), "ms", self.step_ms, higher_is_better=False)
             m.put("itl", med(self.itl_ms), "ms", self.itl_ms, higher_is_better=False)
+        if not self.case.algorithm.speculative:  # a plain twin: no acceptance to report
+            m.put("lossless_mismatches", self.mismatches, "tokens", exact=True, higher_is_better=False)
+            return m
         expected_al = med(self.expected_per_repeat) if self.expected_per_repeat else None
         m.put(
             "accept_length",

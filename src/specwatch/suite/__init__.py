@@ -38,6 +38,10 @@ from specwatch.core.errors import SpecwatchInputError
 from specwatch.oracle.shapes import SHAPES
 from specwatch.own.suite_model import ModelEntry, OwnPromptFields, own_fields, own_skip_reason, resolve_own
 from specwatch.rules.validity import RULES, normalize_dflash, normalize_draft_tokens, skip_reason
+from specwatch.suite.planned import PlannedCase
+from specwatch.suite.twins import refuse_plain as _speculative
+from specwatch.suite.twins import with_twins
+from specwatch.suite.validation_errors import error_field, error_line
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -145,6 +149,10 @@ class SuiteHeader(BaseModel):
     """Wall-clock limit per engine group, seconds."""
     max_cases: _header_int("max_cases") = MAX_CASES_DEFAULT
     """Largest number of cases the matrices may expand to (counted before expanding)."""
+    speedup: StrictBool = False
+    """Plan each timing case's no-speculation twin (``Case.plain_twin``) right before the first
+    case that needs it, so records carry ``speedup`` over plain decoding (``store.twins``). Off:
+    the plan is the matrices' cases only."""
 
 
 class Matrix(OwnPromptFields):
@@ -154,8 +162,10 @@ class Matrix(OwnPromptFields):
 
     model: Annotated[list[ModelEntry], Field(min_length=1)] = [ModelSize.tiny]
     """Oracle model sizes and own models (``{name, target, draft, tokenizer, dtype}`` tables)."""
-    algorithm: Annotated[list[Algorithm], Field(min_length=1)] = [Algorithm.EAGLE]
-    """Speculative algorithms."""
+    algorithm: Annotated[list[Annotated[Algorithm, AfterValidator(_speculative)]], Field(min_length=1)] = [
+        Algorithm.EAGLE
+    ]
+    """Speculative algorithms (plain decoding is planned by ``[suite] speedup``, not here)."""
     attention_backend: Annotated[list[Backend], Field(min_length=1)]
     """Attention backends (target and draft)."""
     page_size: _axis("page_size")
@@ -203,23 +213,9 @@ class SuiteSpec(BaseModel):
     """The ``[[matrix]]`` tables, in file order."""
 
     def case_count(self) -> int:
-        """Cases the suite expands to (duplicates included), computed without expanding."""
+        """Matrix points the suite expands to (duplicates included), computed without expanding;
+        ``speedup``'s plain twins come on top (at most one per point, usually far fewer)."""
         return sum(m.case_count() for m in self.matrix)
-
-
-@dataclass(frozen=True)
-class PlannedCase:
-    """A case as planned: runnable (``skip`` is None) or skipped with the reason.
-
-    A ``duplicate`` is a matrix point that normalizes to a case planned earlier: it is listed
-    by ``specwatch plan`` but runs (and is recorded) once, under the shared case id.
-    """
-
-    case: Case
-    skip: Optional[str]
-    duplicate: bool = False
-    adjusted: tuple[str, ...] = ()
-    """SGLang's words for each value it overrides in the matrix point (DFLASH's topk and num_steps)."""
 
 
 @dataclass(frozen=True)
@@ -303,27 +299,6 @@ def matches(case: Case, where: dict[str, set[str]]) -> bool:
     return all(str(p[k]).lower() in vs for k, vs in where.items())
 
 
-def _format_loc(loc: tuple) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
-def _error_line(err: dict) -> str:
-    """Pydantic's message for one error, with the offending scalar value when it is not in the message."""
-    msg = err["msg"]
-    value = err.get("input")
-    if (
-        err["type"] != "out_of_bounds"
-        and isinstance(value, (bool, int, float, str))
-        and not isinstance(err.get("ctx", {}).get("value"), str)
-    ):
-        shown = repr(value)
-        msg += f" (got {shown if len(shown) <= 40 else shown[:37] + '...'})"
-    return msg
-
-
 def load_suite(path: str | Path) -> Suite:
     """Read and validate a suite file; errors name the file and the field (TOML path)."""
     path = Path(path)
@@ -340,7 +315,7 @@ def load_suite(path: str | Path) -> Suite:
     except ValidationError as e:
         err = e.errors()[0]
         more = f" (+{e.error_count() - 1} more)" if e.error_count() > 1 else ""
-        raise SpecwatchInputError(path, _error_line(err) + more, field=_format_loc(err["loc"])) from None
+        raise SpecwatchInputError(path, error_line(err) + more, field=error_field(err["loc"])) from None
     check_case_count(spec, path)
     resolve_own(spec, path)
     return Suite(spec=spec, path=path, sha256=hashlib.sha256(raw).hexdigest())
@@ -363,7 +338,14 @@ def check_case_count(spec: SuiteSpec, path: str | Path | None = None) -> int:
 
 def iter_expand(spec: SuiteSpec) -> Iterator[PlannedCase]:
     """Cartesian product of every matrix, in file order, one case at a time; a case that
-    normalizes to an earlier one is yielded as a skipped duplicate naming it."""
+    normalizes to an earlier one is yielded as a skipped duplicate naming it. With ``speedup``,
+    a runnable case's plain twin comes right before it, once per twin (``with_twins``)."""
+    cases = _matrix_points(spec)
+    return with_twins(cases) if spec.suite.speedup else cases
+
+
+def _matrix_points(spec: SuiteSpec) -> Iterator[PlannedCase]:
+    """The matrices' cases (``iter_expand`` without twins)."""
     fields = list(AXES)
     seen: set[str] = set()
     resolve_own(spec, None)

@@ -1,0 +1,144 @@
+"""Change points over SGLang releases: per machine, case and metric, the steps asv's step detector
+(``asv.step_detect.detect_steps``, a Potts-model fit of a piecewise-constant series) finds in the
+metric's history, releases in version order.
+
+Each release contributes its latest clean record of the case (no fault, with the probe): every
+repeat's sample in run order (its value where it kept none), so the detector sees the within-release
+noise. A step is reported where two fitted segments meet between two releases (a boundary inside one
+release's repeats is noise of that run) and the segments' values differ by more than ``threshold``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import pandas as pd
+from packaging.version import InvalidVersion, Version
+
+from specwatch.store.frame import COMPARE_COLUMN
+from specwatch.store.latest import latest_rows
+
+THRESHOLD = 0.05
+"""Relative size below which a detected step is not reported."""
+
+COLUMNS = [
+    "status",
+    "sglang_version",
+    "machine",
+    "case_id",
+    "fault",
+    "probe",
+    "started_at",
+    "finished_at",
+    "run_id",
+    "host_interference",
+    COMPARE_COLUMN,
+]
+"""The files-frame columns ``changepoints`` reads (``COMPARE_COLUMN``: each metric's samples)."""
+
+DASHBOARD_METRICS = ["decode_throughput", "step_time", "accept_length", "req_to_token_bytes", "speedup"]
+"""The metrics the dashboard's change-point table covers (``specwatch changepoints``: any)."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a metric's history between two consecutive measured releases."""
+
+    before_release: str
+    """The last release of the segment before the step."""
+    release: str
+    """The first release of the segment after it."""
+    before: float
+    """The fitted value before (asv: the segment's average)."""
+    after: float
+    """The fitted value after."""
+
+    @property
+    def change(self) -> float:
+        return self.after / self.before - 1.0 if self.before else float("inf")
+
+
+def _version_key(v: str):
+    try:
+        return (0, Version(v))
+    except InvalidVersion:
+        return (1, v)
+
+
+def release_steps(history: list[tuple[str, list[float]]], threshold: float = THRESHOLD) -> list[Step]:
+    """The steps of one metric's history (release, its samples), releases in version order."""
+    from asv.step_detect import detect_steps
+
+    y, owner = [], []
+    for i, (_, samples) in enumerate(history):
+        y += samples
+        owner += [i] * len(samples)
+    if len(history) < 2 or len(y) < 2:
+        return []
+    lo, hi = min(y), max(y)
+    if lo > 0 and hi / lo - 1.0 <= threshold:
+        return []  # segment values lie within [lo, hi]: no step can exceed the threshold
+    segments = detect_steps(y)
+    out = []
+    for left, right in zip(segments, segments[1:]):
+        at = right[0]
+        if at == 0 or owner[at] == owner[at - 1]:
+            continue  # the boundary falls inside one release's repeats
+        step = Step(history[owner[at - 1]][0], history[owner[at]][0], left[2], right[2])
+        if abs(step.change) > threshold:
+            out.append(step)
+    return out
+
+
+def _samples(cell: dict, metric: str) -> Optional[list[float]]:
+    m = cell["m"].get(metric)
+    if m is None or m[0] is None:
+        return None
+    vals = [x for x in (m[2] or []) if x is not None]
+    return vals or [m[0]]
+
+
+def changepoints(df: pd.DataFrame, metrics: Optional[list[str]] = None, threshold: float = THRESHOLD) -> pd.DataFrame:
+    """One row per step found (``release_steps``) in the clean records of a files frame read with
+    ``COMPARE_COLUMN``: machine, case, metric, the two releases, the fitted values and the change.
+    ``metrics``: only these (default: every metric a case recorded in two releases or more)."""
+    import orjson
+
+    need = {"status", "sglang_version", "machine", "case_id", COMPARE_COLUMN}
+    if df.empty or not need <= set(df.columns):
+        return pd.DataFrame()
+    clean = df[(df.status == "ok") & df.sglang_version.notna()]
+    if "fault" in clean:
+        clean = clean[clean.fault.isna()]
+    if "probe" in clean:
+        clean = clean[clean.probe != False]  # noqa: E712
+    latest = latest_rows(clean, ["machine", "case_id", "sglang_version"])
+    cols = ["machine", "case_id", "sglang_version", COMPARE_COLUMN]
+    histories: dict[tuple, list[dict]] = {}
+    for r in latest[cols].to_dict("records"):
+        histories.setdefault((r["machine"], r["case_id"]), []).append(r)
+    rows = []
+    for (machine, cid), group in sorted(histories.items()):
+        if len(group) < 2:
+            continue
+        ordered = sorted(group, key=lambda r: _version_key(r["sglang_version"]))
+        cells = [(r["sglang_version"], orjson.loads(r[COMPARE_COLUMN])) for r in ordered]
+        names = metrics or sorted({n for _, c in cells for n in c["m"]})
+        for name in names:
+            history = [(v, s) for v, c in cells if (s := _samples(c, name))]
+            for st in release_steps(history, threshold):
+                rows.append(
+                    {
+                        "machine": machine,
+                        "case_id": cid,
+                        "case": cells[-1][1]["l"],
+                        "metric": name,
+                        "from": st.before_release,
+                        "to": st.release,
+                        "before": st.before,
+                        "after": st.after,
+                        "change": f"{st.change:+.1%}",
+                    }
+                )
+    return pd.DataFrame(rows)

@@ -1,0 +1,180 @@
+"""The detection floor: per noise class and timed metric, the smallest relative change ``compare``
+calls a regression while A/A pairs (two runs of the same code) stay at most 1% flagged, held out.
+
+From the A/A pairs of a noise-budget file (``analysis.noise.BudgetFile``, the store's
+``noise-budgets.json`` by default): each pair's timed rows are compared once at threshold 0
+(``aa_rows``), which keeps for every (case, metric) its relative change and whether the
+Mann-Whitney test would let it count (p <= alpha). Budgets are ``margin`` x a pair's largest change
+per class and metric, at least ``threshold`` (``NoiseReport.budgets``). For each margin of
+``MARGINS``, each clean pair is judged under the budgets of the other pairs only (leave one out);
+the floor's margin is the smallest whose held-out false-positive rate over the clean pairs is at
+most ``GOAL``, and the floor of a class and metric is that margin x its largest A/A change over
+all pairs, at least ``threshold``. A class and metric no pair measured has the plain threshold,
+its false-positive rate unmeasured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Optional
+
+import pandas as pd
+
+from specwatch.analysis.compare import Row, Verdict, budget_for, compare_records
+from specwatch.analysis.noise import BudgetFile, aa_differences
+from specwatch.core.record import CaseRecord
+
+MARGINS: tuple[float, ...] = (1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 6.0, 10.0)
+"""Margins tried, smallest first (budget = margin x the largest A/A change)."""
+
+GOAL = 0.01
+"""Held-out false-positive rate the floor keeps to (flagged / timed metrics of the clean A/A pairs)."""
+
+BUDGET_FILE = "noise-budgets.json"
+"""The A/A pairs' file under the results root that ``store_floor`` reads unless told another."""
+
+
+@dataclass(frozen=True)
+class AARow:
+    """One timed (case, metric) of an A/A pair."""
+
+    key: str
+    """``CLASS/METRIC`` (``compare.noise_class`` and the metric's name)."""
+    change: float
+    """``|head / base - 1|``."""
+    testable: bool
+    """Whether the Mann-Whitney test lets a change of it count (p <= alpha)."""
+
+
+def aa_rows(base: Iterable[CaseRecord], head: Iterable[CaseRecord], alpha: float = 0.1) -> list[AARow]:
+    """Every timed row of an A/A comparison, compared at threshold 0 (so only the test decides)."""
+    rows: list[Row] = compare_records(base, head, threshold=0.0, alpha=alpha)
+    return [
+        AARow(f"{r.noise_class}/{r.metric}", abs(r.ratio - 1.0), r.verdict in (Verdict.regressed, Verdict.improved))
+        for r in rows
+        if r.timed and r.ratio is not None
+    ]
+
+
+def _spread(rows: list[AARow]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for r in rows:
+        out[r.key] = max(out.get(r.key, 0.0), r.change)
+    return out
+
+
+@dataclass
+class DetectionFloor:
+    """The floor per class and metric, and the held-out check behind it."""
+
+    threshold: float
+    """``compare``'s plain threshold: no floor is below it."""
+    pairs: int = 0
+    """A/A pairs read (clean and not)."""
+    clean_pairs: int = 0
+    """Pairs whose runs differ in no condition (``aa_differences``): only they are judged."""
+    margin: Optional[float] = None
+    """The smallest margin of ``MARGINS`` meeting ``GOAL`` held out; None: no pair."""
+    held_out_rate: Optional[float] = None
+    """Held-out false-positive rate at ``margin``."""
+    timed: int = 0
+    """Timed metrics of the clean pairs the rate is over."""
+    floors: dict[str, float] = field(default_factory=dict)
+    """``CLASS/METRIC`` -> the smallest relative change called a regression."""
+    source: Optional[str] = None
+    """The budget file the pairs came from."""
+
+    def floor(self, klass: str, metric: str) -> float:
+        return self.floors.get(f"{klass}/{metric}", self.threshold)
+
+    def frame(self) -> pd.DataFrame:
+        """One row per noise class, one column per timed metric: its floor as a percentage."""
+        if not self.floors:
+            return pd.DataFrame()
+        s = pd.Series(self.floors, name="floor").rename_axis("key").reset_index()
+        s[["class", "metric"]] = s.key.str.rsplit("/", n=1, expand=True)
+        t = s.pivot(index="class", columns="metric", values="floor")
+        return t.apply(lambda col: col.map(lambda v: f"{v:.1%}" if v == v else "-")).reset_index()
+
+    def header(self, keys: Iterable[str] = ()) -> list[str]:
+        """The lines a ``compare`` report opens with: how the floor was measured, then the floor of
+        each ``CLASS/METRIC`` of ``keys`` (the report's timed rows; all when empty)."""
+        if self.margin is None:
+            return [
+                f"Detection floor: no A/A pairs ({self.source or BUDGET_FILE}): a timed change is "
+                f"called past the {self.threshold:.0%} threshold, its false-positive rate unmeasured.",
+                "",
+            ]
+        keys = sorted(set(keys)) or sorted(self.floors)
+        by_class: dict[str, list[str]] = {}
+        for k in keys:
+            klass, metric = k.rsplit("/", 1)
+            known = "" if k in self.floors else " (no A/A)"
+            by_class.setdefault(klass, []).append(f"{metric} {self.floor(klass, metric):.1%}{known}")
+        shown = "; ".join(f"{c}: {', '.join(ms)}" for c, ms in by_class.items())
+        return [
+            f"Detection floor (smallest change called a regression with <= {GOAL:.0%} held-out A/A false "
+            f"positives; {self.clean_pairs} clean of {self.pairs} A/A pairs in {self.source}, margin "
+            f"{self.margin:g}, held out {self.held_out_rate:.1%} of {self.timed} timed metrics): {shown}",
+            "",
+        ]
+
+
+def detection_floor(
+    pairs: list[tuple[list[CaseRecord], list[CaseRecord]]],
+    threshold: float = 0.05,
+    alpha: float = 0.1,
+    goal: float = GOAL,
+    source: Optional[str] = None,
+) -> DetectionFloor:
+    """The floor from A/A pairs (each its base and head records). Long because the held-out search
+    over margins, the clean pairs' count and the floors are one pass over the pairs' rows."""
+    rows = [aa_rows(b, h, alpha) for b, h in pairs]
+    clean = [not aa_differences(b, h) for b, h in pairs]
+    spreads = [_spread(r) for r in rows]
+    out = DetectionFloor(threshold, len(pairs), sum(clean), source=source)
+    if not pairs:
+        return out
+    judged = [i for i, c in enumerate(clean) if c] or list(range(len(pairs)))
+    out.timed = sum(len(rows[i]) for i in judged)
+    for margin in MARGINS:
+        flagged = 0
+        for i in judged:
+            budgets: dict[str, float] = {}
+            for j, sp in enumerate(spreads):
+                if j != i:
+                    for k, v in sp.items():
+                        budgets[k] = max(budgets.get(k, 0.0), max(threshold, margin * v))
+            flagged += sum(
+                r.testable and r.change > budget_for(budgets, *r.key.rsplit("/", 1), threshold) for r in rows[i]
+            )
+        rate = flagged / out.timed if out.timed else 0.0
+        out.margin, out.held_out_rate = margin, rate
+        if rate <= goal:
+            break
+    merged: dict[str, float] = {}
+    for sp in spreads:
+        for k, v in sp.items():
+            merged[k] = max(merged.get(k, 0.0), v)
+    out.floors = {k: max(threshold, out.margin * v) for k, v in sorted(merged.items())}
+    return out
+
+
+def store_floor(
+    root: Path, budget_file: Optional[Path] = None, threshold: float = 0.05, alpha: float = 0.1
+) -> DetectionFloor:
+    """``detection_floor`` of the A/A pairs in ``budget_file`` (default: ``root/noise-budgets.json``),
+    each pair's selections read from the store under ``root``; no file: no pair."""
+    from specwatch.store.select import select
+
+    path = Path(budget_file) if budget_file is not None else Path(root) / BUDGET_FILE
+    if not path.exists():
+        return DetectionFloor(threshold, source=str(path))
+    f = BudgetFile.load(path)
+    pairs = []
+    for p in f.pairs:
+        b, h = (select(s, root) for s in p.selections())
+        if b and h:
+            pairs.append((b, h))
+    return detection_floor(pairs, threshold, alpha, source=str(path))

@@ -1,0 +1,50 @@
+"""Change points over SGLang releases: asv's step detector on each case's history finds a planted
+step between the two releases it was planted between, and nothing in a flat history."""
+
+from datetime import timedelta
+
+from records import T0, case, record
+from specwatch.analysis.changepoints import COLUMNS, changepoints, release_steps
+from specwatch.core.record import Metric
+from specwatch.store.frame import files_frame
+from specwatch.store.jsonl import append_record, result_files
+
+RELEASES = ["0.5.9", "0.5.10", "0.5.11", "0.5.12", "0.5.13", "0.5.14"]
+"""Out of string order on purpose: 0.5.10 sorts before 0.5.9 as text."""
+
+
+def _history(tmp_path, c, values_of):
+    for i, v in enumerate(RELEASES):
+        r = record(c, sglang_version=v, started_at=T0 + timedelta(hours=i), finished_at=T0 + timedelta(hours=i))
+        samples = values_of(i)
+        r.metrics = {
+            "decode_throughput": Metric(
+                value=sorted(samples)[1], unit="tokens/s", samples=samples, higher_is_better=True
+            )
+        }
+        append_record(tmp_path / "m" / f"sglang-{v}" / "smoke.jsonl", r)
+
+
+def test_a_planted_step_is_found_between_the_releases_it_was_planted_between(tmp_path):
+    stepped, flat = case(page_size=64), case(page_size=1)
+    noise = [[100.0, 101.0, 99.0], [100.5, 99.5, 100.0], [99.0, 100.0, 101.0]]
+    # decode throughput drops 20% from 0.5.12 on (the 4th release in version order)
+    _history(tmp_path, stepped, lambda i: [x * (0.8 if i >= 3 else 1.0) for x in noise[i % 3]])
+    _history(tmp_path, flat, lambda i: noise[i % 3])
+    df = files_frame(result_files(tmp_path), columns=COLUMNS)
+    t = changepoints(df)
+    assert len(t) == 1
+    (row,) = t.to_dict("records")
+    assert (row["case_id"], row["metric"], row["from"], row["to"]) == (
+        stepped.case_id,
+        "decode_throughput",
+        "0.5.11",
+        "0.5.12",
+    )
+    assert row["change"] == "-20.0%"
+
+
+def test_a_step_below_the_threshold_is_not_reported():
+    history = [(v, [100.0, 100.2, 99.8]) for v in RELEASES[:3]] + [(v, [97.0, 97.2, 96.8]) for v in RELEASES[3:]]
+    assert [s.release for s in release_steps(history, threshold=0.01)] == ["0.5.12"]
+    assert release_steps(history, threshold=0.05) == []

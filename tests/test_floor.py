@@ -1,0 +1,80 @@
+"""The detection floor: per class and metric, the smallest change compare calls a regression with
+at most 1% of held-out A/A metrics flagged, from A/A pairs of known spread."""
+
+import json
+
+import pytest
+
+from records import case, record
+from specwatch.analysis.compare import compare_records, markdown
+from specwatch.analysis.floor import detection_floor, store_floor
+from specwatch.core.case import ModelSize
+from specwatch.core.record import Metric
+
+
+def _rec(c, tps):
+    r = record(c)
+    r.metrics = {"output_throughput": Metric(value=tps, unit="tokens/s", samples=[tps] * 3, higher_is_better=True)}
+    return r
+
+
+def _pair(changes, model=ModelSize.tiny, batch=1):
+    """An A/A pair of len(changes) cases; case i's head is ``changes[i]`` faster, every repeat
+    apart from the base's (so the Mann-Whitney test lets it count)."""
+    cases = [case(model=model, batch_size=batch, input_len=100 + i) for i in range(len(changes))]
+    return [_rec(c, 100.0) for c in cases], [_rec(c, 100.0 * (1 + d)) for c, d in zip(cases, changes)]
+
+
+def _pairs():
+    """tiny/bs1: largest A/A change 8%, 10% and 12% in three pairs; 8b/bs8: 1% at most."""
+    tiny = [_pair([0.01] * 9 + [top]) for top in (0.08, 0.10, 0.12)]
+    big = [_pair([0.01, 0.005], ModelSize.llama_8b, 8) for _ in range(3)]
+    return [(tb + bb, th + bh) for (tb, th), (bb, bh) in zip(tiny, big)]
+
+
+def test_the_floor_is_the_smallest_margin_that_keeps_held_out_flags_at_one_percent():
+    f = detection_floor(_pairs(), threshold=0.05)
+    # margin 1: pair 3 under the other pairs' 10% budget flags its 12% change (1 of 36 > 1%)
+    assert f.margin == 1.25 and f.held_out_rate == 0.0 and f.timed == 36 and f.clean_pairs == 3
+    assert f.floors["tiny/bs1/output_throughput"] == pytest.approx(0.15)  # 1.25 x 12%
+    assert f.floors["8b/bs8/output_throughput"] == 0.05  # never below the threshold
+    assert f.floor("tiny/bs8", "output_throughput") == 0.05  # no A/A: the plain threshold
+
+
+def test_a_change_above_the_floor_is_called_and_one_below_is_not():
+    f = detection_floor(_pairs(), threshold=0.05)
+    budgets = dict(f.floors)
+    for change, verdict in ((0.16, "regressed"), (0.14, "unchanged")):
+        base, head = _pair([-change])
+        (row,) = compare_records(base, head, budgets=budgets)
+        assert row.verdict.value == verdict
+
+
+def test_the_report_opens_with_the_floor_of_its_classes(tmp_path):
+    pairs = _pairs()
+    f = detection_floor(pairs, threshold=0.05, source="noise-budgets.json")
+    rows = compare_records(*pairs[0])
+    text = markdown(rows, "a", "b", header=f.header(f"{r.noise_class}/{r.metric}" for r in rows if r.timed))
+    lines = text.splitlines()
+    assert "unchanged" in lines[2]  # the verdict counts stay on line 3
+    assert lines[4].startswith("Detection floor") and "margin 1.25" in lines[4]
+    assert "tiny/bs1: output_throughput 15.0%" in lines[4] and "8b/bs8: output_throughput 5.0%" in lines[4]
+
+
+def test_no_budget_file_says_the_rate_is_unmeasured(tmp_path):
+    f = store_floor(tmp_path)
+    assert f.margin is None and "no A/A pairs" in f.header()[0] and "5%" in f.header()[0]
+
+
+def test_the_store_floor_reads_the_pairs_of_the_budget_file(tmp_path):
+    from specwatch.store.jsonl import append_record
+
+    for k, (b, h) in enumerate(_pairs()):
+        for side, recs in (("a", b), ("b", h)):
+            for r in recs:
+                r.provenance.run_id = f"{k}{side}"
+                append_record(tmp_path / "m" / "sglang-0.5.17" / "smoke.jsonl", r)
+    pairs = [{"base": f"run={k}a", "head": f"run={k}b"} for k in range(3)]
+    (tmp_path / "noise-budgets.json").write_text(json.dumps({"pairs": pairs, "budgets": {}}))
+    f = store_floor(tmp_path)
+    assert f.pairs == 3 and f.floors["tiny/bs1/output_throughput"] == pytest.approx(0.15)

@@ -1,0 +1,67 @@
+"""The planted decode slowdown (slow-verify-*): every EAGLE verify step of the installed SGLang
+spins the fault's microseconds, and nothing else changes."""
+
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from specwatch.inject import faults
+from specwatch.rules.release_ranges import ADAPTERS
+from specwatch.rules.releases import fault_plan
+
+pytestmark = pytest.mark.sglang
+
+
+class _Stop(Exception):
+    """Raised by the fake batch right after the edit's spin (at ``bs = len(batch.seq_lens)``)."""
+
+
+class _SeqLens:
+    def __len__(self):
+        raise _Stop
+
+
+def _verify_seconds(verify) -> float:
+    """Seconds 0.5.17's ``run_eagle_verify`` takes up to ``bs = len(batch.seq_lens)`` (CPU, no model)."""
+    batch = SimpleNamespace(spec_info=None, seq_lens=_SeqLens(), req_pool_indices=None, input_ids=None)
+    batch.out_cache_loc = None
+    kw = dict(target_worker=None, req_to_token_pool=None, token_to_kv_pool_allocator=None, plan_stream=None)
+    kw.update(plan_stream_ctx=None, topk=1, num_steps=1, num_draft_tokens=2, device="cpu")
+    t = time.perf_counter()
+    with pytest.raises(_Stop):
+        verify(batch, **kw, metadata_ready_pre_pad=False, finalize_tree_path=False)
+    return time.perf_counter() - t
+
+
+def test_slow_verify_spins_each_verify_step_of_the_installed_sglang_and_restores():
+    from specwatch.core.sglang_host import _quiet_import
+
+    plan = fault_plan("slow-verify-2000us")
+    assert plan.modules == ("sglang.srt.speculative.eagle_worker_common",)
+    mod = _quiet_import(plan.modules[0])
+    _verify_seconds(mod.run_eagle_verify)  # first call: imports and caches
+    clean = _verify_seconds(mod.run_eagle_verify)
+    before = faults.HITS["slow-verify-2000us"]
+    with faults.applied(plan):
+        slow = _verify_seconds(mod.run_eagle_verify)
+        assert faults.HITS["slow-verify-2000us"] == before + 1
+    assert slow >= 0.002 > clean
+    assert _verify_seconds(mod.run_eagle_verify) < 0.002  # restored
+
+
+def test_stall_spins_at_least_its_microseconds():
+    t = time.perf_counter()
+    faults.stall(300)
+    assert time.perf_counter() - t >= 300e-6
+
+
+def test_every_release_edits_its_eagle_verify_step():
+    """0.5.12-0.5.15 verify in ``EAGLEWorkerV2.verify``, 0.5.16 on in ``run_eagle_verify`` (the
+    match text and the patcher are checked against each release's source by test_releases)."""
+    for a in ADAPTERS:
+        for name, micros in faults.SLOW_VERIFY_US.items():
+            site = a.faults[name]
+            assert site.target.endswith(("EAGLEWorkerV2.verify", "run_eagle_verify")), (a.first, site.target)
+            assert f".stall({micros})" in site.replacement
+    assert fault_plan("slow-verify-100us", "0.5.12").modules == ("sglang.srt.speculative.eagle_worker_v2",)
