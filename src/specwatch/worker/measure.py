@@ -5,15 +5,22 @@
 ``{"event": "engine_started"}`` line once the engine is up, so the parent can tell a crash at
 start (the whole group fails alike) from a crash inside one case.
 
-Per case: a warm-up batch (untimed), a prefill-only batch (``max_new_tokens=1``) to split
-prefill from decode time, then ``repeats`` timed batches, each on fresh prompts (oracle chains
-from seeded start tokens, so the radix cache never serves a timed prompt). After the case the
-cache is flushed and the probe's facts are read from the scheduler: allocator and req slots must
-be back to full (leak check).
+Per case: a warm-up batch (untimed), then ``repeats`` times a prefill-only batch
+(``max_new_tokens=1``, to split prefill from decode time) and a timed batch, on fresh prompts
+(oracle chains from seeded starts: the radix cache never serves a timed prompt). After the case the
+cache is flushed and the probe's facts are read: allocator and req slots back to full (leak check).
+
+SGLang's ``flush_cache`` also empties the CUDA caching allocator (0.5.17
+``Scheduler.flush_cache(empty_cache=True)``; ``Engine.flush_cache`` cannot ask otherwise), so a
+batch right after a flush allocates its activations afresh. Where the radix cache cannot touch the
+timed batch (``warm_after_flush``), each repeat is: flush, an untimed prefill-only batch that
+fills the allocator again, the timed prefill-only batch, the timed batch, on mutually disjoint
+chain starts: both timed batches run on a warm allocator, as in a plain loop of ``generate`` calls.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import statistics
 import time
@@ -30,7 +37,7 @@ from specwatch.oracle.prompts import (
 from specwatch.oracle.shapes import SHAPES
 from specwatch.rules.releases import adapter_for, running_version
 from specwatch.worker.engine_args import greedy_sampling, server_facts
-from specwatch.worker.near_full import MIN_DECODE_SHARE, near_full_extension
+from specwatch.worker.near_full import KV_TOKENS, MIN_DECODE_SHARE, near_full_extension
 
 
 def histogram_key() -> str:
@@ -141,9 +148,51 @@ class Prompts:
 
     def batch(self, tag: str) -> tuple[list[list[int]], list[list[int]], list[int]]:
         """(prompts, expected outputs, the chain starts they come from)."""
-        starts = prompt_starts(self.case, tag, self.case.batch_size)
+        return self.from_starts(prompt_starts(self.case, tag, self.case.batch_size))
+
+    def from_starts(self, starts: list[int]) -> tuple[list[list[int]], list[list[int]], list[int]]:
         chains = [self.oracle.chain(s, self.input_len + self.case.output_len) for s in starts]
         return [c[: self.input_len] for c in chains], [c[self.input_len :] for c in chains], starts
+
+    def starts_avoiding(self, tag: str, avoid: set[int]) -> list[int]:
+        """``batch_size`` distinct seeded starts, none in ``avoid`` (``warm_after_flush`` checks
+        that the oracle has enough): a prompt from another start shares no prefix with its batch."""
+        n = self.case.batch_size
+        return [s for s in prompt_starts(self.case, tag, n + len(avoid)) if s not in avoid][:n]
+
+
+def warm_after_flush(case: Case) -> bool:
+    """Whether a repeat's timed batches may follow an untimed one without a flush in between
+    (module docstring): a standard workload whose radix cache holds nothing but other prompts, not
+    NGRAM (its corpus, reset by the flush, is modelled as empty at the timed batch), with chain
+    starts for three disjoint batches and a KV pool that holds two prefill-only batches and the
+    timed batch without evicting (each request rounded up to whole pages)."""
+    if case.workload is not Workload.standard or case.algorithm is Algorithm.NGRAM or case.own_model is not None:
+        return False
+    pages = lambda n: -(-n // case.page_size) * case.page_size  # noqa: E731
+    need = case.batch_size * (2 * pages(case.input_len + 1) + pages(case.input_len + case.output_len + 1))
+    return 3 * case.batch_size <= SHAPES[case.model].active and need <= KV_TOKENS.get(case.model, 0)
+
+
+class GcPauses:
+    """This process's garbage-collector pauses while armed (``gc.callbacks``): the worker hosts
+    SGLang's tokenizer manager, whose event loop a collection stalls inside a timed ``generate``."""
+
+    def __init__(self):
+        self.collections, self.pause_s, self._t0 = 0, 0.0, None
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        elif self._t0 is not None:
+            self.collections, self.pause_s = self.collections + 1, self.pause_s + time.perf_counter() - self._t0
+
+    def __enter__(self) -> "GcPauses":
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        gc.callbacks.remove(self)
 
 
 def calibrate_near_full(engine, case: Case, prompts: Prompts) -> dict | None:
@@ -197,6 +246,7 @@ class CaseTally:
         self.hist = None
         self.hist_key = histogram_key()
         self.flush_failures = self.flush_refusals = 0  # SGLang refuses a flush until idle: retried
+        self.gc_pauses: list[dict] = []  # this process's collections inside each timed batch
 
     def fresh_cache(self, engine) -> None:
         flushed, refused = flush_cache(engine)
@@ -281,6 +331,8 @@ class CaseTally:
             # what the outputs answer: a twin's digest is comparable only with the same
             "prompt_starts": self.timed,
             "decode_split_repeats": len(self.decode_tps),
+            "timed_gc_pauses": self.gc_pauses,
+            "warm_after_flush": warm_after_flush(self.case),
         }
 
 
@@ -315,22 +367,37 @@ def run_case(engine, case: Case, repeats: int, warmup: bool, calibrate: bool = F
 def _timed_repeat(
     engine, case: Case, r: int, prompts: Prompts, sp: dict, tally: CaseTally
 ) -> tuple[list[list[int]], list[int]]:
-    """Repeat ``r``: a prefill-only batch, then the timed batch, each on an empty radix cache;
-    returns the timed batch's expected outputs and chain starts."""
-    # Nothing of an earlier batch stays in the radix cache: a timed prompt whose start an earlier
-    # batch drew (the tiny-attn oracle has 256 starts) would skip its prefill, and the pairwise
-    # decode split below assumes the prefill-only batch and the timed one both prefill in full.
+    """Repeat ``r``: a prefill-only batch, then the timed batch, each prefilling in full (no prompt
+    served by the radix cache); returns the timed batch's expected outputs and chain starts.
+
+    Nothing of an earlier batch may serve a timed prompt: a timed prompt whose start an earlier batch
+    drew (the tiny-attn oracle has 256 starts) would skip its prefill, and the pairwise decode split
+    assumes the prefill-only batch and the timed one both prefill in full. So the repeat begins on an
+    empty radix cache. Where ``warm_after_flush`` holds, an untimed prefill-only batch then refills
+    the CUDA allocator the flush emptied, and the three batches draw disjoint starts; elsewhere a
+    second flush separates the prefill-only batch from the timed one."""
+    batch, expected, starts = prompts.batch(timed_tag(r))
+    warm = warm_after_flush(case)
     tally.fresh_cache(engine)
+    prefill_starts = None
+    if warm:
+        refill = prompts.starts_avoiding(f"refill{r}", set(starts))
+        prefill_starts = prompts.starts_avoiding(f"prefill{r}", set(starts) | set(refill))
+        engine.generate(input_ids=prompts.from_starts(refill)[0], sampling_params={**sp, "max_new_tokens": 1})
+    prefill_batch = (prompts.from_starts(prefill_starts) if warm else prompts.batch(f"prefill{r}"))[0]
     # A prefill-only batch of the same shape right before each timed batch: decode time is
     # the timed batch's wall time minus it, pairwise, so one slow prefill spoils one repeat only.
     t = time.perf_counter()
-    engine.generate(input_ids=prompts.batch(f"prefill{r}")[0], sampling_params={**sp, "max_new_tokens": 1})
+    engine.generate(input_ids=prefill_batch, sampling_params={**sp, "max_new_tokens": 1})
     prefill_s = time.perf_counter() - t
     tally.prefills.append(prefill_s)
-    batch, expected, starts = prompts.batch(timed_tag(r))
     tally.timed.append(starts)
-    tally.fresh_cache(engine)
-    t = time.perf_counter()
-    outs = engine.generate(input_ids=batch, sampling_params=sp)
-    tally.add_batch(outs, expected, time.perf_counter() - t, prefill_s)
+    if not warm:
+        tally.fresh_cache(engine)
+    with GcPauses() as pauses:
+        t = time.perf_counter()
+        outs = engine.generate(input_ids=batch, sampling_params=sp)
+        wall = time.perf_counter() - t
+    tally.add_batch(outs, expected, wall, prefill_s)
+    tally.gc_pauses.append({"collections": pauses.collections, "pause_s": round(pauses.pause_s, 6)})
     return expected, starts

@@ -10,6 +10,7 @@ mechanism; set SPECWATCH_PROBE=0 to disable. The facts themselves are read by
 ``specwatch_probe_facts`` (beside this file, dependency-free like it).
 """
 
+import gc
 import importlib.abc
 import os
 import sys
@@ -68,6 +69,30 @@ _RETRACTED = [0]
 """Requests SGLang retracted from decode batches (KV pool too full for the next step) since the
 last read: each one goes back to the queue and is prefilled again later, so a near-full batch that
 loses one runs that request alone afterwards, far below full."""
+
+
+_GC = {"collections": [0, 0, 0], "pause_s": 0.0, "max_pause_s": 0.0, "_t0": None}
+"""This process's garbage-collector pauses since the last read, per generation collected: a
+collection in the scheduler stalls its launch loop (a tiny oracle's decode is launch-bound)."""
+
+
+def _gc_pause(phase, info):
+    if phase == "start":
+        _GC["_t0"] = time.perf_counter()
+    elif _GC["_t0"] is not None:
+        pause = time.perf_counter() - _GC["_t0"]
+        _GC["collections"][min(int(info.get("generation", 0)), 2)] += 1
+        _GC["pause_s"] += pause
+        _GC["max_pause_s"] = max(_GC["max_pause_s"], pause)
+        _GC["_t0"] = None
+
+
+def _read_gc() -> dict:
+    """The pauses since the last read (then reset)."""
+    out = {"collections": list(_GC["collections"]), "pause_s": round(_GC["pause_s"], 6)}
+    out["max_pause_s"] = round(_GC["max_pause_s"], 6)
+    _GC.update(collections=[0, 0, 0], pause_s=0.0, max_pause_s=0.0)
+    return out
 
 
 def _new_occupancy() -> dict:
@@ -156,6 +181,8 @@ def _patch_scheduler(module):
     cls = module.Scheduler
     if hasattr(cls, "run_batch"):
         _patch_run_batch(cls)
+    if _gc_pause not in gc.callbacks:
+        gc.callbacks.append(_gc_pause)
     original = cls.get_internal_state
 
     def get_internal_state(self, recv_req):
@@ -176,6 +203,7 @@ def _patch_scheduler(module):
                     occ["retracted_requests"] = _RETRACTED[0]
                 _RETRACTED[0] = 0
                 state["specwatch"]["occupancy"] = occ
+                state["specwatch"]["gc"] = _read_gc()
             except Exception as e:
                 state["specwatch"] = {"error": repr(e)}
         except Exception as e:
