@@ -20,7 +20,6 @@ chain starts: both timed batches run on a warm allocator, as in a plain loop of 
 
 from __future__ import annotations
 
-import gc
 import os
 import statistics
 import time
@@ -37,6 +36,7 @@ from specwatch.oracle.prompts import (
 from specwatch.oracle.shapes import SHAPES
 from specwatch.rules.releases import adapter_for, running_version
 from specwatch.worker.engine_args import greedy_sampling, server_facts
+from specwatch.worker.gc_pauses import GcPauses
 from specwatch.worker.near_full import KV_TOKENS, MIN_DECODE_SHARE, near_full_extension
 
 
@@ -172,27 +172,6 @@ def warm_after_flush(case: Case) -> bool:
     pages = lambda n: -(-n // case.page_size) * case.page_size  # noqa: E731
     need = case.batch_size * (2 * pages(case.input_len + 1) + pages(case.input_len + case.output_len + 1))
     return 3 * case.batch_size <= SHAPES[case.model].active and need <= KV_TOKENS.get(case.model, 0)
-
-
-class GcPauses:
-    """This process's garbage-collector pauses while armed (``gc.callbacks``): the worker hosts
-    SGLang's tokenizer manager, whose event loop a collection stalls inside a timed ``generate``."""
-
-    def __init__(self):
-        self.collections, self.pause_s, self._t0 = 0, 0.0, None
-
-    def __call__(self, phase: str, info: dict) -> None:
-        if phase == "start":
-            self._t0 = time.perf_counter()
-        elif self._t0 is not None:
-            self.collections, self.pause_s = self.collections + 1, self.pause_s + time.perf_counter() - self._t0
-
-    def __enter__(self) -> "GcPauses":
-        gc.callbacks.append(self)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        gc.callbacks.remove(self)
 
 
 def calibrate_near_full(engine, case: Case, prompts: Prompts) -> dict | None:
