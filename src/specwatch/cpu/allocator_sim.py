@@ -277,8 +277,11 @@ class _Simulation:
         if self.alloc_page == 1:
             out = self.allocator.alloc(nxt - cur)
         else:
-            row = self.pool.req_to_token[req.req_pool_idx]
-            last = row[cur - 1 : cur].to(torch.int64) if cur > 0 else torch.tensor([-1])
+            # ``get_last_loc``'s kernel reads the row like ``write_row`` writes it: no bound at the
+            # row's end (past the tensor, where nothing was stored: -1, as for an empty row)
+            at = req.req_pool_idx * self.row_width + cur - 1
+            last = self.flat[at : at + 1].to(torch.int64) if 0 < cur and at < self.flat.numel() else None
+            last = torch.tensor([-1]) if last is None else last
             t = lambda v: torch.tensor([v])  # noqa: E731
             out = self.allocator.alloc_extend(t(cur), t(cur), t(nxt), t(nxt), last, nxt - cur)
         if out is None:
