@@ -121,17 +121,31 @@ def test_the_result_names_the_release_whose_classes_ran():
 
 
 def test_0_5_23s_alloc_extend_runs_on_the_cpu_itself_and_0_5_17s_needs_its_host_helper():
-    # 0.5.23's PagedTokenToKVPoolAllocator.alloc_extend has a torch path (use_triton_kernels off);
-    # 0.5.17's always launches Triton, so the simulation calls its alloc_extend_naive in its place.
+    # 0.5.22 on: PagedTokenToKVPoolAllocator.alloc_extend has a torch path (use_triton_kernels off);
+    # up to 0.5.21 it always launches Triton, so the simulation calls alloc_extend_naive in its place.
     assert _sim(_cached("0.5.23"), "eagle-tree", 64)[0].sglang_classes["alloc_extend"] == "release"
+    assert _sim(_cached("0.5.22"), "eagle-tree", 64)[0].sglang_classes["alloc_extend"] == "release"
+    assert _sim(_cached("0.5.21"), "eagle-tree", 64)[0].sglang_classes["alloc_extend"] == "host-naive"
     assert _sim(INSTALLED, "eagle-tree", 64)[0].sglang_classes["alloc_extend"] == "host-naive"
 
 
 def test_0_5_23s_pool_hands_rows_out_from_the_tail_and_0_5_17s_from_the_head():
-    # ReqToTokenPool.alloc: 0.5.17 takes free_slots[:n], 0.5.23 free_slots[-n:] (alloc_rows). The
-    # request whose row is last is the one whose page-1 overflow runs past the tensor.
+    # ReqToTokenPool.alloc: up to 0.5.17 free_slots[:n], from 0.5.18 free_slots[-n:] (alloc_rows).
+    # The request whose row is last is the one whose page-1 overflow runs past the tensor; the
+    # counts stay the same (test above).
     assert _sim(INSTALLED, "dflash", 1)[0].request_rows == [1, 2, 3, 4]
+    assert _sim(_cached("0.5.18"), "dflash", 1)[0].request_rows == [4, 3, 2, 1]
     assert _sim(_cached("0.5.23"), "dflash", 1)[0].request_rows == [4, 3, 2, 1]
+
+
+@pytest.mark.parametrize("page", [1, 64, 256])
+def test_dflash_rows_of_0_5_15_overflow_at_every_page(page):
+    # 0.5.13-0.5.15 widen a paged row past 4 + num_draft_tokens for topk > 1 only (row-page-slack
+    # from 0.5.16): DFLASH (topk 1) rows hold C + 20 at block 16, its watermark reaches C - 2 + 32.
+    res, model = _sim(_cached("0.5.15"), "dflash", page)
+    assert res.row_width == 512 + 20 == model.req_to_token_row_width and not model.row_fits_watermark
+    assert max(v.watermark - v.row_width for v in res.row_violations) == 10 and res.out_of_bounds_tokens == 10
+    assert _sim(_cached("0.5.16"), "dflash", page)[0].clean == (page > 1)
 
 
 def test_the_dcp_row_that_overflows_on_0_5_17_holds_the_watermark_on_0_5_23():
