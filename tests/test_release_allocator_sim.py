@@ -155,6 +155,8 @@ def test_the_dcp_row_that_overflows_on_0_5_17_holds_the_watermark_on_0_5_23():
     old, new = simulate(cfg), simulate(replace(cfg, release=_cached("0.5.23")))
     assert old.row_violations and old.max_watermark == 1024 > old.row_width == 512 + 8 + 63
     assert new.clean and new.max_watermark == 1024 <= new.row_width == 512 + 8 + 511
+    oldest = simulate(replace(cfg, release=_cached("0.5.15")))  # rows not widened at topk 1
+    assert oldest.row_violations and oldest.row_width == 512 + 8
 
 
 @pytest.mark.parametrize("accept", list(AcceptPattern))
