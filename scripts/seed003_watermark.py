@@ -1,7 +1,9 @@
 """The unaligned decode watermark (seed 003) on a release's own allocator, with and without the round-up.
 
 Drives an unpacked SGLang release (0.5.19 on: ``allocation_sizing.page_aligned_decode_alloc_lens``)
-on the CPU, the way the scheduler does for spec-v2 decode:
+on the CPU, imported beside the installed SGLang by ``specwatch.rules.release_classes`` (its pool
+and allocator built by ``specwatch.cpu.sim_pools``, as the allocator simulation builds them), the
+way the scheduler does for spec-v2 decode:
 
 1. prefill: a req_to_token row from ``ReqToTokenPool.alloc``, the prompt from the release's own
    ``PagedTokenToKVPoolAllocator.alloc_extend`` (its torch path: no Triton on the CPU);
@@ -33,12 +35,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import inspect
 import json
-import os
 import random
 import sys
-import types
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -55,23 +54,6 @@ CONFIGS = (
     ("dflash-p16", "DFLASH", 16, 1, 1, 16),
     ("dflash-p256", "DFLASH", 256, 1, 1, 16),
 )
-
-
-def load_release(root: Path) -> None:
-    """The release's ``sglang`` as a bare package (its ``__init__``, the serving stack, never runs)."""
-    warnings.simplefilter("ignore")
-    sys.path.insert(0, str(root))
-    pkg = types.ModuleType("sglang")
-    pkg.__path__ = [str(root / "sglang")]
-    pkg.__file__ = str(root / "sglang" / "__init__.py")
-    sys.modules["sglang"] = pkg
-    if "setproctitle" not in sys.modules:
-        mod = types.ModuleType("setproctitle")
-        mod.setproctitle = mod.getproctitle = lambda *a, **k: ""
-        sys.modules.setdefault("setproctitle", mod)
-    from specwatch.core.sglang_host import ensure_import_stubs
-
-    ensure_import_stubs()
 
 
 def apply_unaligned_fault(version: str):
@@ -121,37 +103,16 @@ class _Cache:
         BasePrefixCache.free_kv_row(self, kv, ranges)
 
 
-def _host_alloc_extend(self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens):
-    """``PagedTokenToKVPoolAllocator.alloc_extend`` with its Triton kernel replaced by the release's
-    own ``alloc_extend_naive`` (same module), then its bookkeeping (``get_num_new_pages``)."""
-    import torch
-    from sglang.srt.mem_cache.allocator import paged
-    from sglang.srt.utils import get_num_new_pages
-
-    out = torch.empty((extend_num_tokens,), dtype=torch.int64)
-    paged.alloc_extend_naive(prefix_lens, seq_lens, last_loc, self.free_pages, out, self.page_size, "cpu")
-    num_new_pages = get_num_new_pages(seq_lens=seq_lens_cpu, page_size=self.page_size, prefix_lens=prefix_lens_cpu)
-    if num_new_pages > len(self.free_pages):
-        return None
-    self.free_pages = self.free_pages[num_new_pages:]
-    return out
-
-
 class Engine:
     """One variant's allocator, row pool and requests, stepped like the scheduler's decode loop."""
 
-    def __init__(self, page: int, reserve: int, num_requests: int, max_context: int, pool_pages: int):
-        import torch
-        from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
-        from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+    def __init__(self, classes, page: int, reserve: int, num_requests: int, max_context: int, pool_pages: int):
+        from specwatch.cpu.sim_pools import make_allocator
 
         self.page, self.reserve = page, reserve
-        self.alloc = PagedTokenToKVPoolAllocator(pool_pages * page, page, torch.bfloat16, "cpu", None, False)
-        self.alloc.use_triton_kernels = False  # the release's torch path (alloc_extend_naive)
-        if "use_triton_kernels" not in inspect.getsource(PagedTokenToKVPoolAllocator.alloc_extend):
-            # before 0.5.23 alloc_extend always launches Triton: the same bookkeeping on the host
-            self.alloc.alloc_extend = types.MethodType(_host_alloc_extend, self.alloc)
-        self.pool = ReqToTokenPool(
+        # the release's allocator on its torch path (0.5.23) or its alloc_extend_naive (before)
+        self.alloc = make_allocator(pool_pages * page, page, classes)
+        self.pool = classes.req_to_token_pool(
             size=num_requests, max_context_len=max_context, device="cpu", enable_memory_saver=False
         )
         self.cache = _Cache(self.alloc, self.pool)
@@ -249,7 +210,7 @@ class Engine:
         return out
 
 
-def run_variant(cfg: tuple, seed: int = 0) -> tuple[dict, list]:
+def run_variant(classes, cfg: tuple, seed: int = 0) -> tuple[dict, list]:
     """One configuration: 4 requests of unequal prompts, seeded acceptance, request 0 retracted at
     step 7 and admitted again, every request run to its output length."""
     from sglang.srt.managers.schedule_batch import ReqKvInfo
@@ -258,7 +219,7 @@ def run_variant(cfg: tuple, seed: int = 0) -> tuple[dict, list]:
     reserve = 2 * alloc_len_per_decode(algorithm, page, topk, steps, draft)
     prompts, output = (37, 100, 129, 250), 300
     longest = max(prompts) + output + reserve + page
-    eng = Engine(page, reserve, len(prompts), longest, pool_pages=len(prompts) * (longest // page + 2))
+    eng = Engine(classes, page, reserve, len(prompts), longest, pool_pages=len(prompts) * (longest // page + 2))
     reqs = [SimpleNamespace(rid=i, kv=ReqKvInfo(), target=p + output, finished_len=None) for i, p in enumerate(prompts)]
     for r, p in zip(reqs, prompts):
         r.kv.kv_committed_len = p
@@ -289,16 +250,16 @@ def _patch_runtime_reads() -> None:
     common.get_serving = lambda: SimpleNamespace(strip_thinking_cache=False)
 
 
-def compare(version: str, names: tuple[str, ...] = ()) -> list[dict]:
+def compare(classes, names: tuple[str, ...] = ()) -> list[dict]:
     """Both variants of each configuration (``names``; all when empty), and whether their page
     traces are the same."""
     _patch_runtime_reads()
     rows = []
     for cfg in (c for c in CONFIGS if not names or c[0] in names):
-        aligned, trace_a = run_variant(cfg)
-        undo = apply_unaligned_fault(version)
+        aligned, trace_a = run_variant(classes, cfg)
+        undo = apply_unaligned_fault(classes.version)
         try:
-            unaligned, trace_u = run_variant(cfg)
+            unaligned, trace_u = run_variant(classes, cfg)
         finally:
             for u in reversed(undo):
                 u()
@@ -319,10 +280,13 @@ def main() -> None:
     parser.add_argument("--root", type=Path, default=DEFAULT_RELEASE, help="an unpacked release (0.5.19 on)")
     parser.add_argument("--config", action="append", default=[], choices=[c[0] for c in CONFIGS])
     args = parser.parse_args()
-    os.environ.setdefault("SGLANG_DISABLE_REQUEST_LOGGING", "1")
-    load_release(args.root)
-    for row in compare(args.root.name, tuple(args.config)):
-        print(json.dumps(row))
+    from specwatch.rules.release_classes import release_classes
+
+    warnings.simplefilter("ignore")
+    classes = release_classes(args.root.name, args.root)
+    with classes.active():  # ``import sglang...`` below reads the release
+        for row in compare(classes, tuple(args.config)):
+            print(json.dumps(row))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 ``scripts/seed003_watermark.py`` drives the unpacked release's ``page_aligned_decode_alloc_lens``,
 ``PagedTokenToKVPoolAllocator`` and free path with and without specwatch's ``unaligned-watermark``
-edit. Skipped without the release cache (``scripts/fetch_sglang_sources.sh``).
+edit. Skipped without the release cache (``scripts/fetch_sglang_sources.sh``); failed instead with
+``SPECWATCH_REQUIRE_SGLANG_SRC=1`` (CI, ``.ci/run``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ RELEASE = CACHE / "0.5.23"
 @pytest.fixture(scope="module")
 def rows() -> dict:
     if not (RELEASE / "sglang" / "srt" / "mem_cache" / "allocation_sizing.py").exists():
+        if os.environ.get("SPECWATCH_REQUIRE_SGLANG_SRC") == "1":
+            pytest.fail(f"SPECWATCH_REQUIRE_SGLANG_SRC=1 but {RELEASE} is not unpacked")
         pytest.skip(f"no unpacked SGLang 0.5.23 under {CACHE} (COMPILE=0 bash scripts/fetch_sglang_sources.sh)")
     out = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "seed003_watermark.py"), "--root", str(RELEASE)]

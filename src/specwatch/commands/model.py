@@ -128,11 +128,13 @@ def model_simulate(
     ),
     algorithm: str = typer.Option("EAGLE", help="EAGLE, EAGLE3, STANDALONE, NGRAM or DFLASH."),
     release: Optional[str] = typer.Option(
-        None, help="Size by this cached SGLang release's own sizing (e.g. 0.5.23); default: the installed one."
+        None,
+        help="Run this unpacked SGLang release's own pool and allocator classes and sizing "
+        "(.cache/sglang-src/VERSION, scripts/fetch_sglang_sources.sh; e.g. 0.5.23); default: the installed one.",
     ),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Drive SGLang's real ReqToTokenPool and paged allocator on CPU through spec-decode steps."""
+    """Drive a release's real ReqToTokenPool and paged allocator on CPU through spec-decode steps."""
     from specwatch.cpu.allocator_sim import simulate
 
     opts = dict(locals())
@@ -147,10 +149,12 @@ def model_simulate(
     if as_json:
         print(json.dumps(d, default=str))
     else:
+        ran = d["sglang_classes"]
         print_table(
-            "allocator simulation" + (f" with fault {fault}" if fault else ""),
+            f"allocator simulation on SGLang {ran['version']}'s classes ({ran['origin']}: {ran['path']})"
+            + (f" with fault {fault}" if fault else ""),
             ["quantity", "value"],
-            [[k, v] for k, v in d.items() if k != "config"],
+            [[k, v] for k, v in d.items() if k not in ("config", "sglang_classes")],
         )
         for v in res.row_violations[:3]:
             console.print(

@@ -1,6 +1,6 @@
-"""Allocator simulation (CPU tier): SGLang's real pools driven through spec-decode allocation.
+"""Allocator simulation (CPU tier): a release's real pools driven through spec-decode allocation.
 
-The simulation builds SGLang's own ``ReqToTokenPool`` and token-to-KV allocator
+The simulation builds one SGLang release's own ``ReqToTokenPool`` and token-to-KV allocator
 (``PagedTokenToKVPoolAllocator``; ``TokenToKVPoolAllocator`` at page 1 without DCP) on the CPU
 and replays what the scheduler does for each request:
 
@@ -11,6 +11,11 @@ and replays what the scheduler does for each request:
    (profile: always full = num_steps+1, always 1, or seeded random in between);
 3. finish: free ``row[:kv_allocated_len]`` to the allocator and the slot to the pool.
 
+Which release: the installed SGLang, or with ``SimConfig.release`` a release unpacked under
+``.cache/sglang-src/<version>/`` (``rules.release_classes``): its classes, its sizing functions
+(``rules.release_sizing``) and its version's rules (``rules.sizing_changes``). The result names the
+classes that ran (``SimResult.sglang_classes``: version, origin, path).
+
 Requests run to ``min(input_len + output_len, max_seq_len)``: the longest length SGLang admits
 (``memory_model.max_seq_len``, which counts the EAGLE admission reserve).
 
@@ -19,11 +24,12 @@ Row writes mirror SGLang's ``assign_req_to_token_pool`` Triton kernel: the row i
 row lands in the next row (or past the tensor: counted as out of bounds). That is exactly how
 the seed bug (row headroom ``4 + num_draft_tokens`` for page > 1, topk > 1) loses slots.
 
-What runs on the CPU and what does not: SGLang's ``alloc_extend`` launches a Triton kernel
-(``alloc_extend_kernel``) that needs a GPU. The simulation calls SGLang's own host
-implementation of the same computation, ``alloc_extend_naive`` (in the same module), and then
+What runs on the CPU and what does not: up to 0.5.22 SGLang's ``alloc_extend`` always launches a
+Triton kernel (``alloc_extend_kernel``) that needs a GPU. The simulation then calls the release's
+own host implementation of the same computation, ``alloc_extend_naive`` (in the same module), and
 the same bookkeeping ``alloc_extend`` does (``get_num_new_pages``, pop pages from
-``free_pages``). Everything else (``alloc``, ``free``, ``ReqToTokenPool``) is SGLang's code
+``free_pages``). From 0.5.23 ``alloc_extend`` itself has that torch path (``use_triton_kernels``
+off) and runs unchanged. Everything else (``alloc``, ``free``, ``ReqToTokenPool``) is SGLang's code
 unchanged.
 
 After all requests finish, the allocator must hold every page again and the pool every slot:
@@ -38,6 +44,7 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Optional
 
+from specwatch.cpu.sim_pools import SimRequest, free_page_ids, make_allocator, sim_classes
 from specwatch.inject.faults import SimFault
 from specwatch.rules.memory_model import (
     ModelAlgorithm,
@@ -87,9 +94,9 @@ class SimConfig:
     flashinfer MHA backend has no DCP code (``dcp_kv_mask`` is set on HIP only); on 2xH200 at dcp 2
     its ``store_kvcache`` bounds assertion fired near full occupancy."""
     release: Optional[str] = None
-    """Size rows and watermarks by this cached release's own sizing (``release_sizing``) and its
-    version's rules (DFLASH's watermark is page-aligned from 0.5.19); None: the installed SGLang.
-    The pool and allocator classes stay the installed SGLang's."""
+    """Run this unpacked release's own pool and allocator classes (``rules.release_classes``), size
+    rows and watermarks by its own sizing functions (``rules.release_sizing``) and its version's
+    rules (DFLASH's watermark is page-aligned from 0.5.19); None: the installed SGLang."""
 
     def __post_init__(self):
         if not isinstance(self.algorithm, ModelAlgorithm):
@@ -136,6 +143,13 @@ class SimResult:
     first_missing_target_usage: Optional[float] = None
     """Token usage right after the allocation that first handed out such a slot."""
     row_violations: list[RowViolation] = field(default_factory=list)
+    request_rows: list[int] = field(default_factory=list)
+    """The req_to_token row ``ReqToTokenPool.alloc`` gave each request, in admission order (a row
+    overflow lands in the row after it, past the last row out of bounds)."""
+    sglang_classes: dict = field(default_factory=dict)
+    """The release whose classes ran: ``version``, ``origin`` (installed / cached), ``path`` (its
+    ``sglang/`` folder) and ``alloc_extend`` (``release``: its own method; ``host-naive``: its
+    ``alloc_extend_naive`` in place of the Triton launch)."""
 
     @property
     def clean(self) -> bool:
@@ -156,49 +170,6 @@ class SimResult:
         return d
 
 
-def _make_allocator(size: int, page_size: int):
-    import torch
-
-    from specwatch.core.sglang_host import get_num_new_pages, paged_allocator_module
-
-    paged = paged_allocator_module()
-    if page_size == 1:
-        from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
-
-        return TokenToKVPoolAllocator(size, dtype=torch.bfloat16, device="cpu", kvcache=None, need_sort=False)
-
-    class HostPagedAllocator(paged.PagedTokenToKVPoolAllocator):
-        """SGLang's paged allocator with ``alloc_extend`` on SGLang's host path (see module doc)."""
-
-        def alloc_extend(
-            self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens, num_new_pages=None
-        ):
-            out = torch.empty((extend_num_tokens,), dtype=torch.int64)
-            paged.alloc_extend_naive(prefix_lens, seq_lens, last_loc, self.free_pages, out, self.page_size, "cpu")
-            if num_new_pages is None:
-                num_new_pages = get_num_new_pages()(
-                    seq_lens=seq_lens_cpu, page_size=self.page_size, prefix_lens=prefix_lens_cpu
-                )
-            if num_new_pages > len(self.free_pages):
-                return None
-            self.free_pages = self.free_pages[num_new_pages:]
-            return out
-
-    return HostPagedAllocator(size, page_size, torch.bfloat16, "cpu", kvcache=None, need_sort=False)
-
-
-@dataclass
-class _Req:
-    """The fields of SGLang's Req that ReqToTokenPool reads."""
-
-    idx: int
-    req_pool_idx: Optional[int] = None
-    inflight_middle_chunks: int = 0
-    kv_committed_len: int = 0
-    kv_allocated_len: int = 0
-    target_len: int = 0
-
-
 def simulate(cfg: SimConfig, sizing_source: str = "sglang") -> SimResult:
     """Run the simulation on SGLang's classes; sizing from SGLang ("sglang") or specwatch ("reference").
 
@@ -213,16 +184,18 @@ def simulate(cfg: SimConfig, sizing_source: str = "sglang") -> SimResult:
 
 
 def _run(cfg: SimConfig, sizing_source: str, pool_tokens: Optional[int]) -> SimResult:
-    sim = _Simulation(cfg, sizing_source, pool_tokens)
-    reqs = [_Req(i) for i in range(cfg.num_requests)]
-    for r in reqs:
-        sim.prefill(r)
-    active = list(reqs)
-    while active:
-        for r in list(active):
-            if sim.decode_step(r):
-                active.remove(r)
-    return sim.result()
+    classes = sim_classes(cfg.release)
+    with classes.active():
+        sim = _Simulation(cfg, sizing_source, pool_tokens, classes)
+        reqs = [SimRequest(i) for i in range(cfg.num_requests)]
+        for r in reqs:
+            sim.prefill(r)
+        active = list(reqs)
+        while active:
+            for r in list(active):
+                if sim.decode_step(r):
+                    active.remove(r)
+        return sim.result()
 
 
 def _sizing_input(cfg: SimConfig) -> SizingInput:
@@ -241,25 +214,23 @@ def _sizing_input(cfg: SimConfig) -> SizingInput:
 class _Simulation:
     """One pass: SGLang's pool and allocator, and what the scheduler does to them per request."""
 
-    def __init__(self, cfg: SimConfig, sizing_source: str, pool_tokens: Optional[int]):
-        from specwatch.core.sglang_host import req_to_token_pool_class
+    def __init__(self, cfg: SimConfig, sizing_source: str, pool_tokens: Optional[int], classes):
         from specwatch.rules.release_sizing import SglangSource
 
-        self.cfg, self.sizing_source = cfg, sizing_source
+        self.cfg, self.sizing_source, self.classes = cfg, sizing_source, classes
         x = _sizing_input(cfg)
         self.longest = max_seq_len(x)  # requests run to the longest length SGLang admits
-        source = SglangSource.cached(cfg.release) if cfg.release else None
-        if cfg.release and source is None:
-            raise ImportError(f"SGLang {cfg.release}'s source is not unpacked (scripts/fetch_sglang_sources.sh)")
+        # the sizing functions of the release whose classes run (None: the installed SGLang's)
+        source = SglangSource.cached(classes.version) if cfg.release else None
         sizing = sglang_sizing(x, source) if sizing_source == "sglang" else reference_sizing(x, cfg.release)
-        model = reference_sizing(x, cfg.release or (source or SglangSource.installed()).version)
+        model = reference_sizing(x, classes.version)
         # the watermark's reserve: the sizing's (EAGLE family) or 2 * block_size (DFLASH)
         self.reserve = (
             model.decode_watermark_reserve
             if cfg.algorithm is ModelAlgorithm.DFLASH
             else sizing.alloc_reserve_per_decode
         )
-        version = release(cfg.release or (source or SglangSource.installed()).version)
+        version = release(classes.version)
         self.aligned = cfg.fault is not SimFault.unaligned_watermark and (
             cfg.algorithm is not ModelAlgorithm.DFLASH or has(Change.dflash_watermark_aligned, version)
         )
@@ -274,22 +245,23 @@ class _Simulation:
         if pool_tokens is None:
             per_req = math.ceil((self.row_width + self.reserve + alloc_page) / alloc_page) * alloc_page
             pool_tokens = per_req * cfg.num_requests
-        self.allocator = _make_allocator(pool_tokens, alloc_page)
+        self.allocator = make_allocator(pool_tokens, alloc_page, classes)
         self.draft_valid_rows = self.allocator.size + self.draft_page  # pools hold size + one padding page
         self.target_valid_rows = self.allocator.size // cfg.dcp + cfg.page_size  # one rank's pool
         self.missing: set[int] = set()
         self.missing_target: set[int] = set()
         self.first_missing_target_usage: Optional[float] = None
         self.peak_used = self.oob = self.max_watermark = self.steps = 0
-        self.pool = req_to_token_pool_class()(
+        self.pool = classes.req_to_token_pool(
             size=cfg.num_requests, max_context_len=self.row_width, device="cpu", enable_memory_saver=False
         )
         self.flat = self.pool.req_to_token.view(-1)
         self.pages_total = self.allocator.available_size() // alloc_page
         self.rng = random.Random(cfg.seed)
         self.violations: list[RowViolation] = []
+        self.request_rows: list[int] = []
 
-    def write_row(self, req: _Req, start: int, values) -> None:
+    def write_row(self, req: SimRequest, start: int, values) -> None:
         """``assign_req_to_token_pool``: no bound at the row's end (see module doc)."""
         import torch
 
@@ -299,14 +271,17 @@ class _Simulation:
         self.flat[lo : lo + fits] = values[:fits].to(torch.int32)
         self.oob += len(values) - fits
 
-    def extend(self, req: _Req, cur: int, nxt: int):
+    def extend(self, req: SimRequest, cur: int, nxt: int):
         import torch
 
         if self.alloc_page == 1:
             out = self.allocator.alloc(nxt - cur)
         else:
-            row = self.pool.req_to_token[req.req_pool_idx]
-            last = row[cur - 1 : cur].to(torch.int64) if cur > 0 else torch.tensor([-1])
+            # ``get_last_loc``'s kernel reads the row like ``write_row`` writes it: no bound at the
+            # row's end (past the tensor, where nothing was stored: -1, as for an empty row)
+            at = req.req_pool_idx * self.row_width + cur - 1
+            last = self.flat[at : at + 1].to(torch.int64) if 0 < cur and at < self.flat.numel() else None
+            last = torch.tensor([-1]) if last is None else last
             t = lambda v: torch.tensor([v])  # noqa: E731
             out = self.allocator.alloc_extend(t(cur), t(cur), t(nxt), t(nxt), last, nxt - cur)
         if out is None:
@@ -320,8 +295,9 @@ class _Simulation:
             self.missing_target.update(int(v) for v in past)
         return out
 
-    def prefill(self, r: _Req) -> None:
+    def prefill(self, r: SimRequest) -> None:
         self.pool.alloc([r])
+        self.request_rows.append(r.req_pool_idx)
         r.target_len = min(self.cfg.input_len + self.cfg.output_len, self.longest)
         self.write_row(r, 0, self.extend(r, 0, self.cfg.input_len))
         r.kv_allocated_len = r.kv_committed_len = self.cfg.input_len
@@ -333,7 +309,7 @@ class _Simulation:
             return most
         return 1 if self.cfg.accept is AcceptPattern.one else self.rng.randint(1, most)
 
-    def decode_step(self, r: _Req) -> bool:
+    def decode_step(self, r: SimRequest) -> bool:
         """Raise the watermark, allocate, commit; free the request when it is done (True then)."""
         import torch
 
@@ -362,7 +338,7 @@ class _Simulation:
         import torch
 
         cfg, a = self.cfg, self.allocator
-        free_ids = a.free_pages if self.alloc_page == 1 else torch.cat((a.free_pages, a.release_pages))
+        free_ids = free_page_ids(a)
         unique_free = len(torch.unique(free_ids))
         leaked_pages = self.pages_total - unique_free
         return SimResult(
@@ -388,4 +364,11 @@ class _Simulation:
             missing_target_rows=len(self.missing_target),
             first_missing_target_usage=self.first_missing_target_usage,
             row_violations=self.violations,
+            request_rows=self.request_rows,
+            sglang_classes={
+                **self.classes.provenance(),
+                "alloc_extend": "release"
+                if self.alloc_page == 1 or self.classes.alloc_extend_on_host
+                else "host-naive",
+            },
         )

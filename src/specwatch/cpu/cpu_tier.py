@@ -74,6 +74,7 @@ def run_cpu_tier(
                 accept=AcceptPattern.random,
             )
             res = simulate(cfg)
+            ran = res.as_dict()
             row = {
                 "algorithm": c.algorithm.value,
                 "page_size": c.page_size,
@@ -81,7 +82,8 @@ def run_cpu_tier(
                 "num_steps": c.num_steps,
                 "num_draft_tokens": c.num_draft_tokens,
                 "dcp": c.dcp,
-                **{k: v for k, v in res.as_dict().items() if k != "config"},
+                **{k: v for k, v in ran.items() if k not in ("config", "sglang_classes")},
+                **{f"sglang_classes_{k}": v for k, v in ran["sglang_classes"].items()},  # which classes ran
             }
             if c.dcp > 1:
                 # what a target backend that writes KV at virtual slots (no DCP code) would hit near full

@@ -3,7 +3,7 @@
 The probe (``specwatch/probe/sitecustomize.py``) adds one thing to SGLang's hot path: before every
 batch the scheduler runs, it reads the allocator's free size and the tree cache's evictable size
 and updates a few counters. Here that wrapper runs on a stand-in scheduler holding SGLang's real
-token allocator (the CPU tier's ``allocator_sim._make_allocator``), so its cost is a measured number
+token allocator (the CPU tier's ``sim_pools.make_allocator``), so its cost is a measured number
 in CI, next to the GPU records' own ``probe_time_per_batch`` and step time
 (``specwatch overhead``).
 """
@@ -50,10 +50,10 @@ class _Scheduler:
 def sample_cost_us(page_size: int, pool_tokens: int = 1 << 18, requests: int = 16, batches: int = 2000) -> float:
     """Microseconds the probe adds to one decode batch: its wrapper around ``run_batch`` minus the
     bare call, on SGLang's allocator with ``requests`` requests' pages handed out."""
-    from specwatch.cpu.allocator_sim import _make_allocator
+    from specwatch.cpu.sim_pools import make_allocator
 
     probe = load_probe()
-    alloc = _make_allocator(pool_tokens, page_size)
+    alloc = make_allocator(pool_tokens, page_size)
     alloc.alloc(requests * 64 * page_size)  # a busy pool: pages handed out
 
     class Probed(_Scheduler):

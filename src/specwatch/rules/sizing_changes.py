@@ -2,8 +2,14 @@
 
 ``reference_sizing(x, version)`` applies a change from its release on (None: every change).
 Each change names a marker, text that is in the named file of every release from ``since`` on and
-in none before it; ``tests/test_sizing_changes.py`` checks that against every cached release
-source (0.5.12-0.5.23), so a row here cannot drift from the code it describes.
+in none before it; ``tests/test_release_sizing.py`` checks that against every cached release
+source (0.5.12-0.5.23), so a row here cannot drift from the code it describes, and
+``tests/test_sizing_changes.py`` that a release's own sizing differs from its predecessor's on the
+memory model's configurations exactly where this table names a change in that release.
+
+From 0.5.17 to 0.5.23 two rows apply, both from 0.5.19: ``sizing_on_allocator_page`` (rows, the
+per-decode allocation and the tree footprint at DCP > 1) and ``dflash_watermark_aligned`` (DFLASH's
+watermark); 0.5.20-0.5.23 size every configuration as 0.5.19 does.
 """
 
 from __future__ import annotations
