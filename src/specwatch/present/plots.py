@@ -55,7 +55,7 @@ def capped_legend(ax, limit: int = LEGEND_LIMIT, **kw):
     return ax.legend(handles, labels, **kw)
 
 
-def _save(fig, out: Path, name: str) -> list[Path]:
+def save_figure(fig, out: Path, name: str) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{name}.png", out / f"{name}.svg"]
     for p in paths:  # no dates, fixed ids: regenerating the same data gives the same files
@@ -146,7 +146,7 @@ def memory_vs_topk(
     for ax in (ax1, ax2):
         ax.xaxis.set_minor_formatter(NullFormatter())
         capped_legend(ax, fontsize=7)
-    return _save(fig, out, "memory_vs_topk")
+    return save_figure(fig, out, "memory_vs_topk")
 
 
 def _by_topk(df: pd.DataFrame, metric: str, group: str, out: Path, name: str, ylabel: str, title: str) -> list[Path]:
@@ -160,7 +160,7 @@ def _by_topk(df: pd.DataFrame, metric: str, group: str, out: Path, name: str, yl
         capped_legend(ax, fontsize=7)
     else:
         ax.text(0.5, 0.5, "no measured results yet", ha="center", va="center", transform=ax.transAxes)
-    return _save(fig, out, name)
+    return save_figure(fig, out, name)
 
 
 VERSION_METRICS = (
@@ -292,7 +292,7 @@ def across_versions(df: pd.DataFrame, out: Path, metrics=VERSION_METRICS) -> lis
             + (" (wave runs)" if m in TIMED_METRICS else " (all runs)"),
         )
     fig.tight_layout()
-    return _save(fig, out, "across_versions")
+    return save_figure(fig, out, "across_versions")
 
 
 def timing_records(df: pd.DataFrame) -> pd.DataFrame:
