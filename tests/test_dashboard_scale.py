@@ -96,13 +96,13 @@ def test_across_versions_stays_bounded_and_its_legends_name_the_cases_that_moved
     from specwatch.present import plots
 
     legends = []
-    save = plots._save
+    save = plots.save_figure
 
     def keep_legends(fig, out, name):
         legends.extend([t.get_text() for t in ax.get_legend().get_texts()] for ax in fig.axes if ax.get_legend())
         return save(fig, out, name)
 
-    monkeypatch.setattr(plots, "_save", keep_legends)
+    monkeypatch.setattr(plots, "save_figure", keep_legends)
     png = plots.across_versions(_history(versions=60, cases=40), tmp_path)[0]
     width, height = Image.open(png).size
     assert height <= 3000 and width <= 3000
