@@ -90,7 +90,8 @@ def test_plan_hosts_prints_the_wall_time(tmp_path):
     args = ["plan", str(tmp_path / "s.toml"), "--pace", str(tmp_path), "--machine", "m", "--sglang-version", "0.5.17"]
     res = runner.invoke(app, [*args, "--hosts", "2", "--gpus-per-host", "2"], terminal_width=300)
     assert res.exit_code == 0, res.output
-    assert "4 engine group(s) on 2 host(s) x 2 GPU(s), timing scope host: ≈ 52 s of wall time (184 s" in res.output
+    said = " ".join(res.output.split())  # the line as read, however the terminal wraps it
+    assert "4 engine group(s) on 2 host(s) x 2 GPU(s), timing scope host: ≈ 52 s of wall time (184 s" in said
 
 
 @pytest.mark.parametrize(

@@ -174,6 +174,7 @@ class RayExecutor(Placing):
         run_key = uuid.uuid4().hex[:12]
         todo = sorted(jobs, key=lambda j: -j.cases[0].tp)
         flying: dict[Any, Flight] = {}
+        checked = 0.0  # when the cluster's live nodes were last read for unplaceable groups
         while todo or flying:
             while todo and len(flying) < max(1, self.cluster_gpus) and not expired():
                 gen, flight = self.submit(todo.pop(0), options, run_key)
@@ -182,11 +183,15 @@ class RayExecutor(Placing):
             if not flying:
                 break
             ready, _ = self.ray.wait(list(flying), num_returns=1, timeout=1.0)
+            if ready:  # every task with an item waiting, not only the first: records land as they come
+                ready, _ = self.ray.wait(list(flying), num_returns=len(flying), timeout=0)
             for gen in ready:
                 if not self._take(gen, flying[gen], hooks):
                     self._land(flying.pop(gen))
-            for gen in self._unplaceable(flying):
-                self._give_up(gen, flying.pop(gen))
+            if time.monotonic() - checked >= 1.0:
+                checked = time.monotonic()
+                for gen in self._unplaceable(flying):
+                    self._give_up(gen, flying.pop(gen))
 
     def _widest_live_node(self) -> tuple[int, int]:
         """GPUs of the widest live node that has a CPU, and how many nodes are alive."""
