@@ -1,11 +1,15 @@
-"""The ``ray`` executor on a local Ray cluster with fake GPUs (``ray.init(num_gpus=4)``), driving the
-fake worker: placement, a killed task's group recorded ``crashed``, ``--resume`` across executors.
-Skipped where Ray is not installed (it is an optional extra: ``specwatch[ray]``)."""
+"""The ``ray`` executor on a real multi-node Ray cluster (``ray.cluster_utils.Cluster``: a head without
+GPUs and two worker nodes of 2 fake GPUs each, every node its own raylet and object store on this
+host), driving the fake worker: groups placed across nodes, records streamed back, a node removed
+mid-sweep, a group no live node can hold any more, ``--resume`` across executors. Skipped where Ray
+is not installed (it is an optional extra: ``specwatch[ray]``)."""
 
 import json
 import os
 import signal
+import threading
 import time
+from datetime import datetime, timezone
 
 import pytest
 
@@ -13,48 +17,167 @@ from conftest import harness_suite
 
 ray = pytest.importorskip("ray")
 
+from ray.cluster_utils import Cluster  # noqa: E402
+
 from specwatch.core.placement import ExecutorKind  # noqa: E402
 from specwatch.core.record import Status  # noqa: E402
-from specwatch.run.executors.ray_executor import LOST, Flight, RayExecutor  # noqa: E402
+from specwatch.run.executors.ray_executor import LOST, UNPLACEABLE, RayExecutor  # noqa: E402
 from specwatch.run.runner import RunOptions, run_suite  # noqa: E402
 from specwatch.store.jsonl import RUNS_FILE, read_records, read_runs  # noqa: E402
 
 HERE = os.path.dirname(__file__)
+STORE = 80 * 1024**2
+"""Object store per node: the smallest Ray accepts; the items a task yields are a few kB."""
+
+
+def add_gpu_node(cluster: Cluster, gpus: int = 2, cpus: int = 2):
+    node = cluster.add_node(num_cpus=cpus, num_gpus=gpus, object_store_memory=STORE)
+    cluster.wait_for_nodes()
+    return node
+
+
+def gpu_nodes(cluster: Cluster, want: int = 2) -> list:
+    """The cluster's live 2-GPU worker nodes, topped up to ``want`` (a test before may have removed one)."""
+    while len(cluster.worker_nodes) < want:
+        add_gpu_node(cluster)
+    return list(cluster.worker_nodes)
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    """One local Ray for the module: 4 CPUs, 4 fake GPUs (Ray hands out their ids; nothing uses them)."""
-    ray.init(num_cpus=4, num_gpus=4, include_dashboard=False, log_to_driver=False)
-    yield
+    """One cluster for the module: the head (1 CPU, no GPU: no group lands there) and two nodes of
+    2 CPUs and 2 fake GPUs each (Ray hands out their ids; nothing uses them)."""
+    c = Cluster(
+        initialize_head=True,
+        head_node_args=dict(num_cpus=1, num_gpus=0, object_store_memory=STORE, include_dashboard=False),
+    )
+    add_gpu_node(c)
+    add_gpu_node(c)
+    ray.init(address=c.address, log_to_driver=False)
+    yield c
     ray.shutdown()
+    c.shutdown()
 
 
-def _run(tmp_path, suite, **kw):
+def _run(tmp_path, suite, env=None, **kw):
     env = {
         "PYTHONPATH": HERE + os.pathsep + os.environ.get("PYTHONPATH", ""),
         "FAKE_WORKER_STARTS": str(tmp_path / "starts"),
         "FAKE_WORKER_PIDS": str(tmp_path / "pids"),
+        **(env or {}),
     }
     kw.setdefault("executor", ExecutorKind.ray)
     return run_suite(suite, tmp_path / "results", RunOptions(worker_module="fake_worker", extra_env=env, **kw))
 
 
-def test_each_group_is_a_ray_task_with_its_tp_in_gpus(cluster, tmp_path):
-    out = _run(tmp_path, harness_suite(tmp_path, topks="[1]", extra="tp = [1, 2]"))
+def _arrivals(into: list, then=None):
+    """A ``progress`` hook noting (UTC time, record) as the driver appends each record."""
+
+    def progress(rec):
+        into.append((datetime.now(timezone.utc), rec))
+        if then is not None:
+            then(rec)
+
+    return progress
+
+
+def test_groups_spread_over_the_nodes_and_stream_their_records_to_the_one_writer(cluster, tmp_path):
+    """Page 1 and 64 x tp 1 and 2: four groups on two 2-GPU nodes, so both nodes run groups; each
+    record reaches the driver as its case ends (before the node has read the group's next case,
+    2 s later), and the driver's results file is the only one written."""
+    nodes = {n.node_id for n in gpu_nodes(cluster)}
+    seen: list = []
+    suite = harness_suite(tmp_path, topks="[1]", extra="tp = [1, 2]")
+    out = _run(tmp_path, suite, env={"FAKE_TIME_S": "2"}, progress=_arrivals(seen))
     recs = list(read_records(out))
     assert len(recs) == 8 and all(r.status is Status.ok for r in recs), [(r.status, r.reason) for r in recs]
     for r in recs:
         p = r.provenance.placement
         assert p.executor is ExecutorKind.ray and p.executor_version == ray.__version__
-        assert len(p.gpu_ids) == r.case.tp and p.node_id
-    by_group = {}
-    for r in recs:
-        by_group.setdefault(r.case.engine_key(), set()).add(tuple(r.provenance.placement.gpu_ids))
-    assert all(len(ids) == 1 for ids in by_group.values())  # one task per group, all its cases in it
+        assert len(p.gpu_ids) == r.case.tp and p.node_id in nodes
+    assert {r.provenance.placement.node_id for r in recs} == nodes  # both nodes ran groups
+    by_group: dict = {}
+    for t, r in seen:
+        by_group.setdefault((r.case.page_size, r.case.tp), []).append((t, r))
+    assert all(len({r.provenance.placement.node_id for _, r in g}) == 1 for g in by_group.values())  # one task
+    # streamed: a group's first record reached the driver before its node had even read the second
+    assert all(g[0][0] < g[1][1].provenance.finished_at for g in by_group.values()), by_group
     (run,) = read_runs(out.parent / RUNS_FILE)
     assert run.executor.executor is ExecutorKind.ray and run.records == {"ok": 8} and run.engine_groups == 4
-    assert run.worker_starts == 4  # the node's worker_started events reach the driver's tally
+    assert run.worker_starts == 4  # the nodes' worker_started events reach the driver's tally
+    root = tmp_path / "results"
+    written = sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file() and p.suffix != ".lock")
+    assert written == sorted([out.relative_to(root), (out.parent / RUNS_FILE).relative_to(root)])
+
+
+def test_a_group_no_live_node_can_hold_is_recorded_crashed_instead_of_waiting_forever(cluster, tmp_path, monkeypatch):
+    """A 4-GPU node is in the cluster when the driver joins (so tp-4 cases are planned, not skipped)
+    and is lost right after; no node left has 4 GPUs. The tp-4 groups' placement groups can never be
+    satisfied: after ``unplaceable_s`` their cases are ``crashed`` saying so, the tp-1 groups run ok."""
+    gpu_nodes(cluster, want=1)
+    wide = add_gpu_node(cluster, gpus=4, cpus=1)
+    joined = RayExecutor.__init__
+
+    def join_then_lose_the_wide_node(self, options):
+        joined(self, options)
+        cluster.remove_node(wide, allow_graceful=False)
+
+    monkeypatch.setattr(RayExecutor, "__init__", join_then_lose_the_wide_node)
+    monkeypatch.setattr(RayExecutor, "unplaceable_s", 2.0)
+    suite = harness_suite(tmp_path, topks="[1]", extra="tp = [1, 4]")
+    done: list = []
+    t = threading.Thread(target=lambda: done.append(_run(tmp_path, suite)), daemon=True)
+    t.start()
+    t.join(timeout=60)
+    assert done, "the sweep still waits for a placement group no node can satisfy"
+    recs = list(read_records(done[0]))
+    assert len(recs) == 8
+    for r in recs:
+        if r.case.tp == 4:
+            assert r.status is Status.crashed and r.reason.startswith(UNPLACEABLE), (r.status, r.reason)
+            assert "4 GPU(s) for this tp-4 group" in r.reason and "placement group was not satisfied" in r.reason
+        else:
+            assert r.status is Status.ok, (r.status, r.reason)
+
+
+def test_a_node_removed_mid_sweep_crashes_its_groups_and_the_sweep_goes_on_then_resume_reruns_them(cluster, tmp_path):
+    """Page 64, topk 1, 2, 3, 5, 7: five groups of two cases (batch 1 and 8) over 4 GPUs on two nodes,
+    2.5 s between a group's cases. When the topk-5 group's batch-1 record arrives, its node is
+    removed from the cluster (its raylet and every process on it killed). The cases that node had
+    not recorded are ``crashed`` with Ray's reason, every record from the other node is ok, groups
+    still run there after the loss, and ``--resume`` reruns exactly the crashed cases."""
+    gpu_nodes(cluster)
+    lost: list = []
+
+    def remove_its_node(rec):
+        if rec.case.topk == 5 and not lost:
+            node = next(n for n in cluster.worker_nodes if n.node_id == rec.provenance.placement.node_id)
+            lost.append((datetime.now(timezone.utc), node.node_id))
+            cluster.remove_node(node, allow_graceful=False)
+
+    seen: list = []
+    suite = harness_suite(tmp_path, topks="[1, 2, 3, 5, 7]", timeout_s=120)
+    env = {"FAKE_TIME_S": "2.5"}
+    out = _run(tmp_path, suite, env=env, where={"page_size": {"64"}}, progress=_arrivals(seen, remove_its_node))
+    recs = {r.case.case_id: r for r in read_records(out)}
+    assert lost and len(recs) == 10 == len(list(read_records(out)))  # every case once
+    t_lost, dead = lost[0]
+    crashed = {cid for cid, r in recs.items() if r.status is Status.crashed}
+    by_key = {(r.case.topk, r.case.batch_size): r for r in recs.values()}
+    assert by_key[(5, 8)].case.case_id in crashed
+    for cid, r in recs.items():
+        if r.provenance.placement.node_id != dead:
+            assert r.status is Status.ok, (r.status, r.reason)
+        elif cid in crashed:
+            assert r.reason.startswith(LOST) and "Error" in r.reason, r.reason
+    assert any(t > t_lost and r.provenance.placement.node_id != dead for t, r in seen)  # the sweep went on
+    (run,) = read_runs(out.parent / RUNS_FILE)
+    assert run.records == {"ok": 10 - len(crashed), "crashed": len(crashed)}
+
+    assert _run(tmp_path, suite, where={"page_size": {"64"}}, resume=True) == out
+    rerun = list(read_records(out))[10:]
+    assert {r.case.case_id for r in rerun} == crashed and len(rerun) == len(crashed)
+    assert all(r.status is Status.ok and r.provenance.placement.node_id != dead for r in rerun)
 
 
 def _task_pid_of_worker_with(tmp_path, topk: int) -> int:
@@ -73,6 +196,7 @@ def _task_pid_of_worker_with(tmp_path, topk: int) -> int:
 def test_a_killed_ray_task_leaves_its_group_crashed_and_the_sweep_goes_on(cluster, tmp_path):
     """Page 64, topk 1 and 8: the topk-8 group records batch 1, then hangs on batch 8; its Ray task's
     process is killed then. Batch 8 is ``crashed`` with Ray's reason; the other group is ok."""
+    gpu_nodes(cluster, want=1)
     killed = []
 
     def progress(rec):
@@ -94,14 +218,13 @@ def test_a_killed_ray_task_leaves_its_group_crashed_and_the_sweep_goes_on(cluste
         (1, 8): Status.ok,
         (8, 1): Status.ok,
     }
-    (run,) = read_runs(out.parent / RUNS_FILE)
-    assert run.records == {"ok": 3, "crashed": 1}
 
 
 def test_resume_under_ray_reruns_only_what_a_local_run_left_unfinished(cluster, tmp_path):
     """A local run leaves 4 cases crashed (the fake worker's scheduler death at topk 4); resumed under
     Ray, only those run again, on the cluster, where the crash is handled as locally: the case it was
     on is crashed, a fresh worker takes the rest of the group."""
+    gpu_nodes(cluster, want=1)
     suite = harness_suite(tmp_path, topks="[1, 4]")
     out = _run(tmp_path, suite, executor=ExecutorKind.local, gpus=1)
     first = list(read_records(out))
@@ -112,25 +235,3 @@ def test_resume_under_ray_reruns_only_what_a_local_run_left_unfinished(cluster, 
     assert all("exited with code -9" in r.reason and "scheduler died" in r.log_tail for r in rerun)
     assert {r.provenance.placement.executor for r in rerun} == {ExecutorKind.ray}
     assert (tmp_path / "starts").read_text().count("start") == 2 * 2
-
-
-def test_a_lost_node_is_a_crashed_record_naming_rays_error(tmp_path):
-    """What Ray raises for a task whose node died reaches the group's unrecorded cases as their reason."""
-    recorded = []
-    suite = harness_suite(tmp_path, topks="[1]")
-    from specwatch.run.group import GroupJob
-
-    job = GroupJob(suite, None, [p.case for p in suite.plan()][:2], recorded.append)
-    ex = RayExecutor.__new__(RayExecutor)
-
-    class DeadNode:
-        exceptions = ray.exceptions
-
-        @staticmethod
-        def get(ref):
-            raise ray.exceptions.NodeDiedError("node 10.0.0.7 died (heartbeats missed)")
-
-    ex.ray = DeadNode
-    assert ex._take(iter([object()]), Flight(job), hooks=None) is False
-    assert [r.status for r in recorded] == [Status.crashed] * 2
-    assert recorded[0].reason == LOST + "NodeDiedError: node 10.0.0.7 died (heartbeats missed)"

@@ -13,6 +13,7 @@ from rich.text import Text
 from specwatch.commands.options import Where, load_suite_file
 from specwatch.commands.output import console, print_table
 from specwatch.core.errors import SpecwatchInputError
+from specwatch.core.placement import TimingScope
 
 HEADERS = [
     "case id",
@@ -48,6 +49,21 @@ def plan(
     ),
     machine: Optional[str] = typer.Option(None, help="With --known: the machine label, e.g. nvidia-h200-x1."),
     sglang_version: Optional[str] = typer.Option(None, help="With --known: the SGLang version, e.g. 0.5.17."),
+    hosts: Optional[int] = typer.Option(
+        None,
+        min=1,
+        help="Estimate the sweep's wall time on this many hosts of --gpus-per-host GPUs: the recorded "
+        "engine starts and case times (of --pace, else --known, for --machine / --sglang-version) "
+        "list-scheduled over the GPUs (docs/scale-out.md).",
+    ),
+    gpus_per_host: int = typer.Option(1, min=1, help="With --hosts: GPUs per host (one NVLink island)."),
+    parallel_starts: int = typer.Option(1, min=1, help="With --hosts: engine groups one GPU holds at once."),
+    timing_scope: TimingScope = typer.Option(
+        TimingScope.host, help="With --hosts: the run's --timing-scope (host: timed cases one at a time per host)."
+    ),
+    pace: Optional[Path] = typer.Option(
+        None, exists=True, file_okay=False, help="With --hosts: the results root whose records give the times."
+    ),
 ) -> None:
     """List the cases a suite expands to, with skipped ones and why; with --where / --known, only
     what a run would still do, its engine groups and, from the machine's past runs, its device time."""
@@ -69,6 +85,9 @@ def plan(
             print(json.dumps({"case_id": p.case.case_id, "skip": p.skip, "duplicate": p.duplicate, **p.case.params()}))
         return
     print_plan(s.name, planned)
+    if hosts is not None:
+        lanes = (gpus_per_host, parallel_starts, timing_scope)
+        print_wall(s.name, planned, pace or known, machine, sglang_version, hosts, lanes)
 
 
 def still_to_run(name: str, planned: list, known: Path, machine: str, sglang_version: str) -> list:
@@ -88,6 +107,27 @@ def still_to_run(name: str, planned: list, known: Path, machine: str, sglang_ver
             f"{machine}; first-use compiles on a fresh host come on top)"
         )
     return est.left
+
+
+def print_wall(name: str, planned: list, root, machine, sglang_version, hosts: int, shape: tuple) -> None:
+    """Print the wall time of ``planned`` on ``hosts`` hosts of ``shape`` = (GPUs, groups per GPU,
+    timing scope) at the pace recorded under ``root``."""
+    from specwatch.run.estimate import wall_estimate
+
+    if root is None or not (machine and sglang_version):
+        raise SpecwatchInputError(
+            None, "--hosts needs --pace (or --known), --machine and --sglang-version (whose times)", field="--hosts"
+        )
+    gpus, lanes, scope = shape
+    est = wall_estimate(name, planned, root, machine, sglang_version, hosts, gpus, lanes, scope)
+    how = ", ".join(f"{k} {v}" for k, v in sorted(est.priced.items()))
+    console.print(
+        f"{name}: {est.groups} engine group(s) on {hosts} host(s) x {gpus} GPU(s)"
+        + (f", {lanes} groups per GPU" if lanes > 1 else "")
+        + f", timing scope {scope.value}: ≈ {est.wall_s:.0f} s of wall time ({est.serial_s:.0f} s one group at a time on one GPU); "
+        f"priced from {machine} / SGLang {sglang_version} records ({how})",
+        highlight=False,
+    )
 
 
 def print_plan(name: str, planned: list) -> None:

@@ -9,7 +9,9 @@ yields what happens as it happens: where it was placed, the workers' events, and
 runner, on the driver, takes them with ``ray.wait`` and appends the records to its store: it stays
 the only writer, so ``--resume`` works across a cluster exactly as on one host. A task that dies (its
 process killed, its node lost) leaves each of its group's unrecorded cases ``crashed`` with Ray's
-reason, and the sweep goes on.
+reason, and the sweep goes on. A group no live node can hold any more (its node lost, no other with
+tp GPUs) is not left waiting: once that has lasted ``RayExecutor.unplaceable_s`` its task is
+cancelled and its cases are ``crashed`` with ``UNPLACEABLE``'s reason.
 
 Every node needs specwatch and SGLang installed, and writes the oracle checkpoints into its own
 ``--models-dir``: they are a few MB to a few GB, written in seconds, and identical on every node,
@@ -23,6 +25,7 @@ import queue
 import socket
 import tempfile
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -40,6 +43,9 @@ from specwatch.run.provenance import machine_label
 
 LOST = "ray task lost before this case finished: "
 """Start of the reason of a case whose group's Ray task died (Ray's error follows)."""
+
+UNPLACEABLE = "ray could not place this group: "
+"""Start of the reason of a case whose group no live node of the cluster could hold."""
 
 
 def import_ray() -> Any:
@@ -104,6 +110,10 @@ class Flight:
     """Case ids recorded so far."""
     started: Any = field(default_factory=utcnow)
     """When the task was submitted: the start time of its lost cases' records."""
+    placed: bool = False
+    """Whether the task has started on a node (its ``placed`` item arrived)."""
+    unplaceable_since: Optional[float] = None
+    """Monotonic time since which no live node has had the GPUs the group needs (None: one has)."""
 
     def lost(self, reason: str) -> None:
         """Every case of the group not yet recorded is ``crashed`` with ``reason``."""
@@ -122,6 +132,10 @@ class RayExecutor(Placing):
     already initialized in this process)."""
 
     kind = ExecutorKind.ray
+    unplaceable_s: float = 300.0
+    """How long a group may wait while no live node has its tp GPUs (a node lost, no other as wide)
+    before it is given up and its cases recorded ``crashed``; a group waiting only for busy GPUs to
+    free up waits as long as that takes."""
 
     def __init__(self, options: RunOptions):
         self.ray = import_ray()
@@ -160,6 +174,7 @@ class RayExecutor(Placing):
         run_key = uuid.uuid4().hex[:12]
         todo = sorted(jobs, key=lambda j: -j.cases[0].tp)
         flying: dict[Any, Flight] = {}
+        checked = 0.0  # when the cluster's live nodes were last read for unplaceable groups
         while todo or flying:
             while todo and len(flying) < max(1, self.cluster_gpus) and not expired():
                 gen, flight = self.submit(todo.pop(0), options, run_key)
@@ -168,9 +183,53 @@ class RayExecutor(Placing):
             if not flying:
                 break
             ready, _ = self.ray.wait(list(flying), num_returns=1, timeout=1.0)
+            if ready:  # every task with an item waiting, not only the first: records land as they come
+                ready, _ = self.ray.wait(list(flying), num_returns=len(flying), timeout=0)
             for gen in ready:
                 if not self._take(gen, flying[gen], hooks):
                     self._land(flying.pop(gen))
+            if time.monotonic() - checked >= 1.0:
+                checked = time.monotonic()
+                for gen in self._unplaceable(flying):
+                    self._give_up(gen, flying.pop(gen))
+
+    def _widest_live_node(self) -> tuple[int, int]:
+        """GPUs of the widest live node that has a CPU, and how many nodes are alive."""
+        nodes = [n for n in self.ray.nodes() if n.get("Alive")]
+        gpus = [int(n["Resources"].get("GPU", 0)) for n in nodes if n["Resources"].get("CPU", 0) >= 1]
+        return max(gpus, default=0), len(nodes)
+
+    def _unplaceable(self, flying: dict[Any, Flight]) -> list[Any]:
+        """The tasks not yet started that no live node could hold for ``unplaceable_s`` by now."""
+        waiting = {g: f for g, f in flying.items() if not f.placed}
+        if not waiting:
+            return []
+        widest, _ = self._widest_live_node()
+        now = time.monotonic()
+        out = []
+        for gen, flight in waiting.items():
+            if flight.job.cases[0].tp <= widest:
+                flight.unplaceable_since = None
+            elif flight.unplaceable_since is None:
+                flight.unplaceable_since = now
+            elif now - flight.unplaceable_since >= self.unplaceable_s:
+                out.append(gen)
+        return out
+
+    def _give_up(self, gen: Any, flight: Flight) -> None:
+        """Cancel a task no node can hold, free its placement group, record its cases ``crashed``."""
+        tp = flight.job.cases[0].tp
+        widest, alive = self._widest_live_node()
+        try:
+            self.ray.cancel(gen, force=False)
+        except Exception:  # noqa: BLE001 - a task already gone needs no cancelling
+            pass
+        what = "its placement group was not satisfied" if flight.pg is not None else "its task was not scheduled"
+        self._land(flight)
+        flight.lost(
+            UNPLACEABLE + f"no live node of the cluster has {tp} GPU(s) for this tp-{tp} group (the widest of "
+            f"its {alive} live node(s) has {widest}) for {self.unplaceable_s:.0f} s; {what} (a node lost?)"
+        )
 
     def _take(self, gen: Any, flight: Flight, hooks: Hooks) -> bool:
         """Handle the task's next item; False once it has ended (done, or lost)."""
@@ -184,6 +243,7 @@ class RayExecutor(Placing):
             flight.lost(LOST + f"{type(e).__name__}: {first}"[:2000])
             return False
         if kind == "placed":
+            flight.placed = True
             flight.job = self.placed(
                 flight.job, self.placement(payload["gpu_ids"], payload["host"], payload["node_id"])
             )
