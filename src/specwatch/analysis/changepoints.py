@@ -108,26 +108,31 @@ def changepoints(df: pd.DataFrame, metrics: Optional[list[str]] = None, threshol
     need = {"status", "sglang_version", "machine", "case_id", COMPARE_COLUMN}
     if df.empty or not need <= set(df.columns):
         return pd.DataFrame()
-    clean = df[(df.status == "ok") & df.sglang_version.notna()]
-    if "fault" in clean:
-        clean = clean[clean.fault.isna()]
-    if "probe" in clean:
-        clean = clean[clean.probe != False]  # noqa: E712
-    latest = latest_rows(clean, ["machine", "case_id", "sglang_version"])
-    cols = ["machine", "case_id", "sglang_version", COMPARE_COLUMN]
-    histories: dict[tuple, list[dict]] = {}
-    for r in latest[cols].to_dict("records"):
-        histories.setdefault((r["machine"], r["case_id"]), []).append(r)
+    keep = (df.status == "ok") & df.sglang_version.notna()
+    if "fault" in df:
+        keep &= df.fault.isna()
+    if "probe" in df:
+        keep &= df.probe != False  # noqa: E712
+    # rows picked on the small columns; the samples' column taken for the picked rows only
+    latest = latest_rows(df.drop(columns=[COMPARE_COLUMN])[keep], ["machine", "case_id", "sglang_version"])
+    # a series needs two releases: the rest is never decoded
+    latest = latest[latest.groupby(["machine", "case_id"]).sglang_version.transform("size") >= 2]
+    samples = df[COMPARE_COLUMN].array  # decoded one row at a time, only the picked rows'
+    histories: dict[tuple, list[tuple]] = {}
+    for machine, cid, version, i in zip(latest.machine, latest.case_id, latest.sglang_version, latest.index):
+        histories.setdefault((machine, cid), []).append((version, i))
+    found: dict[tuple, list[Step]] = {}  # a history seen before (same releases, same samples): its steps
     rows = []
     for (machine, cid), group in sorted(histories.items()):
-        if len(group) < 2:
-            continue
-        ordered = sorted(group, key=lambda r: _version_key(r["sglang_version"]))
-        cells = [(r["sglang_version"], orjson.loads(r[COMPARE_COLUMN])) for r in ordered]
+        ordered = sorted(group, key=lambda r: _version_key(r[0]))
+        cells = [(v, orjson.loads(samples[i])) for v, i in ordered]
         names = metrics or sorted({n for _, c in cells for n in c["m"]})
         for name in names:
             history = [(v, s) for v, c in cells if (s := _samples(c, name))]
-            for st in release_steps(history, threshold):
+            key = tuple((v, tuple(s)) for v, s in history)
+            if key not in found:
+                found[key] = release_steps(history, threshold)
+            for st in found[key]:
                 rows.append(
                     {
                         "machine": machine,

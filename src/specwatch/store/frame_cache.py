@@ -54,14 +54,22 @@ def cache_path(path: Path) -> Path:
     return Path(path).with_name(Path(path).name + SUFFIX)
 
 
+_digests: dict[tuple, str] = {}
+"""(path, size, mtime, inode) -> the file's sha256, hashed once per process: a reader that reads
+the store several times (the dashboard) hashes each file once."""
+
+
 def source_key(path: Path) -> dict:
     """What a cache of ``path`` must have been built from: size, mtime, sha256, row code."""
     st = os.stat(path)
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": h.hexdigest(), "code": code_key()}
+    seen = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
+    if seen not in _digests:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        _digests[seen] = h.hexdigest()
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": _digests[seen], "code": code_key()}
 
 
 def fresh_rows(
