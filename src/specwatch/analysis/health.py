@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Optional
 
 import pandas as pd
@@ -49,7 +50,9 @@ def fault_table(df: pd.DataFrame) -> pd.DataFrame:
     # the last clean row of each (case, SGLang version), found once instead of per fault run
     last_clean = {key: i for i, key in enumerate(zip(clean.case_id, clean.sglang_version)) if not pd.isna(key[1])}
     rows = []
-    for _, r in faulty.sort_values(["fault", "page_size", "batch_size"]).iterrows():
+    clean_rows = clean[["status", "reason", *checks]].to_dict("records")
+    for r in faulty.sort_values(["fault", "page_size", "batch_size"]).to_dict("records"):
+        r = _row(r)
         c = last_clean.get((r.case_id, r.sglang_version))
         runs = r.get("fault_code_runs")
         rows.append(
@@ -63,10 +66,15 @@ def fault_table(df: pd.DataFrame) -> pd.DataFrame:
                 "faulted code ran": "not counted"
                 if runs is None or pd.isna(runs)
                 else f"{int(runs)} times in its engine",
-                "clean run": "no clean run" if c is None else verdict(clean.iloc[c]),
+                "clean run": "no clean run" if c is None else verdict(_row(clean_rows[c])),
             }
         )
     return pd.DataFrame(rows)
+
+
+def _row(r: dict) -> SimpleNamespace:
+    """A frame row's dict read as ``fault_table``'s rows are: by attribute and by ``get``."""
+    return SimpleNamespace(**r, get=r.get)
 
 
 OWN_TABLES = DCP_SUITES + ("faults",)
