@@ -111,11 +111,12 @@ def health_matrix(df: pd.DataFrame, suites_dir: Optional[Path] = Path("suites"))
             if path and path.exists()
             else g[key + ["topk", "case_id"]]
         )
+        recorded = dict(iter(g.groupby(key, sort=False)))  # a planned cell's records, found by its key
         for k, plan in planned.groupby(key, sort=True):
             row = dict(
                 zip(("machine", "sglang", "suite", "model", "algo", "backend", "page"), (machine, version, suite, *k))
             )
-            rec = g[(g[key] == pd.Series(dict(zip(key, k)))).all(axis=1)]
+            rec = recorded.get(k, g.iloc[0:0])
             for topk, want in plan.groupby("topk"):
                 got = rec[rec.case_id.isin(want.case_id)]  # records of cases the suite no longer plans: out
                 if got.empty:
