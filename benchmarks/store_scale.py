@@ -2,9 +2,9 @@
 synthetic N-times stores (``scripts/synth_store.py``) of the committed results.
 
 ``setup_cache`` writes one store per scale (``SPECWATCH_STORE_SCALES``, default ``10,100``; source
-``SPECWATCH_RESULTS``, default ``results/``) under a temporary folder, once per asv environment;
-each track runs the CLI in a child process and reports its wall time (s) or its peak resident
-memory (MB), cold (no Parquet cache: the first read of a store) or warm. Slow (a 100x store is
+``SPECWATCH_RESULTS``, default ``results/``, its noise-budget file copied too) under a temporary
+folder, once per asv environment; each track runs the CLI in a child process and reports its wall
+time (s) or its peak resident memory (MB), cold (no Parquet cache: the first read of a store) or warm. Slow (a 100x store is
 about 110k records): run it with ``asv run --bench StoreScale``; the quick tests run it on a tiny store.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -34,6 +35,11 @@ COMMANDS = {
 """The commands measured (compare: the tree-page pair of ``scripts/reports.sh``), ``{R}`` the store."""
 
 
+BUDGET_FILE = "noise-budgets.json"
+"""The source store's A/A pairs, copied into each synthetic store: their selections match every copy
+of the pairs' runs, so the detection floor (read by ``compare`` and the dashboard) is measured at scale."""
+
+
 def scales() -> list[int]:
     return [int(x) for x in os.environ.get("SPECWATCH_STORE_SCALES", "10,100").split(",") if x.strip()]
 
@@ -48,6 +54,8 @@ def make_stores(folder: Path, source: Path, sizes: list[int]) -> dict[int, str]:
         root = folder / f"x{n}"
         if not root.exists():
             synth.synth_store(n, root, source)
+            if (source / BUDGET_FILE).is_file():  # the A/A pairs: compare's and the dashboard's floor
+                shutil.copyfile(source / BUDGET_FILE, root / BUDGET_FILE)
         out[n] = str(root)
     return out
 

@@ -135,3 +135,19 @@ def test_the_store_scale_benchmark_is_discoverable_and_runs_on_a_tiny_store(monk
     assert b.track_cold_wall(stores, 2, "results") > 0
     assert any((tmp_path / "x2").rglob("*.jsonl.parquet"))  # the cold run built the caches
     assert b.track_warm_peak_rss(stores, 2, "compare") > 10
+
+
+def test_the_store_scale_stores_carry_the_sources_a_a_pairs(tmp_path):
+    from pathlib import Path
+
+    from benchmarks import store_scale
+
+    from records import case, record
+
+    source = tmp_path / "src"
+    (source / "m" / "sglang-0.5.17").mkdir(parents=True)
+    (source / "m" / "sglang-0.5.17" / "smoke.jsonl").write_text(record(case()).model_dump_json() + "\n")
+    (source / "noise-budgets.json").write_text('{"pairs": [], "budgets": {}}')
+    root = Path(store_scale.make_stores(tmp_path / "out", source, [3])[3])
+    assert (root / "noise-budgets.json").read_text() == (source / "noise-budgets.json").read_text()
+    assert len((root / "m" / "sglang-0.5.17" / "smoke.jsonl").read_text().splitlines()) == 3

@@ -48,3 +48,31 @@ def test_a_step_below_the_threshold_is_not_reported():
     history = [(v, [100.0, 100.2, 99.8]) for v in RELEASES[:3]] + [(v, [97.0, 97.2, 96.8]) for v in RELEASES[3:]]
     assert [s.release for s in release_steps(history, threshold=0.01)] == ["0.5.12"]
     assert release_steps(history, threshold=0.05) == []
+
+
+def _two_cases(tmp_path):
+    stepped, other = case(page_size=64), case(page_size=16)
+    noise = [[100.0, 101.0, 99.0], [100.5, 99.5, 100.0], [99.0, 100.0, 101.0]]
+    for c in (stepped, other):  # the same history twice: two cases, equal samples
+        _history(tmp_path, c, lambda i: [x * (0.8 if i >= 3 else 1.0) for x in noise[i % 3]])
+    return stepped, other
+
+
+def test_read_file_by_file_the_change_points_are_those_of_the_whole_frame(tmp_path):
+    from specwatch.analysis.changepoints import store_changepoints
+
+    _two_cases(tmp_path)
+    whole = changepoints(files_frame(result_files(tmp_path), columns=COLUMNS))
+    assert len(whole) == 2
+    assert store_changepoints(result_files(tmp_path)).equals(whole)
+
+
+def test_a_history_seen_before_is_not_fitted_again(tmp_path, monkeypatch):
+    import specwatch.analysis.changepoints as cp
+
+    stepped, other = _two_cases(tmp_path)
+    fitted = []
+    real = cp.release_steps
+    monkeypatch.setattr(cp, "release_steps", lambda h, t: fitted.append(h) or real(h, t))
+    t = changepoints(files_frame(result_files(tmp_path), columns=COLUMNS))
+    assert sorted(t.case_id) == sorted([stepped.case_id, other.case_id]) and len(fitted) == 1

@@ -78,3 +78,48 @@ def test_the_store_floor_reads_the_pairs_of_the_budget_file(tmp_path):
     (tmp_path / "noise-budgets.json").write_text(json.dumps({"pairs": pairs, "budgets": {}}))
     f = store_floor(tmp_path)
     assert f.pairs == 3 and f.floors["tiny/bs1/output_throughput"] == pytest.approx(0.15)
+
+
+def _floor_store(tmp_path):
+    from specwatch.store.jsonl import append_record
+
+    for k, (b, h) in enumerate(_pairs()):
+        for side, recs in (("a", b), ("b", h)):
+            for r in recs:
+                r.provenance.run_id = f"{k}{side}"
+                r.details.parallel_starts = 8 if (k, side) == (2, "b") else 1  # pair 2 is no A/A
+                append_record(tmp_path / "m" / "sglang-0.5.17" / "smoke.jsonl", r)
+    pairs = [{"base": f"run={k}a", "head": f"run={k}b"} for k in range(3)]
+    (tmp_path / "noise-budgets.json").write_text(json.dumps({"pairs": pairs, "budgets": {}}))
+
+
+def test_the_store_floor_equals_the_floor_of_the_pairs_records(tmp_path):
+    from specwatch.store.select import select
+
+    _floor_store(tmp_path)
+    pairs = [(select(f"run={k}a", tmp_path), select(f"run={k}b", tmp_path)) for k in range(3)]
+    want, got = detection_floor(pairs), store_floor(tmp_path)
+    assert got.clean_pairs == want.clean_pairs == 2
+    assert (got.margin, got.held_out_rate, got.timed, got.floors) == (
+        want.margin,
+        want.held_out_rate,
+        want.timed,
+        want.floors,
+    )
+
+
+def test_the_store_floor_parses_no_record_on_a_warm_cache(tmp_path, monkeypatch):
+    import specwatch.store.jsonl as jsonl
+
+    _floor_store(tmp_path)
+    first = store_floor(tmp_path)  # builds the Parquet caches
+
+    def refuse(*a, **k):
+        raise AssertionError("a record was parsed")
+
+    monkeypatch.setattr(jsonl, "read_records", refuse)
+    monkeypatch.setattr(jsonl, "load_records", refuse)
+    import specwatch.store.select as select_mod
+
+    monkeypatch.setattr(select_mod, "load_records", refuse)
+    assert store_floor(tmp_path).floors == first.floors

@@ -174,3 +174,21 @@ def test_a_read_only_store_is_read_without_a_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(fc.os, "replace", refuse)
     assert files_frame([path]).output_throughput.tolist() == [10.0]
     assert not fc.cache_path(path).exists() and list(path.parent.iterdir()) == [path]
+
+
+def test_inside_one_pass_an_unchanged_file_is_hashed_once(tmp_path, monkeypatch):
+    import hashlib
+
+    from specwatch.store import frame_cache
+    from specwatch.store.frame import files_frame
+
+    path = _frame_store(tmp_path)
+    files_frame([path])  # the cache built (and the row code's key hashed)
+    hashed = []
+    real = hashlib.sha256
+    monkeypatch.setattr(frame_cache.hashlib, "sha256", lambda *a: hashed.append(1) or real(*a))
+    files_frame([path])
+    with frame_cache.one_pass():
+        for _ in range(3):
+            assert files_frame([path]).output_throughput.tolist() == [10.0]
+    assert len(hashed) == 2  # once outside, once for the three reads inside

@@ -11,7 +11,8 @@ release's repeats is noise of that run) and the segments' values differ by more 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from pathlib import Path
+from typing import Iterable, Optional
 
 import pandas as pd
 from packaging.version import InvalidVersion, Version
@@ -99,35 +100,79 @@ def _samples(cell: dict, metric: str) -> Optional[list[float]]:
     return vals or [m[0]]
 
 
-def changepoints(df: pd.DataFrame, metrics: Optional[list[str]] = None, threshold: float = THRESHOLD) -> pd.DataFrame:
-    """One row per step found (``release_steps``) in the clean records of a files frame read with
-    ``COMPARE_COLUMN``: machine, case, metric, the two releases, the fitted values and the change.
-    ``metrics``: only these (default: every metric a case recorded in two releases or more)."""
+KEY = ["machine", "case_id", "sglang_version"]
+"""A series' point: each case's latest clean record per machine and release."""
+
+CELL = "_cell"
+"""The picked rows' column: each record's case label (``l``) and per metric kept its samples (``s``:
+name -> ``_samples``, None where the metric holds no value)."""
+
+
+def picked_rows(df: pd.DataFrame, metrics: Optional[list[str]] = None) -> pd.DataFrame:
+    """The latest clean row (``KEY``) of each case and release of a files frame read with
+    ``COMPARE_COLUMN``, with ``CELL``: its label and ``metrics``' samples (all when None). The rows
+    are picked on the small columns; only the picked rows' cells are decoded."""
     import orjson
 
     need = {"status", "sglang_version", "machine", "case_id", COMPARE_COLUMN}
     if df.empty or not need <= set(df.columns):
         return pd.DataFrame()
-    clean = df[(df.status == "ok") & df.sglang_version.notna()]
-    if "fault" in clean:
-        clean = clean[clean.fault.isna()]
-    if "probe" in clean:
-        clean = clean[clean.probe != False]  # noqa: E712
-    latest = latest_rows(clean, ["machine", "case_id", "sglang_version"])
-    cols = ["machine", "case_id", "sglang_version", COMPARE_COLUMN]
-    histories: dict[tuple, list[dict]] = {}
-    for r in latest[cols].to_dict("records"):
-        histories.setdefault((r["machine"], r["case_id"]), []).append(r)
+    keep = (df.status == "ok") & df.sglang_version.notna()
+    if "fault" in df:
+        keep &= df.fault.isna()
+    if "probe" in df:
+        keep &= df.probe != False  # noqa: E712
+    latest = latest_rows(df.drop(columns=[COMPARE_COLUMN])[keep], KEY)
+    raw = df[COMPARE_COLUMN].array
+    cells = []
+    for i in latest.index:
+        c = orjson.loads(raw[i])
+        names = c["m"] if metrics is None else [n for n in metrics if n in c["m"]]
+        cells.append({"l": c["l"], "s": {n: _samples(c, n) for n in names}})
+    return latest.assign(**{CELL: cells})
+
+
+def store_changepoints(
+    paths: Iterable[Path], metrics: Optional[list[str]] = None, threshold: float = THRESHOLD
+) -> pd.DataFrame:
+    """``changepoints`` of the results files ``paths``, read one file at a time: each file's picked
+    rows (``picked_rows``) kept, the rest of its frame dropped before the next is read. The latest
+    of the files' picks is the latest of their records (ties: the later file's, as read in order)."""
+    from specwatch.store.frame import files_frame
+
+    parts = [picked_rows(files_frame([p], columns=COLUMNS), metrics) for p in paths]
+    parts = [p for p in parts if not p.empty]
+    if not parts:
+        return pd.DataFrame()
+    return steps_table(latest_rows(pd.concat(parts, ignore_index=True, sort=False), KEY), metrics, threshold)
+
+
+def changepoints(df: pd.DataFrame, metrics: Optional[list[str]] = None, threshold: float = THRESHOLD) -> pd.DataFrame:
+    """One row per step found (``release_steps``) in the clean records of a files frame read with
+    ``COMPARE_COLUMN``: machine, case, metric, the two releases, the fitted values and the change.
+    ``metrics``: only these (default: every metric a case recorded in two releases or more)."""
+    picked = picked_rows(df, metrics)
+    return pd.DataFrame() if picked.empty else steps_table(picked, metrics, threshold)
+
+
+def steps_table(latest: pd.DataFrame, metrics: Optional[list[str]], threshold: float) -> pd.DataFrame:
+    """``changepoints``' table from the picked rows (``picked_rows``); a case measured in one
+    release only is skipped, and a history seen before (same releases, same samples) reuses its steps."""
+    latest = latest[latest.groupby(["machine", "case_id"]).sglang_version.transform("size") >= 2]
+    histories: dict[tuple, list[tuple]] = {}
+    for machine, cid, version, cell in zip(latest.machine, latest.case_id, latest.sglang_version, latest[CELL]):
+        histories.setdefault((machine, cid), []).append((version, cell))
+    found: dict[tuple, list[Step]] = {}
     rows = []
     for (machine, cid), group in sorted(histories.items()):
-        if len(group) < 2:
-            continue
-        ordered = sorted(group, key=lambda r: _version_key(r["sglang_version"]))
-        cells = [(r["sglang_version"], orjson.loads(r[COMPARE_COLUMN])) for r in ordered]
-        names = metrics or sorted({n for _, c in cells for n in c["m"]})
+        cells = sorted(group, key=lambda r: _version_key(r[0]))
+        names = metrics or sorted({n for _, c in cells for n in c["s"]})
         for name in names:
-            history = [(v, s) for v, c in cells if (s := _samples(c, name))]
-            for st in release_steps(history, threshold):
+            history = [(v, s) for v, c in cells if (s := c["s"].get(name))]
+            key = tuple((v, tuple(s)) for v, s in history)
+            if key not in found:
+                found[key] = release_steps(history, threshold)
+            for st in found[key]:
                 rows.append(
                     {
                         "machine": machine,

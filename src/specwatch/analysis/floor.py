@@ -21,8 +21,8 @@ from typing import Iterable, Optional
 
 import pandas as pd
 
-from specwatch.analysis.compare import Row, Verdict, budget_for, compare_records
-from specwatch.analysis.noise import BudgetFile, aa_differences
+from specwatch.analysis.compare import Row, Verdict, budget_for, compare_records, frame_rows
+from specwatch.analysis.noise import BudgetFile, aa_differences, condition_differences
 from specwatch.core.record import CaseRecord
 
 MARGINS: tuple[float, ...] = (1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 6.0, 10.0)
@@ -49,7 +49,10 @@ class AARow:
 
 def aa_rows(base: Iterable[CaseRecord], head: Iterable[CaseRecord], alpha: float = 0.1) -> list[AARow]:
     """Every timed row of an A/A comparison, compared at threshold 0 (so only the test decides)."""
-    rows: list[Row] = compare_records(base, head, threshold=0.0, alpha=alpha)
+    return _timed(compare_records(base, head, threshold=0.0, alpha=alpha))
+
+
+def _timed(rows: Iterable[Row]) -> list[AARow]:
     return [
         AARow(f"{r.noise_class}/{r.metric}", abs(r.ratio - 1.0), r.verdict in (Verdict.regressed, Verdict.improved))
         for r in rows
@@ -128,15 +131,23 @@ def detection_floor(
     goal: float = GOAL,
     source: Optional[str] = None,
 ) -> DetectionFloor:
-    """The floor from A/A pairs (each its base and head records). Long because the held-out search
-    over margins, the clean pairs' count and the floors are one pass over the pairs' rows."""
+    """The floor from A/A pairs (each its base and head records)."""
     rows = [aa_rows(b, h, alpha) for b, h in pairs]
     clean = [not aa_differences(b, h) for b, h in pairs]
+    return floor_of(rows, clean, threshold, goal, source)
+
+
+def floor_of(
+    rows: list[list[AARow]], clean: list[bool], threshold: float, goal: float = GOAL, source: Optional[str] = None
+) -> DetectionFloor:
+    """The floor from each A/A pair's timed rows (``aa_rows``) and whether the pair is clean. Long
+    because the held-out search over margins, the clean pairs' count and the floors are one pass
+    over the pairs' rows."""
     spreads = [_spread(r) for r in rows]
-    out = DetectionFloor(threshold, len(pairs), sum(clean), source=source)
-    if not pairs:
+    out = DetectionFloor(threshold, len(rows), sum(clean), source=source)
+    if not rows:
         return out
-    judged = [i for i, c in enumerate(clean) if c] or list(range(len(pairs)))
+    judged = [i for i, c in enumerate(clean) if c] or list(range(len(rows)))
     out.timed = sum(len(rows[i]) for i in judged)
     for margin in MARGINS:
         flagged = 0
@@ -165,16 +176,21 @@ def store_floor(
     root: Path, budget_file: Optional[Path] = None, threshold: float = 0.05, alpha: float = 0.1
 ) -> DetectionFloor:
     """``detection_floor`` of the A/A pairs in ``budget_file`` (default: ``root/noise-budgets.json``),
-    each pair's selections read from the store under ``root``; no file: no pair."""
-    from specwatch.store.select import select
+    each pair's selections read from the store under ``root`` as frame rows (``select_rows``: the
+    same records ``select`` gives, from the Parquet caches, none parsed); no file: no pair."""
+    import orjson
+
+    from specwatch.store.frame import CONDITIONS_COLUMN
+    from specwatch.store.select_frame import SELECT_COLUMNS, select_rows
 
     path = Path(budget_file) if budget_file is not None else Path(root) / BUDGET_FILE
     if not path.exists():
         return DetectionFloor(threshold, source=str(path))
-    f = BudgetFile.load(path)
-    pairs = []
-    for p in f.pairs:
-        b, h = (select(s, root) for s in p.selections())
-        if b and h:
-            pairs.append((b, h))
-    return detection_floor(pairs, threshold, alpha, source=str(path))
+    rows, clean = [], []
+    for p in BudgetFile.load(path).pairs:
+        b, h = (select_rows(s, root, [*SELECT_COLUMNS, CONDITIONS_COLUMN]) for s in p.selections())
+        if not b.empty and not h.empty:
+            rows.append(_timed(frame_rows(b, h, threshold=0.0, alpha=alpha)))
+            b_cond, h_cond = ([orjson.loads(c) for c in side[CONDITIONS_COLUMN]] for side in (b, h))
+            clean.append(not condition_differences(b_cond, h_cond))
+    return floor_of(rows, clean, threshold, source=str(path))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Optional
 
 import pandas as pd
@@ -49,7 +50,9 @@ def fault_table(df: pd.DataFrame) -> pd.DataFrame:
     # the last clean row of each (case, SGLang version), found once instead of per fault run
     last_clean = {key: i for i, key in enumerate(zip(clean.case_id, clean.sglang_version)) if not pd.isna(key[1])}
     rows = []
-    for _, r in faulty.sort_values(["fault", "page_size", "batch_size"]).iterrows():
+    clean_rows = clean[["status", "reason", *checks]].to_dict("records")
+    for r in faulty.sort_values(["fault", "page_size", "batch_size"]).to_dict("records"):
+        r = _row(r)
         c = last_clean.get((r.case_id, r.sglang_version))
         runs = r.get("fault_code_runs")
         rows.append(
@@ -63,10 +66,15 @@ def fault_table(df: pd.DataFrame) -> pd.DataFrame:
                 "faulted code ran": "not counted"
                 if runs is None or pd.isna(runs)
                 else f"{int(runs)} times in its engine",
-                "clean run": "no clean run" if c is None else verdict(clean.iloc[c]),
+                "clean run": "no clean run" if c is None else verdict(_row(clean_rows[c])),
             }
         )
     return pd.DataFrame(rows)
+
+
+def _row(r: dict) -> SimpleNamespace:
+    """A frame row's dict read as ``fault_table``'s rows are: by attribute and by ``get``."""
+    return SimpleNamespace(**r, get=r.get)
 
 
 OWN_TABLES = DCP_SUITES + ("faults",)
@@ -103,11 +111,12 @@ def health_matrix(df: pd.DataFrame, suites_dir: Optional[Path] = Path("suites"))
             if path and path.exists()
             else g[key + ["topk", "case_id"]]
         )
+        recorded = dict(iter(g.groupby(key, sort=False)))  # a planned cell's records, found by its key
         for k, plan in planned.groupby(key, sort=True):
             row = dict(
                 zip(("machine", "sglang", "suite", "model", "algo", "backend", "page"), (machine, version, suite, *k))
             )
-            rec = g[(g[key] == pd.Series(dict(zip(key, k)))).all(axis=1)]
+            rec = recorded.get(k, g.iloc[0:0])
             for topk, want in plan.groupby("topk"):
                 got = rec[rec.case_id.isin(want.case_id)]  # records of cases the suite no longer plans: out
                 if got.empty:

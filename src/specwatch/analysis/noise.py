@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from specwatch.analysis.compare import Row, Verdict, budget_key, compare_records
 from specwatch.core.errors import SpecwatchInputError
 from specwatch.core.record import CaseRecord
+from specwatch.store.frame import run_conditions
 
 
 @dataclass
@@ -105,39 +106,34 @@ HOST_LOAD_GAP = 1.0
 
 def host_load(recs: list[CaseRecord]) -> Optional[float]:
     """Median over records of the host's load average around each case (``details.host_load``)."""
-    vals = [
-        statistics.mean(v for v in (d.before, d.after) if v is not None)
-        for d in (r.details.host_load for r in recs)
-        if d is not None and (d.before is not None or d.after is not None)
-    ]
+    return _median_load([run_conditions(r) for r in recs])
+
+
+def _median_load(conditions: list[dict]) -> Optional[float]:
+    vals = [c["host_load"] for c in conditions if c["host_load"] is not None]
     return statistics.median(vals) if vals else None
 
 
 def aa_differences(base: Iterable[CaseRecord], head: Iterable[CaseRecord]) -> list[str]:
     """What makes two runs not an A/A pair: run conditions that differ between them (SGLang version,
     machine, GPU, driver, probe on/off, parallel starts, engine arguments), each as one line."""
+    return condition_differences([run_conditions(r) for r in base], [run_conditions(r) for r in head])
 
-    def conditions(recs) -> dict[str, set]:
+
+def condition_differences(base: list[dict], head: list[dict]) -> list[str]:
+    """``aa_differences`` of two runs given as their records' ``store.frame.run_conditions``."""
+
+    def conditions(recs: list[dict]) -> dict[str, set]:
         out: dict[str, set] = {}
-        for r in recs:
-            p, d = r.provenance, r.details
-            for key, value in (
-                ("sglang_version", p.sglang_version),
-                ("machine", p.machine),
-                ("gpu_name", p.gpu_name),
-                ("driver_version", p.driver_version),
-                ("probe", p.probe),
-                ("parallel_starts", d.parallel_starts or 1),
-                ("overlap_starts", r.overlap_starts),
-                ("engine_kwargs", json.dumps(d.engine_kwargs, sort_keys=True) if d.engine_kwargs is not None else None),
-            ):
-                out.setdefault(key, set()).add(value)
+        for c in recs:
+            for key, value in c.items():
+                if key != "host_load":
+                    out.setdefault(key, set()).add(value)
         return out
 
-    base, head = list(base), list(head)
     b, h = conditions(base), conditions(head)
     lines = []
-    loads = [host_load(recs) for recs in (base, head)]
+    loads = [_median_load(recs) for recs in (base, head)]
     if None not in loads and abs(loads[0] - loads[1]) >= HOST_LOAD_GAP:
         lines.append(f"host load while timing (1-min average, median over cases): {loads[0]:.1f} vs {loads[1]:.1f}")
     for key in sorted(set(b) | set(h)):

@@ -129,7 +129,8 @@ def roofline_rows(df: "pd.DataFrame") -> "pd.DataFrame":
     keep = (df.status == "ok") & (df.batch_size == 1) & (df.algorithm == Algorithm.EAGLE.value)
     keep &= df.accept_length.notna() & tput.notna()
     rows = []
-    for rec, t in zip(df[keep].to_dict("records"), tput[keep]):
+    wanted = list(dict.fromkeys([*CASE_FIELDS, "case_id", "sglang_version", "accept_length"]))
+    for rec, t in zip(df.loc[keep, wanted].to_dict("records"), tput[keep]):
         case = Case.model_validate({f: rec[f] for f in CASE_FIELDS})
         if _modelled(case):
             rows.append(roofline_row(rec["case_id"], case, rec["sglang_version"], rec["accept_length"], t))

@@ -43,15 +43,23 @@ def dashboard(
     """Write the plots (PNG + SVG), dashboards/index.html (opening with the newest release's verdict
     against the previous one), dashboards/cases.html and dashboards/findings.md (+ .html: the measured
     findings, each with its record ids) from the stored results."""
+    from specwatch.store.frame import files_frame
+    from specwatch.store.frame_cache import one_pass
+    from specwatch.store.jsonl import result_files
+
+    with one_pass():  # the store is read several times below: each file hashed once
+        _dashboard(results, out, files_frame(result_files(results)))
+
+
+def _dashboard(results: Path, out: Path, df) -> None:
+    """The dashboard of the records frame ``df`` of ``results``, written to ``out``."""
     from specwatch.analysis.roofline import roofline_rows
     from specwatch.analysis.verdict import release_verdict
     from specwatch.present.dashboard import build, render_markdown_page
     from specwatch.present.findings import findings_markdown
     from specwatch.present.timing import timing_tables
-    from specwatch.store.frame import files_frame, runs_frame
-    from specwatch.store.jsonl import result_files
+    from specwatch.store.frame import runs_frame
 
-    df = files_frame(result_files(results))
     verdict = release_verdict(results, frame=df)
     roof = roofline_rows(df[df.fault.isna() & (df.probe == True)] if not df.empty else df)  # noqa: E712
     tables = {

@@ -51,7 +51,8 @@ def _versions(df: pd.DataFrame) -> list[str]:
 def _bad_checks(rows: pd.DataFrame) -> list[list[str]]:
     """Per row of ``rows``, the checks it failed."""
     checks = [c for c in rows.columns if c.startswith("check.")]
-    return [[c[len("check.") :] for c in checks if r[c] == False] for _, r in rows.iterrows()]  # noqa: E712
+    failed = [[v == False for v in rows[c]] for c in checks]  # noqa: E712 (numpy bools, NaN)
+    return [[c[len("check.") :] for c, col in zip(checks, failed) if col[i]] for i in range(len(rows))]
 
 
 def _ok_line(rows: pd.DataFrame) -> str:
@@ -130,12 +131,12 @@ def _fault_lines(rows: pd.DataFrame, latest: pd.DataFrame) -> list[str]:
     """The lines under one fault of one version: caught by what, missed, faulted code not run, twins."""
     by: Counter = Counter()
     caught, missed = [], []
-    for (_, r), bad in zip(rows.iterrows(), _bad_checks(rows)):
-        if r.status != Status.ok.value:
-            by[r.status] += 1
+    for name_, status, bad in zip(rows.index, rows.status, _bad_checks(rows)):
+        if status != Status.ok.value:
+            by[status] += 1
         for name in bad:
             by[name] += 1
-        (caught if r.status != Status.ok.value or bad else missed).append(r.name)
+        (caught if status != Status.ok.value or bad else missed).append(name_)
     runs = rows.fault_code_runs if "fault_code_runs" in rows else pd.Series(float("nan"), index=rows.index)
     lines = [
         f"  - caught: {len(caught)}" + (f" (by {', '.join(f'{k} {n}' for k, n in sorted(by.items()))})" if by else "")

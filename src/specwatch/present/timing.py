@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from specwatch.analysis.changepoints import COLUMNS, DASHBOARD_METRICS, changepoints
+from specwatch.analysis.changepoints import DASHBOARD_METRICS, store_changepoints
 from specwatch.analysis.floor import GOAL, store_floor
 from specwatch.analysis.speedup import speedup_frame
-from specwatch.store.frame import files_frame
 from specwatch.store.jsonl import result_files
 
 if TYPE_CHECKING:
@@ -21,7 +20,7 @@ def timing_tables(results: Path, df: "pd.DataFrame") -> dict[str, "pd.DataFrame"
     ``DASHBOARD_METRICS`` across releases; ``df``: the dashboard's records frame of ``results``."""
 
     floor = store_floor(results)
-    steps = changepoints(files_frame(result_files(results), columns=COLUMNS), DASHBOARD_METRICS)
+    steps = store_changepoints(result_files(results), DASHBOARD_METRICS)
     return {
         "Speedup over plain decoding (spec output tokens/s / its no-speculation twin's; [suite] speedup)": (
             speedup_frame(df)

@@ -103,13 +103,15 @@ def _rows_of_span(path: Path, span: tuple, strict: bool) -> tuple["pd.DataFrame"
     q = Quarantine()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        rows, cells = [], []
+        rows, cells, conditions = [], [], []
         for r in read_records(path, strict=strict, quarantine=q, span=span):
             rows.append(record_row(r))
             cells.append(compare_cell(r))
+            conditions.append(conditions_cell(r))
     df = pd.DataFrame(rows)
     if rows:
         df[COMPARE_COLUMN] = cells
+        df[CONDITIONS_COLUMN] = conditions
     return df, q.entries
 
 
@@ -130,10 +132,44 @@ def compare_cell(r: CaseRecord) -> str:
     return orjson.dumps(cell).decode()
 
 
+CONDITIONS_COLUMN = "_conditions"
+"""A files frame's hidden column (cached, read only when named): per record, as JSON, its run
+conditions (``run_conditions``), which tell an A/A pair from two runs under different conditions."""
+
+
+def run_conditions(r: CaseRecord) -> dict:
+    """The conditions a record ran under that two runs of an A/A pair share (SGLang version,
+    machine, GPU, driver, probe, parallel starts, overlapped starts, engine arguments as sorted
+    JSON) and ``host_load``: the mean of the host's load average before and after the case (None
+    where neither was read)."""
+    import json
+
+    p, d = r.provenance, r.details
+    loads = [v for v in ((d.host_load.before, d.host_load.after) if d.host_load else ()) if v is not None]
+    return {
+        "sglang_version": p.sglang_version,
+        "machine": p.machine,
+        "gpu_name": p.gpu_name,
+        "driver_version": p.driver_version,
+        "probe": p.probe,
+        "parallel_starts": d.parallel_starts or 1,
+        "overlap_starts": r.overlap_starts,
+        "engine_kwargs": json.dumps(d.engine_kwargs, sort_keys=True) if d.engine_kwargs is not None else None,
+        "host_load": statistics.mean(loads) if loads else None,
+    }
+
+
+def conditions_cell(r: CaseRecord) -> str:
+    """``CONDITIONS_COLUMN``'s JSON of one record (``run_conditions``)."""
+    import orjson
+
+    return orjson.dumps(run_conditions(r)).decode()
+
+
 def _columns(df: "pd.DataFrame", columns: Optional[list[str]]) -> "pd.DataFrame":
-    """``df`` with only ``columns`` (those it has), or without ``COMPARE_COLUMN`` when None."""
+    """``df`` with only ``columns`` (those it has), or without the hidden ones (``_``) when None."""
     if columns is None:
-        return df.drop(columns=[COMPARE_COLUMN], errors="ignore")
+        return df.drop(columns=[c for c in df.columns if str(c).startswith("_")])
     return df[[c for c in columns if c in df.columns]]
 
 

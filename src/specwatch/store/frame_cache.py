@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
@@ -54,14 +55,40 @@ def cache_path(path: Path) -> Path:
     return Path(path).with_name(Path(path).name + SUFFIX)
 
 
-def source_key(path: Path) -> dict:
-    """What a cache of ``path`` must have been built from: size, mtime, sha256, row code."""
-    st = os.stat(path)
+_digests: Optional[dict[tuple, str]] = None
+"""Within ``one_pass``: (path, size, mtime, ctime, inode) -> the file's sha256, hashed once."""
+
+
+@contextmanager
+def one_pass():
+    """A command that reads the store several times (the dashboard: its frame, the verdict's and
+    the floor's selections, the change points) hashes each file once inside this block: a file
+    whose size, times and inode are unchanged is taken as unchanged. Outside it every read hashes."""
+    global _digests
+    outer, _digests = _digests, {} if _digests is None else _digests
+    try:
+        yield
+    finally:
+        _digests = outer
+
+
+def _sha256(path: Path, st: os.stat_result) -> str:
+    seen = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+    if _digests is not None and seen in _digests:
+        return _digests[seen]
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
-    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": h.hexdigest(), "code": code_key()}
+    if _digests is not None:
+        _digests[seen] = h.hexdigest()
+    return h.hexdigest()
+
+
+def source_key(path: Path) -> dict:
+    """What a cache of ``path`` must have been built from: size, mtime, sha256, row code."""
+    st = os.stat(path)
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": _sha256(path, st), "code": code_key()}
 
 
 def fresh_rows(

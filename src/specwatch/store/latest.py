@@ -42,13 +42,19 @@ def latest_rows(df: "pd.DataFrame", by: list[Hashable]) -> "pd.DataFrame":
     """The latest row of each ``by`` group of a records frame, whole: unlike
     ``groupby(by).last()``, which takes each column's last non-null value and so can pair a
     crashed record's status with an older record's metrics or output digest."""
+    import pandas as pd
+
     if df.empty:
         return df
-    measured = df.host_interference.isna() if "host_interference" in df else True
-    finished = df.finished_at if "finished_at" in df else df.started_at
-    keyed = df.assign(_measured=measured, _run=df.run_id.fillna("") if "run_id" in df else "", finished_at=finished)
-    picked = keyed.sort_values(ORDER_COLUMNS, kind="mergesort").drop_duplicates(by, keep="last")
-    return picked.drop(columns=["_measured", "_run"] + ([] if "finished_at" in df else ["finished_at"]))
+    # ordered and picked on the key columns alone; the frame's rows taken once, in that order
+    cols = {c: df[c] for c in dict.fromkeys(by)}
+    cols["_measured"] = df.host_interference.isna() if "host_interference" in df else pd.Series(True, df.index)
+    cols["finished_at"] = df.finished_at if "finished_at" in df else df.started_at
+    cols["started_at"], cols["status"] = df.started_at, df.status
+    cols["_run"] = df.run_id.fillna("") if "run_id" in df else pd.Series("", df.index)
+    keys = pd.DataFrame({k: v.reset_index(drop=True) for k, v in cols.items()})
+    picked = keys.sort_values(ORDER_COLUMNS, kind="mergesort").drop_duplicates(list(dict.fromkeys(by)), keep="last")
+    return df.iloc[picked.index.to_numpy()]
 
 
 def record_id(case_id: str, started_at) -> str:

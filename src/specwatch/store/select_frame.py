@@ -5,7 +5,7 @@ on a warm cache)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 from specwatch.core.errors import SpecwatchInputError
 from specwatch.store.frame import COMPARE_COLUMN, files_frame
@@ -66,14 +66,16 @@ def newest_run_rows(df: "pd.DataFrame", n: int, spec: str) -> str:
     return runs[-n]
 
 
-def select_rows(spec: str, root: Path) -> "pd.DataFrame":
-    """``select(spec, root)`` as frame rows (``SELECT_COLUMNS``), in the order ``select`` gives its
-    records; the same terms, defaults (clean, probed, not overlapped unless named) and errors."""
+def select_rows(spec: str, root: Path, columns: Optional[list[str]] = None) -> "pd.DataFrame":
+    """``select(spec, root)`` as frame rows (``columns``, by default ``SELECT_COLUMNS``, which
+    the selection needs), in the order ``select`` gives its records; the same terms, defaults
+    (clean, probed, not overlapped unless named) and errors."""
+    columns = SELECT_COLUMNS if columns is None else columns
     p = Path(spec)
     if p.exists():
-        return files_frame([p] if p.is_file() else result_files(p), columns=SELECT_COLUMNS)
+        return files_frame([p] if p.is_file() else result_files(p), columns=columns)
     terms = parse_terms(spec)
-    df = files_frame(selected_files(root, terms), columns=SELECT_COLUMNS)
+    df = files_frame(selected_files(root, terms), columns=columns)
     if df.empty:
         return df
     named = {key for key, _, _ in terms}
