@@ -63,6 +63,14 @@ def _run_in_process(only, tmp_path, monkeypatch):
         TimeoutExpired=subprocess.TimeoutExpired,
     )
     monkeypatch.setattr(hardening, "subprocess", fake)
+    # typer builds the same click command tree from the app on every call, most of an in-process
+    # trial's time: built once here
+    import typer.main
+
+    from specwatch import cli
+
+    build, built = typer.main.get_command, typer.main.get_command(cli.app)
+    monkeypatch.setattr(typer.main, "get_command", lambda app: built if app is cli.app else build(app))
     return trials, [
         hardening.run_trial(t, hardening._mk(tmp_path, f"{i:03d}"), sys.executable) for i, t in enumerate(trials)
     ]
