@@ -82,8 +82,12 @@ def test_asv_discovers_every_benchmark(tmp_path):
 
 
 def test_asv_quick_dry_run_of_cpu_tier_benchmarks(tmp_path):
-    """asv's own runner over the memory-model benchmarks (the allocator benchmarks import SGLang in
-    every asv process, ~10 s each: they are exercised directly above instead)."""
+    """asv's own runner over one memory-model benchmark at two of its parameter combinations (asv
+    starts one process per combination, about 1.5 s each, so the whole 48-point grid is left out;
+    ``test_params_and_names_agree_and_tracks_have_units`` checks the grid, ``asv check`` above that
+    every benchmark is discovered). asv's ``name(param, ...)`` selection picks page 64 and page 256
+    at topk 8, dcp 1; the others show n/a. The allocator benchmarks import SGLang in every asv
+    process, ~10 s each: they are exercised directly above instead."""
     env = {**__import__("os").environ, "HOME": str(tmp_path)}  # asv's machine file goes to $HOME
     subprocess.run(
         [sys.executable, "-m", "asv", "machine", "--yes", "--machine", "specwatch-ci"],
@@ -107,7 +111,7 @@ def test_asv_quick_dry_run_of_cpu_tier_benchmarks(tmp_path):
             "specwatch-ci",
             "--show-stderr",
             "--bench",
-            "MemoryModel.track_alloc",
+            r"MemoryModel.track_alloc_reserve_per_decode\((64|256), 8, 1\)",
         ],
         cwd=ROOT,
         env=env,
@@ -118,7 +122,9 @@ def test_asv_quick_dry_run_of_cpu_tier_benchmarks(tmp_path):
     out = res.stdout
     assert res.returncode == 0, out + res.stderr
     assert "MemoryModel.track_alloc_reserve_per_decode" in out and " ok" in out
-    assert "8192" in out and "2048" in out  # page 256 / page 64 at topk 8
+    rows = {tuple(line.split()) for line in out.splitlines()}
+    assert ("64", "8", "2048", "n/a", "n/a") in rows and ("256", "8", "8192", "n/a", "n/a") in rows  # dcp 1
+    assert ("16", "8", "n/a", "n/a", "n/a") in rows  # not selected, not run
     assert "failed" not in out.lower()
 
 

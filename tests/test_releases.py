@@ -1,14 +1,15 @@
 """Release adapters (specwatch.rules.releases) checked against each release's own Python.
 
 The per-release tests import the unpacked release (``scripts/fetch_sglang_sources.sh`` fills the
-cache) in a subprocess each, with that release first on ``sys.path`` and SGLang's package
+cache) in a process each (forked from one server per test process that has the release-independent
+packages imported, ``serve``), with that release first on ``sys.path`` and SGLang's package
 ``__init__`` skipped (it imports the serving stack), and check every name, signature and match
 text the release's adapter gives; the faults' edits are applied with the release's own source
 patcher and restored. Without the cache they skip, saying how to fill it (they fail instead with
 ``SPECWATCH_REQUIRE_SGLANG_SRC=1``; ``SPECWATCH_SGLANG_SRC`` names another cache folder).
 
-Run as a script (``python tests/test_releases.py ROOT VERSION ARGS_JSON``) it is that subprocess:
-it prints the failed checks as JSON.
+Run as a script (``python tests/test_releases.py ROOT VERSION ARGS_JSON``) it checks one release and
+prints the failed checks as JSON; ``python tests/test_releases.py --serve`` is the fork server.
 """
 
 from __future__ import annotations
@@ -387,9 +388,74 @@ def _fault_checks(a, _srt, root, _args):
 
 
 def main(argv: list[str]) -> None:
+    if argv[1:] == ["--serve"]:
+        serve()
+        return
     root, version, args = argv[1], argv[2], json.loads(argv[3])
     failures = check_release(root, version, args)
     sys.stdout.write("\n" + json.dumps({"failures": failures, "notes": NOTES}) + "\n")
+
+
+WARM_IMPORTS = (
+    "torch",
+    "torch._dynamo",
+    "torch._inductor.lowering",
+    "transformers",
+    "transformers.models",
+    "transformers.processing_utils",
+    "openai",
+    "aiohttp",
+    "compressed_tensors",
+    "xgrammar",
+)
+"""Third-party modules the releases' checked modules import, from the venv whichever the release (about
+half of a release's import time): ``serve`` imports those installed once (after the import stubs, as
+``check_release`` puts them) and forks a child per release."""
+
+
+def serve() -> None:
+    """The per-release checks as a fork server: one JSON request a line on stdin (``root``,
+    ``version``, ``args``, ``result``: where the child writes its failures and notes as JSON, ``log``:
+    its stdout and stderr), each checked in a child forked from this process, which has
+    ``WARM_IMPORTS`` imported but no SGLang module; one line ``{"rc": exit code}`` on stdout per request.
+    The child puts its release first on ``sys.path`` as the one-release subprocess does, so a
+    release's modules never meet another's."""
+    import importlib
+    import traceback
+
+    from specwatch.core.sglang_host import ensure_import_stubs
+
+    warnings.simplefilter("ignore")
+    ensure_import_stubs()
+    for name in WARM_IMPORTS:
+        try:
+            importlib.import_module(name)
+        except ImportError:  # a child that needs it fails as the one-release subprocess would
+            pass
+    assert not any(m == "sglang" or m.startswith("sglang.") for m in sys.modules)
+    for line in sys.stdin:
+        req = json.loads(line)
+        sys.stdout.flush()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                fd = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+                os.dup2(fd, 1)
+                os.dup2(fd, 2)
+                os.chdir(req["root"])
+                failures = check_release(req["root"], req["version"], req["args"])
+                Path(req["result"]).write_text(json.dumps({"failures": failures, "notes": NOTES}))
+                code = 0
+            except BaseException:  # noqa: BLE001 (the test reports it from the log)
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        sys.stdout.write(json.dumps({"rc": os.waitstatus_to_exitcode(status)}) + "\n")
+        sys.stdout.flush()
 
 
 # ---------------------------------------------------------------- the tests
@@ -486,8 +552,50 @@ def _cached(version: str) -> Path | None:
     return d if (d / ".complete").exists() else None
 
 
+@pytest.fixture(scope="module")
+def release_checks(tmp_path_factory):
+    """``check(root, version)``: the release's checks in a child of one fork server (``serve``) per
+    test process, so the packages every release imports are imported once, not once per release;
+    the child's exit code, its JSON result (None where it failed) and its log."""
+    import select
+
+    d = tmp_path_factory.mktemp("release-checks")
+    env = {**os.environ, "PYTHONPATH": str(SRC), "PYTHONWARNINGS": "ignore"}
+    err = open(d / "server.log", "w")  # noqa: SIM115 (closed at teardown)
+    server = subprocess.Popen(
+        [sys.executable, __file__, "--serve"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=err,
+        text=True,
+        env=env,
+        cwd=str(ROOT),
+    )
+    args = specwatch_engine_args()
+
+    def check(root: Path, version: str) -> tuple[int, dict | None, str]:
+        result, log = d / f"{version}.json", d / f"{version}.log"
+        req = {"root": str(root), "version": version, "args": args, "result": str(result), "log": str(log)}
+        server.stdin.write(json.dumps(req) + "\n")
+        server.stdin.flush()
+        ready, _, _ = select.select([server.stdout], [], [], 900)
+        line = server.stdout.readline() if ready else ""
+        if not line:
+            err.flush()
+            pytest.fail(f"SGLang {version}: the check server gave no answer:\n{(d / 'server.log').read_text()[-3000:]}")
+        rc = json.loads(line)["rc"]
+        text = log.read_text() if log.exists() else ""
+        return rc, json.loads(result.read_text()) if rc == 0 and result.exists() else None, text
+
+    yield check
+    server.stdin.close()
+    server.kill()  # idle between requests: nothing to finish
+    server.wait()
+    err.close()
+
+
 @pytest.mark.parametrize("version", releases())
-def test_adapter_matches_the_release_source(version):
+def test_adapter_matches_the_release_source(version, release_checks):
     root = _cached(version)
     if root is None and os.environ.get("SPECWATCH_REQUIRE_SGLANG_SRC") == "1":
         pytest.fail(
@@ -498,20 +606,17 @@ def test_adapter_matches_the_release_source(version):
             f"no unpacked SGLang {version} in {CACHE}: run scripts/fetch_sglang_sources.sh "
             f"(downloads the wheels, needs network)"
         )
-    env = {**os.environ, "PYTHONPATH": str(SRC), "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.run(
-        [sys.executable, __file__, str(root), version, json.dumps(specwatch_engine_args())],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=900,
-        cwd=str(root),
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    rc, out, log = release_checks(root, version)
+    assert rc == 0 and out is not None, log[-3000:]
     for note in out["notes"]:
         warnings.warn(f"SGLang {version}: {note}", stacklevel=1)
     assert not out["failures"], f"SGLang {version}:\n" + "\n".join(out["failures"])
+
+
+def test_a_release_child_that_fails_is_reported_with_its_log(release_checks, tmp_path):
+    """A release folder without SGLang's sources: the child exits non-zero and its traceback comes back."""
+    rc, out, log = release_checks(tmp_path, "0.5.17")
+    assert rc != 0 and out is None and "Traceback" in log
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -137,6 +137,13 @@ def expected_tree_verifies(
     then accepts greedily: from the root, follow the child equal to sigma(current) while one is in
     the tree. Ties are broken by candidate order, as torch.topk does on equal values (an assumption:
     the oracle's ties are between paths that can never both be accepted)."""
+    accepted = tree_acceptance(oracle, num_steps, topk, num_draft_tokens)
+    return count_verifies(oracle.successor_index(), first_output_token, output_len, accepted)
+
+
+def tree_acceptance(oracle: "Oracle", num_steps: int, topk: int, num_draft_tokens: int) -> Callable[[int], int]:
+    """The drafts the target accepts from the tree drafted after token index j, as a function of j
+    (``expected_tree_verifies``' rule; it depends on j alone, so callers over many prompts may cache it)."""
     wrong = oracle.wrong_set()
     succ = oracle.successor_index()
 
@@ -171,7 +178,7 @@ def expected_tree_verifies(
                 return n
             node, cur, n = nxt, want, n + 1
 
-    return count_verifies(succ, first_output_token, output_len, accepted)
+    return accepted
 
 
 def count_verifies(succ: np.ndarray, first_output_token: int, output_len: int, accepted) -> int:
