@@ -49,9 +49,8 @@ def _own(target: Path, draft: Path | None, name: str = "m") -> str:
     return f'{{name = "{name}", target = "{target}"{d}}}'
 
 
-def test_case_ids_of_every_shipped_oracle_suite_are_unchanged():
-    ids = [pc.case.case_id for p in ORACLE_SUITES for pc in load_suite(p).plan()]
-    assert (len(ids), hashlib.sha256(",".join(ids).encode()).hexdigest()[:16]) == (669, "b9dcb5c74e470e55")
+def test_oracle_cases_name_no_own_model_in_their_id_params():
+    """The shipped plans themselves are pinned by test_speedup's plan digest."""
     assert all("own_model" not in pc.case.params() for p in ORACLE_SUITES[:2] for pc in load_suite(p).plan())
 
 
