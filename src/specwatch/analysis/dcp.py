@@ -207,7 +207,7 @@ def dcp_summary(matrix: pd.DataFrame) -> pd.DataFrame:
     ].fillna("not run")
 
 
-MARKDOWN_ROWS = 2000
+MARKDOWN_ROWS = 500
 """Rows of a DCP table ``dcp_markdown`` writes; the rest are counted in a line under it (the
 dashboard's index page holds every row)."""
 
