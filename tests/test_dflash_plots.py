@@ -11,6 +11,7 @@ def _row(case_id, version, algorithm="DFLASH", status="ok", fault=None, tail=0.0
     return dict(
         case_id=case_id,
         machine="nvidia-h200-x1",
+        suite="dflash",
         sglang_version=version,
         algorithm=algorithm,
         status=status,

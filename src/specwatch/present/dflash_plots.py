@@ -14,8 +14,8 @@ import pandas as pd  # noqa: E402
 
 from specwatch.core.case import Algorithm  # noqa: E402
 from specwatch.core.sglang_host import version_key  # noqa: E402
+from specwatch.present.findings import latest_records  # noqa: E402
 from specwatch.present.plots import save_figure  # noqa: E402
-from specwatch.store.latest import latest_rows  # noqa: E402
 
 DFLASH_PLOT = "dflash"
 """File stem of the figure (``plots/dflash.png`` and ``.svg``)."""
@@ -29,15 +29,12 @@ PANELS = (
 
 
 def dflash_records(df: pd.DataFrame) -> pd.DataFrame:
-    """The latest clean ok DFLASH record of each case per SGLang version and machine."""
-    needed = {"algorithm", "status", "case_id", "sglang_version"}
-    if df.empty or not needed <= set(df.columns):
+    """The judged record of each DFLASH case (``findings.latest_records``: the latest per machine,
+    version, suite and fault, probed runs only), kept where it is clean and ok."""
+    if df.empty or "algorithm" not in df:
         return df.iloc[0:0]
-    d = df[(df.algorithm == Algorithm.DFLASH.value) & (df.status == "ok")]
-    if "fault" in d:
-        d = d[d.fault.isna()]
-    keys = ["machine", "sglang_version", "case_id"] if "machine" in d else ["sglang_version", "case_id"]
-    return latest_rows(d, keys)
+    d = latest_records(df)
+    return d[(d.algorithm == Algorithm.DFLASH.value) & (d.status == "ok") & d.fault.isna()]
 
 
 def _panel(ax, d: pd.DataFrame, metric: str, how: str, x: str, line: str, xlabel: str, unit: str) -> None:
