@@ -93,8 +93,9 @@ def read_base(path: Path) -> KitManifest:
 
 def layered_on(base: KitManifest, pins: list[Pin]) -> tuple[list[Pin], KitBase]:
     """The pins the base kit does not carry as the same file, and the layer's record of its base."""
-    served = {(w.filename, w.sha256) for w in base.wheels}
-    kept = [p for p in pins if (p.wheel.path.name, p.wheel.sha256()) not in served]
+    served = {w.filename: w.sha256 for w in base.wheels}
+    # hashed here only where the base has the file name: a wheel the layer keeps is hashed once, later
+    kept = [p for p in pins if p.wheel.path.name not in served or served[p.wheel.path.name] != p.wheel.sha256()]
     if not kept:
         raise SpecwatchInputError(
             None, f"the base kit (sglang {base.sglang_version}) already carries every wheel", field="--base"
