@@ -423,7 +423,6 @@ def test_a_distribution_omitted_at_build_time_is_left_out_and_says_why(index, tm
 
 def test_layered_kit_carries_only_what_its_base_lacks_and_imports_through_the_base(index, tmp_path):
     make_wheel(index, "sglang", "0.5.21", ["torch==2.13.0", "sglang-kernel==0.4.7", "transformers==5.12.1"])
-    base_out = tmp_path / "kit-0.5.20"
     base_out, base = build(index, tmp_path, "0.5.20")
     layer_out, layer = build(index, tmp_path, "0.5.21", base=base_out)
     assert [w.name for w in layer.wheels] == ["sglang"]
