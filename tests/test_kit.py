@@ -237,8 +237,8 @@ def test_pieces_fit_and_reassemble_byte_identical(tmp_path):
     assert joined == data
 
 
-def build(index, tmp_path, version="0.5.20", **kw) -> tuple[Path, KitManifest]:
-    out = tmp_path / f"kit-{version}"
+def build(index, tmp_path, version="0.5.20", name=None, **kw) -> tuple[Path, KitManifest]:
+    out = tmp_path / (name or f"kit-{version}")
     manifest = build_kit(
         version,
         out,
@@ -451,3 +451,17 @@ def test_a_base_that_is_not_a_kit_is_one_line_and_exit_2(index, tmp_path):
     (tmp_path / "nokit").mkdir()
     run = cli("build", "0.5.20", "--out", str(tmp_path / "out"), "--base", str(tmp_path / "nokit"))
     assert run.returncode == 2 and "--base" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_a_with_requirement_is_carried_and_a_layer_on_the_same_release_holds_only_it(index, tmp_path):
+    make_wheel(index, "ray", "2.60.0", ["filelock", "msgpack<2"])
+    make_wheel(index, "msgpack", "1.1.0")
+    base_out, _ = build(index, tmp_path, "0.5.20")
+    _, layer = build(index, tmp_path, "0.5.20", name="ray-layer", base=base_out, extra=["ray==2.60.0"])
+    assert sorted(w.name for w in layer.wheels) == ["msgpack", "ray"]
+    assert {w.name: w.required_by for w in layer.wheels}["ray"] == "--with"
+
+
+def test_a_with_that_is_not_a_requirement_is_one_line_and_exit_2(index, tmp_path):
+    run = cli("build", "0.5.20", "--out", str(tmp_path / "out"), "--with", "ray ==")
+    assert run.returncode == 2 and "--with" in run.stderr and "Traceback" not in run.stderr

@@ -47,6 +47,14 @@ def parser() -> argparse.ArgumentParser:
         metavar="KIT",
         help="layer on this kit: leave out every wheel it carries (same file), chain its site in env.sh",
     )
+    build.add_argument(
+        "--with",
+        dest="extra",
+        action="append",
+        default=[],
+        metavar="REQ",
+        help="carry this requirement too (repeatable), resolved with the release's pins, e.g. ray==2.60.0",
+    )
     build.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="wheel cache folder")
     return top
 
@@ -71,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             cache=args.cache,
             omit=dict(_omission(o) for o in args.omit),
             base=args.base,
+            extra=args.extra,
         )
     except SpecwatchInputError as e:
         print(f"error: {e}", file=sys.stderr)

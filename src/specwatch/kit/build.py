@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import shutil
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from specwatch.core.errors import SpecwatchInputError
 from specwatch.kit import pack
@@ -29,6 +29,7 @@ def build_kit(
     downloader: Downloader | None = None,
     omit: dict[str, str] | None = None,
     base: Path | None = None,
+    extra: Sequence[str] = (),
     log: Callable[[str], None] = print,
 ) -> KitManifest:
     """Build the offline kit for SGLang ``version`` in ``out`` (``out/part-NN/``).
@@ -38,6 +39,8 @@ def build_kit(
     ``base``: a kit folder (or its manifest) this kit is layered on: every wheel the base carries
     as the same file with the same checksum is left to the base's site, e.g. one torch layer
     shared by several SGLang releases.
+    ``extra``: requirements carried beside the release's (e.g. ``ray`` for the Ray executor),
+    resolved together with its pins.
     ``downloader`` replaces pip against the package index (tests use a local folder).
     Raises :class:`~specwatch.core.errors.SpecwatchInputError` (one line) on bad input or no network.
     """
@@ -46,7 +49,7 @@ def build_kit(
     base_manifest = read_base(base) if base is not None else None
     downloader = downloader or PipDownloader(host, cache, log=log)
     log(f"== resolving sglang {version} for Python {host.python_version}")
-    resolution = Resolver(downloader, host, cubin=cubin, omit=omit, log=log).resolve(version)
+    resolution = Resolver(downloader, host, cubin=cubin, omit=omit, extra=extra, log=log).resolve(version)
     pins = resolution.sorted_pins()
     if not fa3:
         pins = [drop_fa3(p, cache) for p in pins]

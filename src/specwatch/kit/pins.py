@@ -10,9 +10,9 @@ Versions are picked by pip (the newest wheel that satisfies every requirement se
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from typing import Callable, Sequence
 
-from packaging.requirements import Requirement
+from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
@@ -96,6 +96,16 @@ def top_level_requirements(sglang: Wheel, host: HostProfile, *, cubin: bool) -> 
     return [chosen[n] for n in sorted(chosen)]
 
 
+def parse_extra(text: str) -> Requirement:
+    """One ``--with`` requirement, e.g. ``ray==2.60.0``."""
+    try:
+        return Requirement(text)
+    except InvalidRequirement:
+        raise SpecwatchInputError(
+            None, f"'{text}' is not a requirement (expected e.g. ray==2.60.0)", field="--with"
+        ) from None
+
+
 class Resolver:
     """Walks requirements breadth first, one download batch per level."""
 
@@ -106,9 +116,13 @@ class Resolver:
         *,
         cubin: bool = False,
         omit: dict[str, str] | None = None,
+        extra: Sequence[str] = (),
         log: Callable[[str], None] = print,
     ):
         self.downloader = downloader
+        self.extra = [parse_extra(r) for r in extra]
+        """Requirements carried beside the release's own (``--with``), e.g. ``ray`` for the Ray
+        executor; resolved with the release's pins, so they share its wheels."""
         self.extra_omit = {canonicalize_name(k): v for k, v in (omit or {}).items()}
         """Distributions left out at build time (name -> why), beside ``RELEASE_RULES``' omissions."""
         self.host = host
@@ -149,6 +163,7 @@ class Resolver:
             if canonicalize_name(req.name) in omit:
                 result.omitted[canonicalize_name(req.name)] = omit[canonicalize_name(req.name)]
         pending = [(req, f"sglang=={release}") for req in top_level_requirements(sglang, self.host, cubin=self.cubin)]
+        pending += [(req, "--with") for req in self.extra]
         while pending:
             batch, pending = self._next_batch(pending, result, omit)
             pending += self._fetch_batch(batch, result)
