@@ -81,7 +81,9 @@ def test_run_without_gpu_is_the_cpu_tier(tmp_path):
     res = runner.invoke(app, ["run", str(SUITES / "smoke.toml"), "--cpu-tier", "--out", str(tmp_path)])
     assert res.exit_code == 0, res.stdout
     mem = json.loads((tmp_path / "smoke" / "memory.json").read_text())
-    assert len(mem) == 8 and all(r["sglang_agrees"] for r in mem)
+    # 8 speculative cases and 4 plain-decoding twins (one per backend x page), sized alike
+    assert len(mem) == 12 and all(r["sglang_agrees"] for r in mem)
+    assert sum(r["label"].startswith("tiny/NONE/") for r in mem) == 4
     sim = json.loads((tmp_path / "smoke" / "simulation.json").read_text())
     # smoke's page-1 tree (topk 4, draft 8) is covered by EAGLE's admission reserve
     assert {(r["page_size"], r["topk"]): r["clean"] for r in sim} == {
@@ -132,7 +134,8 @@ def test_where_is_validated_and_applied(tmp_path):
         app, ["run", str(SUITES / "smoke.toml"), "--cpu-tier", "--where", "page_size=64", "--out", str(tmp_path)]
     )
     assert ok.exit_code == 0
-    assert len(json.loads((tmp_path / "smoke" / "memory.json").read_text())) == 4
+    # page 64's 4 cases and their 2 plain twins (triton, flashinfer)
+    assert len(json.loads((tmp_path / "smoke" / "memory.json").read_text())) == 6
 
 
 def test_results_health_names_failed_checks(tmp_path):
@@ -398,10 +401,11 @@ def test_plan_leaves_out_known_cases_and_estimates_device_time(tmp_path):
     )
     assert res.exit_code == 0, res.stdout
     lines = res.stdout.splitlines()
-    assert lines[0] == f"smoke: {len(done)} case(s) already recorded for m / SGLang 0.5.17; 4 left in 4 engine group(s)"
+    assert lines[0] == f"smoke: {len(done)} case(s) already recorded for m / SGLang 0.5.17; 6 left in 6 engine group(s)"
     assert "≈ 2 device minutes" in lines[1] and "median 25 s" in lines[1] and "over 2 run(s)" in lines[1]
     left = [json.loads(x) for x in lines[2:]]
-    assert len(left) == 4 and {x["attention_backend"] for x in left} == {"flashinfer"}
+    # flashinfer's 4 cases and its 2 plain twins (page 1 and 64)
+    assert len(left) == 6 and {x["attention_backend"] for x in left} == {"flashinfer"}
     res = specwatch_cli("plan", SUITES / "smoke.toml", "--known", tmp_path)
     assert res.returncode == 2 and "--machine and --sglang-version" in res.stderr
 

@@ -15,23 +15,27 @@ from specwatch.run.runner import RunOptions, engine_groups, run_suite
 from specwatch.store.jsonl import read_records
 from specwatch.store.latest import record_id
 from specwatch.store.twins import BREAK_EVEN, SPEEDUP
-from specwatch.suite import load_suite
+from specwatch.suite import load_suite, parse_where, selected
 
 HERE = os.path.dirname(__file__)
 
 SHIPPED_PLAN_DIGEST = "6fe4a741f98b1d2cd398351df4a9f880cbdaad9ce957f14fd7270e9d3a6ecd58"
 """sha256 over every shipped suite's plan (file, case id, skip reason, duplicate), as planned
-before suites could opt in to plain twins: a suite without ``speedup`` plans exactly these."""
+before suites could opt in to plain twins: the speculative cases of every suite, with or
+without ``speedup``, are exactly these."""
+
+SPEEDUP_SUITES = {"smoke.toml", "tree-page.toml"}
+"""The shipped suites whose records carry speedup over plain decoding."""
 
 
-def test_shipped_suites_without_the_key_plan_the_same_cases():
+def test_shipped_suites_plan_the_same_speculative_cases_with_or_without_twins():
     h = hashlib.sha256()
     for p in sorted(SUITES.glob("*.toml")):
         if p.name == "byo-oracle.toml":  # its checkpoints are written first (test_own_model)
             continue
         suite = load_suite(p)
-        assert not suite.spec.suite.speedup
-        for c in suite.plan():
+        assert suite.spec.suite.speedup is (p.name in SPEEDUP_SUITES)
+        for c in (c for c in suite.plan() if not c.twin):
             h.update(f"{p.name} {c.case.case_id} {c.skip} {c.duplicate}\n".encode())
     assert h.hexdigest() == SHIPPED_PLAN_DIGEST
 
@@ -102,6 +106,24 @@ def test_the_twin_keeps_the_target_and_drops_the_draft():
         256,
     )
     assert c.model_copy(update={"topk": 1, "num_draft_tokens": 4}).plain_twin().case_id == t.case_id
+
+
+def test_a_where_selection_keeps_the_twins_of_the_cases_it_selects_and_no_other(tmp_path):
+    _, suite = speedup_suite(tmp_path)
+    picked = selected(suite.plan(), parse_where(["topk=2", "page_size=64"]))
+    spec = [p for p in picked if not p.twin]
+    assert len(spec) == 2 and all(p.case.topk == 2 and p.case.page_size == 64 for p in spec)
+    assert {p.case.case_id for p in picked if p.twin} == {p.case.plain_twin().case_id for p in spec}
+    assert len(picked) == 4  # page 64's two twins (batch 1 and 8); page 1's are left out
+
+
+def test_a_run_selected_by_where_records_speedup_on_every_selected_case(tmp_path):
+    _, suite = speedup_suite(tmp_path)
+    env = {"PYTHONPATH": HERE + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    opts = RunOptions(gpus=1, worker_module="fake_worker", extra_env=env, where=parse_where(["topk=2"]))
+    recs = list(read_records(run_suite(suite, tmp_path / "results", opts)))
+    spec = [r for r in recs if r.case.algorithm is not Algorithm.NONE]
+    assert len(spec) == 4 and all(r.case.topk == 2 and SPEEDUP in r.metrics for r in spec)
 
 
 def _run(tmp_path, suite, **env):

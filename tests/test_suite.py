@@ -27,9 +27,10 @@ def test_shipped_suites_expand():
     for name in ("smoke", "tree-page", "dcp"):
         plan = load_suite(SUITES / f"{name}.toml").plan()
         counts[name] = (len(plan), sum(p.skip is None for p in plan))
-    assert counts["smoke"] == (8, 8)
-    # 4 pages x 4 topk x 3 backends x 2 batch sizes x 2 profiles
-    assert counts["tree-page"] == (192, 192)
+    # 2 backends x 2 pages x 2 topk, and a plain twin per backend x page
+    assert counts["smoke"] == (8 + 4, 8 + 4)
+    # 4 pages x 4 topk x 3 backends x 2 batch sizes x 2 profiles, and a twin per page x backend x batch
+    assert counts["tree-page"] == (192 + 24, 192 + 24)
     # 3 algos x 3 backends x 2 pages x 2 topk x 2 dcp x 2 workloads; NGRAM topk>1 page>1 off flashinfer
     assert counts["dcp"][0] == 144 + 64 + 48  # Llama (MHA) cases + the MLA matrix + tiny-attn
     # NGRAM tree on paged KV (8); FlashMLA page 1 and tree on paged KV (12); flashinfer MLA topk 4 (8)

@@ -67,7 +67,7 @@ def plan(
 ) -> None:
     """List the cases a suite expands to, with skipped ones and why; with --where / --known, only
     what a run would still do, its engine groups and, from the machine's past runs, its device time."""
-    from specwatch.suite import matches, parse_where
+    from specwatch.suite import parse_where, selected
 
     s = load_suite_file(suite)
     flt = parse_where(where)
@@ -75,7 +75,7 @@ def plan(
         raise SpecwatchInputError(
             None, "--known needs --machine and --sglang-version (where the run will happen)", field="--known"
         )
-    planned = [p for p in s.plan() if not flt or matches(p.case, flt)]
+    planned = selected(s.plan(), flt)
     if flt and not planned:
         raise SpecwatchInputError(suite, f"no case matches --where {' '.join(where)}", field="--where")
     if known is not None:

@@ -248,12 +248,10 @@ def run_with_progress(loaded: list, results: Path, options) -> list[Path]:
     )
 
     from specwatch.run.runner import run_suites
-    from specwatch.suite import matches
+    from specwatch.suite import selected
 
     flt = options.where
-    total = len(options.faults) * sum(
-        1 for s in loaded for p in s.plan() if not p.duplicate and (not flt or matches(p.case, flt))
-    )
+    total = len(options.faults) * sum(1 for s in loaded for p in selected(s.plan(), flt or {}) if not p.duplicate)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console) as bar:
         task = bar.add_task(" + ".join(s.name for s in loaded), total=total)

@@ -15,7 +15,7 @@ import pandas as pd
 from specwatch.core.sglang_host import sglang_importable
 from specwatch.cpu.allocator_sim import AcceptPattern, SimConfig, simulate
 from specwatch.rules.memory_model import SizingInput, compare
-from specwatch.suite import Suite, matches
+from specwatch.suite import Suite, selected
 
 DEFAULT_MAX_RUNNING_REQUESTS = 48
 
@@ -47,8 +47,8 @@ def run_cpu_tier(
     have_sglang = sglang_importable()
     mem_rows, sim_rows = [], []
     seen: set[tuple] = set()
-    for planned in suite.plan():
-        if planned.skip or planned.duplicate or (where and not matches(planned.case, where)):
+    for planned in selected(suite.plan(), where or {}):
+        if planned.skip or planned.duplicate:
             continue
         c = planned.case
         x = SizingInput.for_case(c, context_len, DEFAULT_MAX_RUNNING_REQUESTS)
@@ -62,7 +62,8 @@ def run_cpu_tier(
         }
         mem_rows.append(row)
         key = (c.algorithm, c.page_size, c.topk, c.num_steps, c.num_draft_tokens, c.dcp)
-        if simulate_allocator and have_sglang and key not in seen:
+        # the simulation drives the speculative decode path; a plain twin has only its sizing row
+        if simulate_allocator and have_sglang and c.algorithm.speculative and key not in seen:
             seen.add(key)
             cfg = SimConfig(
                 c.page_size,

@@ -37,7 +37,7 @@ from specwatch.store.jsonl import (
     results_path,
 )
 from specwatch.store.twins import TwinBoard
-from specwatch.suite import PlannedCase, Suite, matches
+from specwatch.suite import PlannedCase, Suite, selected
 
 __all__ = ["Executor", "RunOptions", "Shard", "engine_groups", "plan_run", "run_suite", "run_suites"]
 
@@ -88,9 +88,7 @@ def plan_run(
             if emit_progress:
                 emit_progress(rec)
 
-    planned: list[PlannedCase] = [
-        p for p in suite.plan() if not p.duplicate and (not options.where or matches(p.case, options.where))
-    ]
+    planned: list[PlannedCase] = [p for p in selected(suite.plan(), options.where or {}) if not p.duplicate]
     runnable: list[Case] = []
     for p in planned:
         if p.case.case_id in done:
@@ -142,12 +140,7 @@ def check_executor(options: RunOptions) -> None:
 
 def wanted_cases(suites: list[Suite], options: RunOptions) -> list[Case]:
     """The cases the run means to start (not skipped, not a duplicate, selected by ``where``)."""
-    return [
-        p.case
-        for s in suites
-        for p in s.plan()
-        if not p.duplicate and not p.skip and (not options.where or matches(p.case, options.where))
-    ]
+    return [p.case for s in suites for p in selected(s.plan(), options.where or {}) if not p.duplicate and not p.skip]
 
 
 def run_suites(suites: list[Suite], results_root: Path, options: RunOptions = RunOptions()) -> list[Path]:

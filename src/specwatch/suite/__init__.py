@@ -19,7 +19,7 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Iterator, Optional
+from typing import Annotated, Iterator
 
 from pydantic import (
     AfterValidator,
@@ -42,6 +42,7 @@ from specwatch.suite.planned import PlannedCase
 from specwatch.suite.twins import refuse_plain as _speculative
 from specwatch.suite.twins import with_twins
 from specwatch.suite.validation_errors import error_field, error_line
+from specwatch.suite.where import WHERE_FIELDS, matches, parse_where, selected  # noqa: F401 (the package's API)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -245,58 +246,6 @@ class Suite:
 
 AXES: tuple[str, ...] = tuple(f for f in Matrix.model_fields if not f.startswith("prompt"))
 """The ``[[matrix]]`` fields whose cartesian product gives cases (``prompts*`` are per matrix)."""
-
-
-WHERE_FIELDS: tuple[str, ...] = ("case_id",)
-"""Fields ``--where`` takes besides the case's parameters: ``case_id`` re-runs exactly the named cases."""
-
-
-def _where_value_error(key: str, value: str) -> Optional[str]:
-    """Why ``value`` can never match ``key`` (not an integer, not one of the enum's values), or None."""
-    from specwatch.core.case import Case
-
-    if not value:
-        return "an empty value matches no case"
-    if key == "case_id":
-        return None if re.fullmatch(r"[0-9a-f]{12}", value) else "a case id is 12 hex digits"
-    kind = Case.model_fields[key].annotation
-    if kind is int:
-        return None if re.fullmatch(r"\d+", value) else f"{key} takes integers"
-    if kind is bool:
-        return None if value in ("true", "false") else f"{key} takes true or false"
-    allowed = [e.value.lower() for e in kind]
-    return None if value in allowed else f"{key} is one of {', '.join(allowed)}"
-
-
-def parse_where(terms: list[str]) -> dict[str, set[str]]:
-    """``["page_size=64,256", "attention_backend=triton"]`` -> {field: allowed string values}.
-
-    A value that can match no case (``page_size=x``, ``attention_backend=cutlass``) is an error,
-    not an empty selection."""
-    from specwatch.core.case import CASE_FIELDS
-
-    out: dict[str, set[str]] = {}
-    for term in terms:
-        key, sep, values = term.partition("=")
-        if not sep or key not in CASE_FIELDS + WHERE_FIELDS:
-            raise SpecwatchInputError(
-                None,
-                "--where takes FIELD=V1[,V2], FIELD a case parameter as "
-                "`plan --json` prints them (page_size, topk, ...) or case_id",
-                field=term,
-            )
-        for v in (v.strip().lower() for v in values.split(",")):
-            why = _where_value_error(key, v)
-            if why:
-                raise SpecwatchInputError(None, f"--where {key}={v!r} matches no case: {why}", field=term)
-            out.setdefault(key, set()).add(v)
-    return out
-
-
-def matches(case: Case, where: dict[str, set[str]]) -> bool:
-    """Whether the case's value of every field in ``where`` (from ``parse_where``) is allowed."""
-    p = dict(case.params(), case_id=case.case_id)
-    return all(str(p[k]).lower() in vs for k, vs in where.items())
 
 
 def load_suite(path: str | Path) -> Suite:
