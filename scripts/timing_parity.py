@@ -13,7 +13,7 @@ hits every kind alike:
 * ``probed``: ``python -m specwatch.worker`` as ``specwatch run`` starts it (probe on);
 * ``bare``: the same with ``SPECWATCH_PROBE=0`` (``specwatch run --bare``).
 
-Prints one JSON object: per kind the per-repeat output tokens/s of every run, the median over all
+Prints one JSON object (with the host's provenance, as records carry it): per kind the per-repeat output tokens/s of every run, the median over all
 repeats, the spread ((max - min) / median), per-run medians, and the ratios of each kind's median
 to ``plain``'s; the worker's garbage-collector pauses inside each timed batch and the scheduler's
 (probed) come with them. Tiny oracle, two rounds: about six engine starts, under 8 minutes on an
@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -333,7 +334,11 @@ def main(argv: Optional[list[str]] = None) -> int:
             "probed": lambda left: run_worker(case, args, tmp, left, probe=True),
             "bare": lambda left: run_worker(case, args, tmp, left, probe=False),
         }
+        from specwatch.run import provenance
+
+        started = datetime.now(timezone.utc)
         report = experiment(case, args, runners)
+    report["provenance"] = provenance.collect(started, datetime.now(timezone.utc)).model_dump(mode="json")
     text = json.dumps(report, indent=1)
     if args.out:
         Path(args.out).write_text(text + "\n")

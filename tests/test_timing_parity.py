@@ -185,3 +185,15 @@ def test_the_plain_loop_times_back_to_back_batches_then_the_flushed_pattern_on_o
     assert calls == [("flush",), full, full, full] + [("flush",), ("generate", 1), ("flush",), full] * 2
     assert len(out["plain"]) == len(out["plain_flushed"]) == 2 and all(v > 0 for v in out["plain"])
     assert out["plain_flushed_cached_tokens"] == [0, 0]
+
+
+def test_the_report_carries_the_hosts_provenance(tmp_path, monkeypatch):
+    tp = _script()
+    monkeypatch.setattr(tp, "run_plain", lambda case, args, tmp, left: {"plain": {"tps": [100.0, 101.0]}})
+    monkeypatch.setattr(tp, "run_worker", lambda case, args, tmp, left, probe: {"x": {"tps": [99.0, 98.0]}})
+    out = tmp_path / "parity.json"
+    assert tp.main(["--rounds", "1", "--order", "plain,probed", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["kinds"]["plain"]["median"] == 100.5
+    prov = report["provenance"]
+    assert prov["specwatch_version"] and prov["python_version"] and prov["started_at"] <= prov["finished_at"]
