@@ -133,3 +133,23 @@ def test_device_run_logs_each_line_as_it_comes_and_returns_the_runs_exit_code(tm
     done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 3 and "ok case 1\nok case 2" in done.stdout
     assert (out / "results.tgz").exists()
+
+
+def test_device_cmd_runs_one_line_with_the_kits_python_and_returns_its_exit_code(tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "env.sh").write_text("export KIT_MARK=from-the-kit\n")
+    results = tmp_path / "res"
+    env = dict(os.environ, SPECWATCH_SITE=str(site), SPECWATCH_DEVICE_RESULTS=str(results))
+    line = 'echo "$KIT_MARK $COMMIT" > $SPECWATCH_DEVICE_RESULTS/o.txt; exit 3'
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "device-cmd.sh"), "a" * 40, line],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 3 and "rc 3" in done.stdout
+    assert (results / "o.txt").read_text().split() == ["from-the-kit", "a" * 40]
+    short = subprocess.run(["bash", str(ROOT / "scripts" / "device-cmd.sh"), "abc", "true"], capture_output=True)
+    assert short.returncode == 2
