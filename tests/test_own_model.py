@@ -58,13 +58,16 @@ def test_the_shipped_byo_suite_plans_the_written_oracle_as_an_own_model(oracle_m
     monkeypatch.chdir(oracle_models)
     shutil.copytree(SUITES / "prompts", oracle_models / "suites" / "prompts", dirs_exist_ok=True)
     plan = load_suite(SUITES / "byo-oracle.toml").plan()
-    runnable = [p for p in plan if p.skip is None]
+    runnable = [p for p in plan if p.skip is None and not p.twin]
     assert runnable and all(p.case.model is ModelSize.own for p in plan)
     c = runnable[0].case
     assert c.expectation is Expectation.parity and c.prompts.count == 24 and c.prompts.sha256
     assert c.own_model.context_len == SHAPES[ModelSize.tiny].max_position
     assert {p.case.own_model.name for p in runnable} == {"oracle-tiny", "oracle-tiny-ngram"}
     assert "oracle-tiny/EAGLE" in c.label()
+    # [suite] speedup: the plain twins decode the target alone, so they run without a draft
+    twins = [p for p in plan if p.twin]
+    assert len(twins) == 9 and all(t.skip is None for t in twins)
 
 
 def test_own_model_ids_join_across_folders_and_follow_the_configs(oracle_models, tmp_path):

@@ -105,7 +105,7 @@ def own_skip_reason(case: Case, rules) -> Optional[str]:
     built for the oracles, or one of ``rules`` (``rules.validity.RULES``) that read no oracle shape
     (``SHAPE_FREE_RULES``) refuses it."""
     algo = case.algorithm
-    if algo not in DRAFTLESS and case.own_model.draft is None:
+    if algo.speculative and algo not in DRAFTLESS and case.own_model.draft is None:
         return f"own-model-draft: {algo.value} needs a draft model; model {case.own_model.name!r} names none"
     if case.workload is not Workload.standard:
         return f"own-model-workload: the {case.workload.value} workload is sized for the oracle models"

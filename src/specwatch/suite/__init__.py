@@ -36,9 +36,9 @@ from pydantic_core import PydanticCustomError
 from specwatch.core.case import Algorithm, Backend, Case, ModelSize, Profile, Workload
 from specwatch.core.errors import SpecwatchInputError
 from specwatch.oracle.shapes import SHAPES
-from specwatch.own.suite_model import ModelEntry, OwnPromptFields, own_fields, own_skip_reason, resolve_own
-from specwatch.rules.validity import RULES, normalize_dflash, normalize_draft_tokens, skip_reason
-from specwatch.suite.planned import PlannedCase
+from specwatch.own.suite_model import ModelEntry, OwnPromptFields, own_fields, resolve_own
+from specwatch.rules.validity import normalize_dflash, normalize_draft_tokens
+from specwatch.suite.planned import PlannedCase, case_skip_reason
 from specwatch.suite.twins import refuse_plain as _speculative
 from specwatch.suite.twins import with_twins
 from specwatch.suite.validation_errors import error_field, error_line
@@ -318,9 +318,7 @@ def _matrix_points(spec: SuiteSpec) -> Iterator[PlannedCase]:
                 yield PlannedCase(case, why, duplicate=True, adjusted=adjusted)
                 continue
             seen.add(cid)
-            yield PlannedCase(
-                case, skip_reason(case) if case.own_model is None else own_skip_reason(case, RULES), adjusted=adjusted
-            )
+            yield PlannedCase(case, case_skip_reason(case), adjusted=adjusted)
 
 
 def expand(spec: SuiteSpec) -> list[PlannedCase]:

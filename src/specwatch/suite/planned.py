@@ -6,6 +6,14 @@ from dataclasses import dataclass
 from typing import Optional
 
 from specwatch.core.case import Case
+from specwatch.own.suite_model import own_skip_reason
+from specwatch.rules.validity import RULES, skip_reason
+
+
+def case_skip_reason(case: Case) -> Optional[str]:
+    """Why SGLang (or an own model's limits) would not run the case, or None: the oracle rules
+    for the oracle models, ``own_skip_reason`` for a model named by path."""
+    return skip_reason(case) if case.own_model is None else own_skip_reason(case, RULES)
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,7 @@ from typing import Iterator
 from pydantic_core import PydanticCustomError
 
 from specwatch.core.case import Algorithm
-from specwatch.rules.validity import skip_reason
-from specwatch.suite.planned import PlannedCase
+from specwatch.suite.planned import PlannedCase, case_skip_reason
 
 
 def refuse_plain(v: Algorithm) -> Algorithm:
@@ -33,5 +32,5 @@ def with_twins(planned: Iterator[PlannedCase]) -> Iterator[PlannedCase]:
             twin = p.case.plain_twin()
             if twin.case_id not in seen:
                 seen.add(twin.case_id)
-                yield PlannedCase(twin, skip_reason(twin), twin=True)
+                yield PlannedCase(twin, case_skip_reason(twin), twin=True)
         yield p
