@@ -230,3 +230,25 @@ def test_a_record_without_a_twin_is_written_as_before():
     assert "plain_twin" not in json.loads(r.model_dump_json())  # older readers refuse unknown keys
     twinned = parse_record(json.loads(r.model_copy(update={"plain_twin": "abc@20261130T000000Z"}).model_dump_json()))
     assert twinned.plain_twin == "abc@20261130T000000Z"
+
+
+def test_the_speedup_figure_plots_the_newest_version_per_backend_and_nothing_without_twins(tmp_path):
+    from records import case, record
+    from specwatch.present.speedup_plots import newest_points, speedup_figure
+    from specwatch.store.frame import records_frame
+    from specwatch.store.twins import with_speedup
+
+    recs = []
+    for version, tps in (("0.5.22", 150.0), ("0.5.23", 300.0)):
+        for backend in (Backend.triton, Backend.flashinfer):
+            for topk in (1, 4):
+                c = case(attention_backend=backend, topk=topk)
+                plain = record(c.plain_twin(), tps=100.0, sglang_version=version)
+                recs += [with_speedup(record(c, tps=tps, sglang_version=version), plain), plain]
+    points = newest_points(records_frame(recs))
+    assert set(points.sglang) == {"0.5.23"} and len(points) == 4
+    assert points.speedup.tolist() == pytest.approx([3.0] * 4)
+    files = speedup_figure(records_frame(recs), tmp_path)
+    assert sorted(f.suffix for f in files) == [".png", ".svg"] and all(f.stat().st_size > 0 for f in files)
+    no_twins = [r for r in recs if r.case.algorithm is not Algorithm.NONE]
+    assert speedup_figure(records_frame(no_twins), tmp_path / "none") == []

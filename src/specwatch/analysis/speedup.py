@@ -22,10 +22,24 @@ def _twin_id(row: dict) -> str:
     return Case(**{f: row[f] for f in CASE_FIELDS}).plain_twin().case_id
 
 
-def speedup_frame(df: pd.DataFrame) -> pd.DataFrame:
+POINT_FIELDS = (
+    "algorithm",
+    "attention_backend",
+    "page_size",
+    "topk",
+    "batch_size",
+    "input_len",
+    "output_len",
+    "profile",
+)
+"""The case parameters a speedup point keeps (what the table names and the plots group by)."""
+
+
+def speedup_points(df: pd.DataFrame) -> pd.DataFrame:
     """One row per spec case of every suite that recorded plain twins (each case's latest ok row
-    per results file): its output tokens/s, its twin's, ``speedup`` and the break-even acceptance
-    length beside the measured ``accept_length``. Empty when no twin is in ``df``."""
+    per results file): its parameters (``POINT_FIELDS``), output tokens/s, its twin's, ``speedup``
+    and the break-even acceptance length beside the measured ``accept_length``. Empty when no
+    twin is in ``df``."""
     if df.empty or "algorithm" not in df or not (df.algorithm == Algorithm.NONE.value).any():
         return pd.DataFrame()
     ok = latest_rows(df[df.status == "ok"], ["case_id", *PLACE])
@@ -44,8 +58,7 @@ def speedup_frame(df: pd.DataFrame) -> pd.DataFrame:
             {
                 "sglang": r["sglang_version"],
                 "suite": r["suite"],
-                "case": f"{r['algorithm']} {r['attention_backend']} p{r['page_size']} k{r['topk']} "
-                f"bs{r['batch_size']} {r['input_len']}->{r['output_len']} {r['profile']}",
+                **{f: r[f] for f in POINT_FIELDS},
                 "spec tokens/s": r.get(THROUGHPUT),
                 "plain tokens/s": None if twin is None else twin.get(THROUGHPUT),
                 "speedup": speedup,
@@ -54,3 +67,20 @@ def speedup_frame(df: pd.DataFrame) -> pd.DataFrame:
             }
         )
     return pd.DataFrame(rows)
+
+
+def speedup_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """``speedup_points`` as the dashboard's table: the case's parameters in one ``case`` column."""
+    points = speedup_points(df)
+    if points.empty:
+        return points
+    case = points.apply(
+        lambda r: (
+            f"{r['algorithm']} {r['attention_backend']} p{r['page_size']} k{r['topk']} "
+            f"bs{r['batch_size']} {r['input_len']}->{r['output_len']} {r['profile']}"
+        ),
+        axis=1,
+    )
+    table = points.drop(columns=list(POINT_FIELDS))
+    table.insert(2, "case", case)
+    return table

@@ -28,16 +28,7 @@ from specwatch.analysis.health import fault_table, health_matrix
 from specwatch.analysis.overhead import overhead_table
 from specwatch.analysis.verdict import ReleaseVerdict
 from specwatch.core.errors import SpecwatchInputError
-from specwatch.present.dflash_plots import DFLASH_PLOT, dflash_figure
-from specwatch.present.plots import make_all
-
-PLOT_TITLES = {
-    "memory_vs_topk": "req_to_token and KV reserve vs topk (analytic model lines, measured points)",
-    "throughput_vs_topk": "Decode throughput vs topk per backend",
-    "acceptance_vs_topk": "Acceptance length vs topk per oracle profile",
-    "across_versions": "Metrics across SGLang versions",
-    DFLASH_PLOT: "DFLASH: acceptance vs block size, decode watermark tail and row width vs page per SGLang version",
-}
+from specwatch.present.figures import PLOT_TITLES, draw_figures
 
 CASE_COLUMNS = (
     "sglang_version",
@@ -367,7 +358,7 @@ def build(
     if dcp:
         (out / "dcp-support.md").write_text(dcp_markdown(dcp))
         render_markdown_page(out / "dcp-support.md", "index.html")
-    plots = [p.stem for p in make_all(df, out / "plots") + dflash_figure(df, out / "plots") if p.suffix == ".png"]
+    plots = [p.stem for p in draw_figures(df, out / "plots") if p.suffix == ".png"]
     reports = render_reports(out)
     report_names = {r.stem for r in reports}
     sections = section_tables(df, faults, overhead, dcp, tables)

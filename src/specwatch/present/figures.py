@@ -1,0 +1,27 @@
+"""Every figure of the dashboard, drawn into one folder, and the title each is shown under."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from specwatch.present.dflash_plots import DFLASH_PLOT, dflash_figure
+from specwatch.present.plots import make_all
+from specwatch.present.speedup_plots import SPEEDUP_PLOT, speedup_figure
+
+PLOT_TITLES = {
+    "memory_vs_topk": "req_to_token and KV reserve vs topk (analytic model lines, measured points)",
+    "throughput_vs_topk": "Decode throughput vs topk per backend",
+    "acceptance_vs_topk": "Acceptance length vs topk per oracle profile",
+    "across_versions": "Metrics across SGLang versions",
+    DFLASH_PLOT: "DFLASH: acceptance vs block size, decode watermark tail and row width vs page per SGLang version",
+    SPEEDUP_PLOT: "Speedup over plain decoding vs topk, page and batch per backend (newest SGLang with twins)",
+}
+"""Figure file stem -> the dashboard's title for it (a stem without one is shown under its own name)."""
+
+
+def draw_figures(df: pd.DataFrame, folder: Path) -> list[Path]:
+    """Every figure from a records frame into ``folder`` (``.png`` and ``.svg`` each); a figure
+    without data to draw writes nothing."""
+    return make_all(df, folder) + dflash_figure(df, folder) + speedup_figure(df, folder)

@@ -1,0 +1,61 @@
+"""Speedup over plain decoding vs topk, page size and batch size, one line per attention
+backend, for the newest SGLang version whose records carry plain twins."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from specwatch.analysis.speedup import speedup_points  # noqa: E402
+from specwatch.core.sglang_host import version_key  # noqa: E402
+from specwatch.present.plots import save_figure  # noqa: E402
+
+SPEEDUP_PLOT = "speedup"
+"""File stem of the figure (``plots/speedup.png`` and ``.svg``)."""
+
+AXES = (("topk", "topk"), ("page_size", "page size"), ("batch_size", "batch size"))
+"""(case parameter on the x axis, its label) per panel; each point is the median over the rest."""
+
+
+def newest_points(df: pd.DataFrame) -> pd.DataFrame:
+    """``speedup_points`` of the newest SGLang version that has any, rows without a speedup left out."""
+    points = speedup_points(df)
+    if points.empty or "speedup" not in points:
+        return points
+    points = points.dropna(subset=["speedup"])
+    if points.empty:
+        return points
+    newest = max(points.sglang.unique(), key=version_key)
+    return points[points.sglang == newest]
+
+
+def _panel(ax, points: pd.DataFrame, x: str, xlabel: str) -> None:
+    for backend in sorted(points.attention_backend.unique()):
+        agg = points[points.attention_backend == backend].groupby(x)["speedup"].median()
+        ax.plot(agg.index, agg.values, marker="o", label=backend)
+    ticks = sorted(points[x].unique())
+    if x == "page_size" or (x == "batch_size" and len(ticks) > 2):
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.axhline(1.0, color="grey", linestyle="--", linewidth=0.8)  # plain decoding's speed
+    ax.set(xlabel=xlabel, ylabel="speedup (x plain decoding)", title=f"speedup vs {xlabel}, median over the rest")
+    ax.legend(fontsize=7, title="backend", title_fontsize=7)
+
+
+def speedup_figure(df: pd.DataFrame, out: Path) -> list[Path]:
+    """``plots/speedup.png``/``.svg`` from a records frame; nothing when no record has a speedup."""
+    points = newest_points(df)
+    if points.empty:
+        return []
+    fig, axes = plt.subplots(1, len(AXES), figsize=(6 * len(AXES), 4.2))
+    for ax, (x, label) in zip(axes, AXES):
+        _panel(ax, points, x, label)
+    fig.suptitle(f"SGLang {points.sglang.iloc[0]}: {len(points)} speculative cases with a plain twin", fontsize=9)
+    fig.tight_layout()
+    return save_figure(fig, out, SPEEDUP_PLOT)
