@@ -95,6 +95,7 @@ def test_groups_spread_over_the_nodes_and_stream_their_records_to_the_one_writer
         p = r.provenance.placement
         assert p.executor is ExecutorKind.ray and p.executor_version == ray.__version__
         assert len(p.gpu_ids) == r.case.tp and p.node_id in nodes
+        assert 0 <= p.dispatch_s < 120  # Ray's own time from submission to the task's start
     assert {r.provenance.placement.node_id for r in recs} == nodes  # both nodes ran groups
     by_group: dict = {}
     for t, r in seen:

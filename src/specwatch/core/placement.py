@@ -46,6 +46,10 @@ class Placement(BaseModel):
     """What the group's timed batches excluded."""
     node_id: Optional[str] = None
     """The Ray node id (``ray`` only)."""
+    dispatch_s: Optional[float] = None
+    """Seconds from the driver submitting the group's task to the task starting on its node
+    (``ray`` only: Ray's own overhead per group, scheduling and a fresh worker process; the
+    driver's and the node's wall clocks). None for the other executors."""
 
 
 class RunPlacement(BaseModel):

@@ -71,7 +71,11 @@ class Placing:
         self._lock = threading.Lock()
 
     def placement(
-        self, gpu_ids: Optional[list[str]], host: Optional[str] = None, node_id: Optional[str] = None
+        self,
+        gpu_ids: Optional[list[str]],
+        host: Optional[str] = None,
+        node_id: Optional[str] = None,
+        dispatch_s: Optional[float] = None,
     ) -> Placement:
         return Placement(
             executor=self.kind,
@@ -80,6 +84,7 @@ class Placing:
             gpu_ids=gpu_ids,
             timing_scope=self.timing_scope,
             node_id=node_id,
+            dispatch_s=dispatch_s,
         )
 
     def placed(self, job: GroupJob, placement: Placement) -> GroupJob:

@@ -78,11 +78,13 @@ def group_task(job: GroupJob, options: RunOptions, machine: str, run_key: str, s
     Under ``--timing-scope host`` the node's groups of this run share one timing lock (``node_lock``)."""
     import ray
 
+    began = time.time()
     os.environ["SPECWATCH_MACHINE"] = machine  # the records' machine is the results file's
     ids = [str(g) for g in ray.get_gpu_ids()]
     lock = node_lock(run_key)
     options = replace(options, extra_env=group_env(options.extra_env, ids, slots, lock, options.timing_scope))
-    yield ("placed", {"host": socket.gethostname(), "gpu_ids": ids, "node_id": ray.get_runtime_context().get_node_id()})
+    node = ray.get_runtime_context().get_node_id()
+    yield ("placed", {"host": socket.gethostname(), "gpu_ids": ids, "node_id": node, "began": began})
     items: "queue.Queue[Optional[tuple]]" = queue.Queue()
     job = replace(job, emit=lambda rec: items.put(("record", rec.model_dump_json())))
 
@@ -110,6 +112,8 @@ class Flight:
     """Case ids recorded so far."""
     started: Any = field(default_factory=utcnow)
     """When the task was submitted: the start time of its lost cases' records."""
+    submitted: float = field(default_factory=time.time)
+    """``started`` as wall-clock seconds: the task's ``began`` minus it is Ray's dispatch time."""
     placed: bool = False
     """Whether the task has started on a node (its ``placed`` item arrived)."""
     unplaceable_since: Optional[float] = None
@@ -244,8 +248,10 @@ class RayExecutor(Placing):
             return False
         if kind == "placed":
             flight.placed = True
+            began = payload.get("began")
+            dispatch = None if began is None else round(max(0.0, began - flight.submitted), 3)
             flight.job = self.placed(
-                flight.job, self.placement(payload["gpu_ids"], payload["host"], payload["node_id"])
+                flight.job, self.placement(payload["gpu_ids"], payload["host"], payload["node_id"], dispatch)
             )
         elif kind == "event":
             hooks.event(payload)
