@@ -241,3 +241,14 @@ def test_the_ray_executor_without_ray_says_how_to_install_it(monkeypatch):
         SpecwatchInputError, match=r"--executor: --executor ray needs Ray: pip install 'specwatch\[ray\]'"
     ):
         RayExecutor(RunOptions(executor="ray"))
+
+
+def test_a_placement_without_dispatch_time_is_written_as_before():
+    import json
+
+    from specwatch.core.placement import Placement
+
+    local = Placement(executor=ExecutorKind.local, host="h")
+    assert "dispatch_s" not in json.loads(local.model_dump_json())  # older readers refuse unknown keys
+    ray = Placement(executor=ExecutorKind.ray, host="h", dispatch_s=0.25)
+    assert Placement.model_validate_json(ray.model_dump_json()).dispatch_s == 0.25

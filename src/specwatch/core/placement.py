@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from enum import Enum
-from typing import Optional
+from typing import Callable, Optional
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_serializer
 
 
 class ExecutorKind(str, Enum):
@@ -50,6 +50,14 @@ class Placement(BaseModel):
     """Seconds from the driver submitting the group's task to the task starting on its node
     (``ray`` only: Ray's own overhead per group, scheduling and a fresh worker process; the
     driver's and the node's wall clocks). None for the other executors."""
+
+    @model_serializer(mode="wrap")
+    def _no_dispatch_no_key(self, handler: Callable) -> dict:
+        """``dispatch_s`` is written only when set: a placement without one reads as before."""
+        data = handler(self)
+        if data.get("dispatch_s") is None:
+            data.pop("dispatch_s", None)
+        return data
 
 
 class RunPlacement(BaseModel):
