@@ -66,6 +66,11 @@ class Workload(str, Enum):
     """Long prompts re-sent with their answers appended, several turns (seed 000): turn t's prompt
     is turn t-1's prompt + its answer + ``output_len`` new user tokens, so each turn after the
     first reuses the radix cache's pages of the previous one (``MULTI_TURN_TURNS`` turns)."""
+    serving = "serving"
+    """SGLang's HTTP server with the case's engine arguments, driven by SGLang's own serving
+    benchmark (``sglang.benchmark.serving``; ``sglang.bench_serving`` before 0.5.15): random token
+    ids of ``input_len`` and ``output_len``, ``batch_size`` requests at most in flight, all sent at
+    once (``Case.serving_prompts`` of them); latency percentiles, throughput and acceptance under load."""
 
 
 NEAR_FULL_MAX_OUTPUT_SHARE = 0.05
@@ -77,6 +82,10 @@ the output is this small a share."""
 
 MULTI_TURN_TURNS = 3
 """Turns per conversation of the long-prompt multi-turn workload."""
+
+
+SERVING_PROMPTS_DEFAULT = 64
+"""Requests the serving benchmark sends per repeat when the case names no ``serving_prompts``."""
 
 
 class ModelSize(str, Enum):
@@ -176,6 +185,15 @@ class Case(BaseModel):
     cuda_graph: StrictBool = Field(default=True, description="Whether CUDA graphs are enabled.")
     own_model: Optional[OwnModel] = Field(default=None, description="The checkpoint of a model 'own' (else None).")
     prompts: Optional[PromptSet] = Field(default=None, description="An own model's prompts (else None).")
+    serving_prompts: Optional[StrictInt] = Field(
+        default=None,
+        ge=1,
+        description="Serving workload only: requests per benchmark run (None: SERVING_PROMPTS_DEFAULT).",
+    )
+    """Requests the serving benchmark sends per repeat (its ``--num-prompts``); ``batch_size`` is
+    its ``--max-concurrency``. Only the serving workload takes it; None (the default) runs
+    ``SERVING_PROMPTS_DEFAULT`` and stays out of ``params()`` and the case id, so every case of
+    another workload hashes as it always did."""
 
     @model_validator(mode="after")
     def _own_model_consistent(self) -> "Case":
@@ -183,7 +201,14 @@ class Case(BaseModel):
             raise ValueError("own_model is given exactly when model is 'own'")
         if (self.own_model is None) != (self.prompts is None):
             raise ValueError("prompts are given exactly when own_model is")
+        if self.serving_prompts is not None and self.workload is not Workload.serving:
+            raise ValueError("serving_prompts is given only with the serving workload")
         return self
+
+    @property
+    def serving_requests(self) -> int:
+        """Requests one serving benchmark run sends (``serving_prompts`` or its default)."""
+        return SERVING_PROMPTS_DEFAULT if self.serving_prompts is None else self.serving_prompts
 
     @property
     def case_id(self) -> str:
@@ -198,8 +223,10 @@ class Case(BaseModel):
     def params(self) -> dict:
         """Plain JSON-able parameter dict (enum values as strings). An oracle case's has exactly the
         ``CASE_FIELDS``; an own model's adds ``OWN_PARAMS`` (name, config hash, dtype, prompt set),
-        never the paths, which differ per host."""
-        p = json.loads(self.model_dump_json(exclude={"own_model", "prompts"}))
+        never the paths, which differ per host; a serving case naming ``serving_prompts`` adds it."""
+        p = json.loads(self.model_dump_json(exclude=set(EXTRA_FIELDS)))
+        if self.serving_prompts is not None:
+            p["serving_prompts"] = self.serving_prompts
         if self.own_model is not None:
             m, q = self.own_model, self.prompts
             p.update(
@@ -254,6 +281,7 @@ class Case(BaseModel):
             f" p{self.page_size} k{self.topk} s{self.num_steps} d{self.num_draft_tokens}"
             f" tp{self.tp} dcp{self.dcp} bs{self.batch_size} {self.input_len}->{self.output_len}"
             f" {self.profile.value} {self.workload.value}{'' if self.cuda_graph else ' eager'}"
+            + ("" if self.serving_prompts is None else f" n{self.serving_prompts}")
         )
 
 
@@ -273,7 +301,10 @@ ENGINE_FIELDS: tuple[str, ...] = (
 )
 """Case fields that are engine-level (a change restarts ``sglang.Engine``)."""
 
-CASE_FIELDS: tuple[str, ...] = tuple(f for f in Case.model_fields if f not in ("own_model", "prompts"))
+EXTRA_FIELDS: tuple[str, ...] = ("own_model", "prompts", "serving_prompts")
+"""Case fields outside ``CASE_FIELDS``: in ``params()`` (and the id) only where the case sets them."""
+
+CASE_FIELDS: tuple[str, ...] = tuple(f for f in Case.model_fields if f not in EXTRA_FIELDS)
 """The parameters every case has (``params()`` of an oracle case, ``--where`` keys, frame columns)."""
 
 OWN_PARAMS: tuple[str, ...] = (

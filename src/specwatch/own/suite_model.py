@@ -102,12 +102,12 @@ def own_model(table: ModelTable, suite_path: Path | str | None, loc: str) -> Own
 
 def own_skip_reason(case: Case, rules) -> Optional[str]:
     """Why an own model's case is not run, or None: the draft it needs is missing, the workload is
-    built for the oracles, or one of ``rules`` (``rules.validity.RULES``) that read no oracle shape
+    built for the oracles (every one but standard and serving), or one of ``rules`` (``rules.validity.RULES``) that read no oracle shape
     (``SHAPE_FREE_RULES``) refuses it."""
     algo = case.algorithm
     if algo.speculative and algo not in DRAFTLESS and case.own_model.draft is None:
         return f"own-model-draft: {algo.value} needs a draft model; model {case.own_model.name!r} names none"
-    if case.workload is not Workload.standard:
+    if case.workload not in (Workload.standard, Workload.serving):
         return f"own-model-workload: the {case.workload.value} workload is sized for the oracle models"
     for rule in (r for r in rules if r.name in SHAPE_FREE_RULES):
         reason = rule.check(case)
@@ -122,6 +122,7 @@ SHAPE_FREE_RULES = (
     "tree-on-paged-kv",
     "ngram-tree-on-paged-kv",
     "tree-holds-draft-tokens",
+    "serving-concurrency",
 )
 """Names of the ``rules.validity`` rules that hold for any model (they read no oracle shape)."""
 

@@ -218,6 +218,17 @@ def _dflash_oracle(c: Case) -> Optional[str]:
     return None
 
 
+def _serving_concurrency(c: Case) -> Optional[str]:
+    from specwatch.core.case import Workload
+
+    if c.workload is Workload.serving and c.batch_size > c.serving_requests:
+        return (
+            f"specwatch: the serving benchmark sends {c.serving_requests} requests (serving_prompts), so at most "
+            f"that many are in flight; max-concurrency batch_size={c.batch_size} is never reached"
+        )
+    return None
+
+
 def _scheduler_clips_output(c: Case) -> Optional[str]:
     from specwatch.oracle.shapes import SHAPES
 
@@ -254,6 +265,9 @@ RULES: tuple[Rule, ...] = (
         "sglang/srt/managers/tokenizer_manager.py:_validate_one_request (input counts "
         "compute_num_reserved_tokens: max(topk*steps, draft) for EAGLE)",
         _fits_context,
+    ),
+    Rule(
+        "serving-concurrency", "sglang/benchmark/serving.py: --max-concurrency over --num-prompts", _serving_concurrency
     ),
     Rule(
         "scheduler-clips-output",

@@ -30,6 +30,7 @@ from pydantic import (
     StrictInt,
     StrictStr,
     ValidationError,
+    model_validator,
 )
 from pydantic_core import PydanticCustomError
 
@@ -99,6 +100,7 @@ AXIS_BOUNDS: dict[str, Bound] = {
     "batch_size": Bound(1, 4096, "concurrent requests per batch"),
     "input_len": Bound(1, CONTEXT_LIMIT, "the oracle models' context length"),
     "output_len": Bound(1, CONTEXT_LIMIT, "the oracle models' context length"),
+    "serving_prompts": Bound(1, 100_000, "requests per serving benchmark run"),
 }
 """Bounds of every numeric ``[[matrix]]`` axis. Upper bounds that no SGLang check sets are
 specwatch's: far beyond any swept value, low enough that a typo (``10**23``) is refused. Combinations
@@ -193,6 +195,21 @@ class Matrix(OwnPromptFields):
     """Request-stream shapes."""
     cuda_graph: Annotated[list[StrictBool], Field(min_length=1)] = [True]
     """Whether CUDA graphs are enabled."""
+    serving_prompts: Annotated[
+        list[Optional[Annotated[StrictInt, AfterValidator(AXIS_BOUNDS["serving_prompts"].check("serving_prompts"))]]],
+        Field(min_length=1),
+    ] = [None]
+    """Requests per serving benchmark run (``Case.serving_prompts``; the serving workload only).
+    Left out: ``SERVING_PROMPTS_DEFAULT`` requests, and the case id without the field."""
+
+    @model_validator(mode="after")
+    def _serving_prompts_serving_only(self) -> "Matrix":
+        if self.serving_prompts != [None] and any(w is not Workload.serving for w in self.workload):
+            raise PydanticCustomError(
+                "serving_only",
+                "serving_prompts applies to the serving workload only: give it in a matrix whose workload is ['serving']",
+            )
+        return self
 
     def axis_sizes(self) -> dict[str, int]:
         """Length of every axis, in field order."""

@@ -36,6 +36,7 @@ from specwatch.worker.multi_turn import run_multi_turn
 from specwatch.worker.near_full import kv_pool_tokens
 from specwatch.worker.own_model import case_prompts, checkpoint_paths, run_own_case
 from specwatch.worker.parity import PlainRun, plain_outputs
+from specwatch.worker.serving import run_serving
 
 FAULT_ENV = "SPECWATCH_FAULT"
 """Environment variable the probe applies a fault from (``inject/probe/sitecustomize.py``)."""
@@ -105,6 +106,10 @@ def main(spec_path: str, child: bool = False) -> int:
         return 0
     lock = WorkerTimingLock()
     lock.starting(emit)
+    if spec.cases[0].workload is Workload.serving:  # an HTTP server per case, not an engine
+        run_serving(spec, emit, guard, lock)
+        lock.release()
+        return 0
     run = start_engine(spec, emit)
     if run is None:
         return 0
