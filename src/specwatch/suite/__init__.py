@@ -19,7 +19,7 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Iterator
+from typing import Annotated, Iterator, Optional
 
 from pydantic import (
     AfterValidator,
