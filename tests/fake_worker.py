@@ -24,6 +24,23 @@ from specwatch.core.timing_lock import WorkerTimingLock
 
 spec = json.load(open(sys.argv[1]))
 guard = lifeline.hold(spec.get("timeout_s"))
+
+
+def await_record(case_id: str) -> None:
+    """With ``FAKE_AWAIT_DIR``: before the next case, wait until the driver has the record of this one
+    (a file named by its case id, which the test's progress hook writes) and note in
+    ``<case id>.await`` whether it came within ``FAKE_AWAIT_S`` (``streamed``) or not (``late``)."""
+    folder = os.environ.get("FAKE_AWAIT_DIR")
+    if not folder:
+        return
+    deadline = time.monotonic() + float(os.environ.get("FAKE_AWAIT_S", "60"))
+    while not os.path.exists(os.path.join(folder, case_id)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    came = os.path.exists(os.path.join(folder, case_id))
+    with open(os.path.join(folder, f"{case_id}.await"), "w") as f:
+        f.write("streamed" if came else "late")
+
+
 if os.environ.get("FAKE_WORKER_STARTS"):
     with open(os.environ["FAKE_WORKER_STARTS"], "a") as f:
         f.write("start\n")
@@ -106,5 +123,6 @@ with open(spec["results"], "a") as out:
             + "\n"
         )
         out.flush()
+        await_record(case.case_id)
         time.sleep(float(os.environ.get("FAKE_TIME_S", "0")))
     interval("timing", t0)

@@ -83,12 +83,15 @@ def _arrivals(into: list, then=None):
 
 def test_groups_spread_over_the_nodes_and_stream_their_records_to_the_one_writer(cluster, tmp_path):
     """Page 1 and 64 x tp 1 and 2: four groups on two 2-GPU nodes, so both nodes run groups; each
-    record reaches the driver as its case ends (before the node has read the group's next case,
-    2 s later), and the driver's results file is the only one written."""
+    record reaches the driver as its case ends (the fake worker goes on to the group's next case
+    only once the driver has it), and the driver's results file is the only one written."""
     nodes = {n.node_id for n in gpu_nodes(cluster)}
     seen: list = []
+    landed = tmp_path / "landed"
+    landed.mkdir()
     suite = harness_suite(tmp_path, topks="[1]", extra="tp = [1, 2]")
-    out = _run(tmp_path, suite, env={"FAKE_TIME_S": "2"}, progress=_arrivals(seen))
+    env = {"FAKE_AWAIT_DIR": str(landed), "FAKE_AWAIT_S": "30"}
+    out = _run(tmp_path, suite, env=env, progress=_arrivals(seen, then=lambda r: (landed / r.case_id).touch()))
     recs = list(read_records(out))
     assert len(recs) == 8 and all(r.status is Status.ok for r in recs), [(r.status, r.reason) for r in recs]
     for r in recs:
@@ -101,8 +104,9 @@ def test_groups_spread_over_the_nodes_and_stream_their_records_to_the_one_writer
     for t, r in seen:
         by_group.setdefault((r.case.page_size, r.case.tp), []).append((t, r))
     assert all(len({r.provenance.placement.node_id for _, r in g}) == 1 for g in by_group.values())  # one task
-    # streamed: a group's first record reached the driver before its node had even read the second
-    assert all(g[0][0] < g[1][1].provenance.finished_at for g in by_group.values()), by_group
+    # streamed: every record reached the driver while its worker waited, before the group's next case
+    waits = {p.stem: p.read_text() for p in landed.glob("*.await")}
+    assert len(waits) == 8 and set(waits.values()) == {"streamed"}, waits
     (run,) = read_runs(out.parent / RUNS_FILE)
     assert run.executor.executor is ExecutorKind.ray and run.records == {"ok": 8} and run.engine_groups == 4
     assert run.worker_starts == 4  # the nodes' worker_started events reach the driver's tally

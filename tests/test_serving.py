@@ -194,7 +194,8 @@ def test_shipped_suites_plan_the_case_ids_they_planned_before_the_serving_fields
     pinned = json.loads((Path(__file__).parent / "fixtures" / "shipped_case_ids.json").read_text())
     assert len(pinned) >= 13
     for name, ids in pinned.items():
-        assert [p.case.case_id for p in load_suite(SUITES / name).plan()] == ids, name
+        # the ids were pinned before smoke and tree-page planned plain twins: their matrix cases
+        assert [p.case.case_id for p in load_suite(SUITES / name).plan() if not p.twin] == ids, name
 
 
 def test_serving_prompts_enter_the_id_only_when_given():
