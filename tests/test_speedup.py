@@ -211,6 +211,18 @@ def test_compare_reports_a_speedup_column_only_where_the_head_has_one():
     assert "| verdict | case | metric | base | head | ratio | note |" in text and "speedup" not in text
 
 
+def test_compare_derives_the_speedup_of_a_case_whose_twin_was_recorded_after_it():
+    from specwatch.analysis.compare import compare_records, markdown
+
+    late, plain = _plain_and_spec(stored=False)  # the spec record was written before its twin
+    rows = compare_records([late, plain], [late, plain])
+    assert {r.metric for r in rows if r.case_id == late.case_id} >= {"speedup", "break_even_accept_length"}
+    text = markdown(rows, "a", "b", show_unchanged=True)
+    assert f"| `{late.case_id}` " in text and "| 2.00x |" in text
+    other_suite = plain.model_copy(update={"suite": "tree-page"})  # a twin of another results file
+    assert not any(r.speedup for r in compare_records([late, other_suite], [late, other_suite]))
+
+
 def test_the_dashboard_table_computes_a_speedup_the_record_lacks_from_its_twin():
     from specwatch.analysis.speedup import speedup_frame
     from specwatch.store.frame import records_frame

@@ -27,6 +27,7 @@ from specwatch.store.frame import COMPARE_COLUMN
 from specwatch.store.latest import latest_rows
 from specwatch.store.select import latest_by_case
 from specwatch.store.select_frame import select_rows
+from specwatch.store.twins import with_late_speedups
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -149,7 +150,7 @@ def compare_records(
 ) -> list[Row]:
     """One row per (case, metric or check) of the latest record of each case on either side,
     worst verdicts first (``ORDER``), then by case and metric."""
-    b_by, h_by = latest_by_case(base), latest_by_case(head)
+    b_by, h_by = latest_by_case(with_late_speedups(base)), latest_by_case(with_late_speedups(head))
     rows: list[Row] = []
     for cid in sorted(set(b_by) | set(h_by)):
         rows += case_rows(cid, b_by.get(cid), h_by.get(cid), threshold, alpha, budgets)

@@ -106,3 +106,28 @@ class TwinBoard:
             return rec
         twin = self.twin_of(rec) if rec.status is Status.ok else None
         return rec if twin is None else with_speedup(rec, twin)
+
+
+def with_late_speedups(records: Iterable[CaseRecord]) -> list[CaseRecord]:
+    """``records`` with the speedup of every ok spec record that lacks one and whose twin is among
+    them (the latest ok twin recorded in the same results file: machine, SGLang version, suite,
+    fault, probe), as ``TwinBoard`` would have added had the twin been recorded first (under
+    ``--parallel-starts`` a twin may finish after the cases it serves)."""
+    records = list(records)
+    boards: dict[tuple, TwinBoard] = {}
+    for r in records:
+        if is_twin(r):
+            boards.setdefault(results_place(r), TwinBoard())._keep(r)
+    out = []
+    for r in records:
+        board = boards.get(results_place(r))
+        if board is not None and not is_twin(r) and r.status is Status.ok and SPEEDUP not in r.metrics:
+            r = board.add(r)
+        out.append(r)
+    return out
+
+
+def results_place(rec: CaseRecord) -> tuple:
+    """What puts a record in its results file: machine, SGLang version, suite, fault, probe."""
+    p = rec.provenance
+    return (p.machine, p.sglang_version, rec.suite, p.fault, p.probe)
