@@ -149,7 +149,7 @@ def test_results_health_names_failed_checks(tmp_path):
         append_record(results_path(tmp_path, "m", "0.5.17", "smoke"), r)
     res = runner.invoke(app, ["results", str(tmp_path)])
     assert res.exit_code == 0
-    assert f"{bad.case_id} smoke triton p64 k4 bs1: failed no_kv_leak" in res.stdout
+    assert f"{bad.case_id} smoke tiny triton p64 k4 bs1: failed no_kv_leak" in res.stdout
     assert good.case_id not in res.stdout
     assert "engine start breakdown" not in res.stdout  # no record has one yet
 

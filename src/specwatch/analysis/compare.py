@@ -108,9 +108,10 @@ def _exact_verdict(b: Metric, h: Metric) -> tuple[Verdict, str]:
 
 
 def noise_class(case) -> str:
-    """Cases whose timings share a noise level: model size and batch size (a tiny model at batch 1
-    is bound by the CPU scheduler and far noisier between runs than an 8b model at batch 8)."""
-    return f"{case.model.value}/bs{case.batch_size}"
+    """Cases whose timings share a noise level: model and batch size (a tiny model at batch 1 is
+    bound by the CPU scheduler and far noisier between runs than an 8b model at batch 8); the
+    model by ``Case.model_label``, so each own model is a class of its own, by its name."""
+    return f"{case.model_label}/bs{case.batch_size}"
 
 
 def budget_key(budgets: Optional[dict], klass: str, metric: str) -> Optional[str]:
@@ -252,9 +253,8 @@ class RecordView:
         }
         self.checks = cell["c"]
         self.details = SimpleNamespace(sglang_sizing=cell["s"])
-        self.case = SimpleNamespace(
-            label=lambda: cell["l"], model=SimpleNamespace(value=row["model"]), batch_size=row["batch_size"]
-        )
+        # the frame's model column is the model's name (``store.frame.case_cells``)
+        self.case = SimpleNamespace(label=lambda: cell["l"], model_label=row["model"], batch_size=row["batch_size"])
 
 
 def compare_frames(

@@ -13,6 +13,7 @@ from specwatch.oracle.prompts import starts_behind_digest
 from specwatch.rules.crashlog import WORKER_DIED_RE
 from specwatch.rules.validity import skip_reason
 from specwatch.store.frame import latest_rows
+from specwatch.store.row_case import derived_case_id, is_own_row
 
 DCP_SUITES = ("dcp", "dcp-large")
 """Suites whose records make a DCP support matrix: ``dcp`` (tp 2) and ``dcp-large`` (tp 4 and 8)."""
@@ -73,7 +74,7 @@ def outcome_text(r: dict, case: Callable[[], Case]) -> str:
     """``ok``, or the status with SGLang's reason; a crash at start in the words of a validity rule
     reads as the skip that rule gives, and a case the host disturbed as not measured."""
     outcome = r["status"] if r["status"] == "ok" else f"{r['status']}: {str(r['reason'])[:160]}"
-    rule = skip_reason(case()) if r["status"] == "crashed" else None
+    rule = skip_reason(case()) if r["status"] == "crashed" and case() is not None else None
     if rule and rule.split(": ", 1)[-1] in str(r["reason"]):
         # SGLang refused it at start with the words of a rule specwatch learnt since: a skip
         outcome = f"skipped: {rule} (SGLang refused it at start; recorded crashed before the rule)"
@@ -86,7 +87,7 @@ def same_outputs(r: dict, case: Callable[[], Case], by_id: dict) -> str:
     """For an ok dcp > 1 case, how its greedy outputs compare with its dcp-1 twin's (``twin_outputs``)."""
     if r["dcp"] <= 1 or r["status"] != "ok":
         return ""
-    twin = by_id.get((r["sglang_version"], case().dcp_twin_id()))
+    twin = by_id.get((r["sglang_version"], derived_case_id(r, lambda c: c.model_copy(update={"dcp": 1}))))
     if twin is None or twin["status"] != "ok":
         return "no dcp 1 run" if twin is None else f"dcp 1 {twin['status']}"
     return twin_outputs(r, twin)
@@ -112,9 +113,10 @@ def accept_text(r: dict) -> str:
     )
 
 
-def case_of(r: dict) -> Case:
-    """The case of a records-frame row (a dict)."""
-    return Case(**{f: r[f] for f in CASE_FIELDS})
+def case_of(r: dict) -> Optional[Case]:
+    """The case of a records-frame row (a dict); None for an own model's, whose row holds no
+    checkpoint (the validity rules that read one cannot judge it)."""
+    return None if is_own_row(r) else Case(**{f: r[f] for f in CASE_FIELDS})
 
 
 def cell(r: dict, name: str):
@@ -139,6 +141,8 @@ def _prompt_starts(r: dict) -> Optional[list]:
     if cell(r, "lossless_mismatches") != 0 or not digest or reps is None:
         return None
     case = case_of(r)
+    if case is None:  # an own model: no oracle chain to replay
+        return None
     key = (case.case_id, cell(r, "calibrated_input_len") or case.input_len, int(reps), digest)
     if key not in _STARTS:
         _STARTS[key] = starts_behind_digest(case, key[1], key[2], digest)

@@ -9,7 +9,7 @@ from typing import Optional
 import pandas as pd
 
 from specwatch.analysis.dcp import DCP_SUITES
-from specwatch.store.frame import latest_rows
+from specwatch.store.frame import case_cells, latest_rows
 
 RELABELS = {
     "check.no_kv_leak": ("leak_is_unflushed_cache", "radix cache left by a refused flush, not a leak"),
@@ -91,26 +91,14 @@ def health_matrix(df: pd.DataFrame, suites_dir: Optional[Path] = Path("suites"))
     its validity rules now skip, or a matrix since edited, is not a gap)."""
     if df.empty:
         return pd.DataFrame()
-    from specwatch.suite import load_suite
-
     clean = df[~df.suite.isin(OWN_TABLES)]
     latest = latest_rows(clean, ["machine", "sglang_version", "suite", "case_id"])
     key = ["model", "algorithm", "attention_backend", "page_size"]
     checks = [c for c in latest.columns if c.startswith("check.")]
     rows = []
     for (machine, version, suite), g in latest.groupby(["machine", "sglang_version", "suite"], sort=True):
-        path = suites_dir / f"{suite}.toml" if suites_dir else None
-        planned = (
-            pd.DataFrame(
-                [
-                    {**p.case.params(), "case_id": p.case.case_id}
-                    for p in load_suite(path).plan()
-                    if not p.skip and not p.duplicate
-                ]
-            )
-            if path and path.exists()
-            else g[key + ["topk", "case_id"]]
-        )
+        planned = planned_cells(suites_dir / f"{suite}.toml" if suites_dir else None)
+        planned = g[key + ["topk", "case_id"]] if planned is None else planned
         recorded = dict(iter(g.groupby(key, sort=False)))  # a planned cell's records, found by its key
         for k, plan in planned.groupby(key, sort=True):
             row = dict(
@@ -139,6 +127,23 @@ def health_matrix(df: pd.DataFrame, suites_dir: Optional[Path] = Path("suites"))
         return out
     topks = sorted((c for c in out.columns if c.startswith("topk ")), key=lambda c: int(c.split()[1]))
     return out[[c for c in out.columns if not c.startswith("topk ")] + topks].fillna("–")
+
+
+def planned_cells(path: Optional[Path]) -> Optional[pd.DataFrame]:
+    """The frame cells (``case_cells``: an own model by its name) and ids of the runnable cases the
+    suite file at ``path`` plans; None where there is no such file, it plans nothing runnable or it
+    cannot be planned on this host (an own model's checkpoint not here): then the records say what
+    was planned."""
+    from specwatch.core.errors import SpecwatchInputError
+    from specwatch.suite import load_suite
+
+    if not path or not path.exists():
+        return None
+    try:
+        plan = [p.case for p in load_suite(path).plan() if not p.skip and not p.duplicate]
+    except SpecwatchInputError:
+        return None
+    return pd.DataFrame([{**case_cells(c), "case_id": c.case_id} for c in plan]) if plan else None
 
 
 def status_counts(df: pd.DataFrame) -> pd.DataFrame:
@@ -182,13 +187,13 @@ def start_phase_medians(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def failed_checks(df: pd.DataFrame) -> pd.DataFrame:
-    """Every record with a failed check: its case id, where it ran (suite, backend, page size, topk,
-    batch size, e.g. ``smoke triton p64 k4 bs1``), the failed checks by name and what a later
+    """Every record with a failed check: its case id, where it ran (suite, model, backend, page size,
+    topk, batch size, e.g. ``smoke tiny triton p64 k4 bs1``), the failed checks by name and what a later
     finding says about them (``RELABELS``), or an empty note."""
     checks = [c for c in df.columns if c.startswith("check.")]
     failing = df[df[checks].eq(False).any(axis=1)] if checks else df.iloc[0:0]
     rows = []
-    wanted = ["case_id", "suite", "attention_backend", "page_size", "topk", "batch_size"] + checks
+    wanted = ["case_id", "suite", "model", "attention_backend", "page_size", "topk", "batch_size"] + checks
     wanted += [c for c in ("leak_is_unflushed_cache", "row_matches_model_now") if c in failing]
     for row in failing[wanted].to_dict("records"):  # dicts, not a Series per row: thousands at scale
         bad = [c[len("check.") :] for c in checks if row[c] == False]  # noqa: E712 (numpy bools, NaN)
@@ -198,7 +203,7 @@ def failed_checks(df: pd.DataFrame) -> pd.DataFrame:
         rows.append(
             {
                 "case_id": row["case_id"],
-                "where": f"{row['suite']} {row['attention_backend']} p{row['page_size']} k{row['topk']} "
+                "where": f"{row['suite']} {row['model']} {row['attention_backend']} p{row['page_size']} k{row['topk']} "
                 f"bs{row['batch_size']}",
                 "failed": bad,
                 "note": note,

@@ -90,8 +90,14 @@ def roofline_frame(records) -> "pd.DataFrame":
 
 
 def _modelled(case: Case) -> bool:
-    """EAGLE at batch 1 on a Llama-shaped model: the byte count is Llama's (MLA: not modelled)."""
-    return case.batch_size == 1 and case.algorithm is Algorithm.EAGLE and SHAPES[case.model].arch == "llama"
+    """EAGLE at batch 1 on a Llama-shaped oracle model: the byte count is Llama's (MLA: not
+    modelled; an own model has no oracle shape to count)."""
+    return (
+        case.own_model is None
+        and case.batch_size == 1
+        and case.algorithm is Algorithm.EAGLE
+        and SHAPES[case.model].arch == "llama"
+    )
 
 
 def roofline_row(case_id: str, case: Case, sglang: str, accept_length: float, tput: float) -> dict:
@@ -128,6 +134,8 @@ def roofline_rows(df: "pd.DataFrame") -> "pd.DataFrame":
         tput = tput.where(tput.notna(), df["output_throughput"])
     keep = (df.status == "ok") & (df.batch_size == 1) & (df.algorithm == Algorithm.EAGLE.value)
     keep &= df.accept_length.notna() & tput.notna()
+    if "model_name" in df:  # own models: no oracle shape (``_modelled``), nor a Case the row rebuilds
+        keep &= df.model_name.isna()
     rows = []
     wanted = list(dict.fromkeys([*CASE_FIELDS, "case_id", "sglang_version", "accept_length"]))
     for rec, t in zip(df.loc[keep, wanted].to_dict("records"), tput[keep]):

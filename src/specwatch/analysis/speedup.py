@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from specwatch.core.case import CASE_FIELDS, Algorithm, Case
+from specwatch.core.case import Algorithm, Case
 from specwatch.store.latest import latest_rows
+from specwatch.store.row_case import derived_case_id
 from specwatch.store.twins import BREAK_EVEN, SPEEDUP, STEP, THROUGHPUT
 
 PLACE = ["machine", "sglang_version", "suite", "fault", "probe"]
@@ -19,10 +20,12 @@ PLACE = ["machine", "sglang_version", "suite", "fault", "probe"]
 
 
 def _twin_id(row: dict) -> str:
-    return Case(**{f: row[f] for f in CASE_FIELDS}).plain_twin().case_id
+    """The case id of a frame row's plain twin (an own model's too, whose row holds no paths)."""
+    return derived_case_id(row, Case.plain_twin)
 
 
 POINT_FIELDS = (
+    "model",
     "algorithm",
     "attention_backend",
     "page_size",
@@ -76,7 +79,7 @@ def speedup_frame(df: pd.DataFrame) -> pd.DataFrame:
         return points
     case = points.apply(
         lambda r: (
-            f"{r['algorithm']} {r['attention_backend']} p{r['page_size']} k{r['topk']} "
+            f"{r['model']} {r['algorithm']} {r['attention_backend']} p{r['page_size']} k{r['topk']} "
             f"bs{r['batch_size']} {r['input_len']}->{r['output_len']} {r['profile']}"
         ),
         axis=1,

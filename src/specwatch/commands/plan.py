@@ -155,7 +155,7 @@ def plan_row(c, status: Text) -> list:
     """One case's row of the plan table (``HEADERS``)."""
     return [
         c.case_id,
-        c.model.value,
+        c.model_label,  # an own model by its name
         c.algorithm.value,
         c.attention_backend.value,
         c.page_size,

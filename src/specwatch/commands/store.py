@@ -175,7 +175,7 @@ def roofline_cmd(
     from specwatch.analysis.roofline import roofline_frame
     from specwatch.store.jsonl import load_records, result_files
 
-    df = roofline_frame([r for r in load_records(result_files(root)) if model == "all" or r.case.model.value == model])
+    df = roofline_frame([r for r in load_records(result_files(root)) if model in ("all", r.case.model_label)])
     if df.empty:
         console.print("no batch-1 EAGLE records")
         return

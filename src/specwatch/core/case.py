@@ -273,11 +273,16 @@ class Case(BaseModel):
             }
         )
 
+    @property
+    def model_label(self) -> str:
+        """The model as reports, tables, plots and selections name it: an own model's name (never
+        an oracle size's, ``own.suite_model``), else the oracle size."""
+        return self.own_model.name if self.own_model else self.model.value
+
     def label(self) -> str:
         """Short human label used in tables and plots."""
-        model = self.own_model.name if self.own_model else self.model.value
         return (
-            f"{model}/{self.algorithm.value}/{self.attention_backend.value}"
+            f"{self.model_label}/{self.algorithm.value}/{self.attention_backend.value}"
             f" p{self.page_size} k{self.topk} s{self.num_steps} d{self.num_draft_tokens}"
             f" tp{self.tp} dcp{self.dcp} bs{self.batch_size} {self.input_len}->{self.output_len}"
             f" {self.profile.value} {self.workload.value}{'' if self.cuda_graph else ' eager'}"

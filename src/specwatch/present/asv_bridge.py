@@ -48,7 +48,8 @@ CaseKey = tuple[str, int, int, int, str]
 def tree_page_cases(root: Path, version: str, machine: Optional[str] = None) -> dict[CaseKey, dict[str, float]]:
     """The tracked metric values of each case's latest ok clean tree-page record of SGLang
     ``version`` (on ``machine``: only its own results file is read; None: every machine's). Runs
-    whose starts overlapped other engines' timed batches are left out: not a trend point."""
+    whose starts overlapped other engines' timed batches are left out: not a trend point; so are
+    own models' records, which the oracle grid of the benchmarks (no model parameter) has no place for."""
     files = (
         [results_path(root, machine, version, "tree-page")]
         if machine
@@ -63,6 +64,7 @@ def tree_page_cases(root: Path, version: str, machine: Optional[str] = None) -> 
         and r.provenance.fault is None
         and (machine is None or r.provenance.machine == machine)
         and not r.overlap_starts
+        and r.case.own_model is None  # EagleTree's cases name no model: an own model's would take an oracle's place
     )
     return {
         (r.case.attention_backend.value, r.case.page_size, r.case.topk, r.case.batch_size, r.case.profile.value): {

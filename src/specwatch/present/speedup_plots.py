@@ -36,16 +36,19 @@ def newest_points(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _panel(ax, points: pd.DataFrame, x: str, xlabel: str) -> None:
-    for backend in sorted(points.attention_backend.unique()):
-        agg = points[points.attention_backend == backend].groupby(x)["speedup"].median()
-        ax.plot(agg.index, agg.values, marker="o", label=backend)
+    """One panel: a line per attention backend, per model and backend where the points hold several
+    models (an own model by its name), so no median runs over two models."""
+    models = "model" in points and points.model.nunique() > 1
+    for key, g in points.groupby(["model", "attention_backend"] if models else ["attention_backend"]):
+        agg = g.groupby(x)["speedup"].median()
+        ax.plot(agg.index, agg.values, marker="o", label=" ".join(map(str, key)))
     ticks = sorted(points[x].unique())
     if x == "page_size" or (x == "batch_size" and len(ticks) > 2):
         ax.set_xscale("log", base=2)
     ax.set_xticks(ticks, [str(t) for t in ticks])
     ax.axhline(1.0, color="grey", linestyle="--", linewidth=0.8)  # plain decoding's speed
     ax.set(xlabel=xlabel, ylabel="speedup (x plain decoding)", title=f"speedup vs {xlabel}, median over the rest")
-    ax.legend(fontsize=7, title="backend", title_fontsize=7)
+    ax.legend(fontsize=7, title="model, backend" if models else "backend", title_fontsize=7)
 
 
 def speedup_figure(df: pd.DataFrame, out: Path) -> list[Path]:

@@ -225,7 +225,7 @@ def record_row(r: CaseRecord) -> dict:
     this order: identity, case parameters, provenance, metrics, checks, details, pool coverage and
     the verdicts re-judged today."""
     row = {"suite": r.suite, "case_id": r.case_id, "status": r.status.value, "reason": reason_now(r)}
-    row.update(r.case.params())
+    row.update(case_cells(r.case))
     row.update(provenance_cells(r))
     row.update(metric_cells(r))
     row.update(detail_cells(r))
@@ -234,6 +234,14 @@ def record_row(r: CaseRecord) -> dict:
     row["row_matches_model_now"] = row_matches_model_now(r)
     row["host_interference"] = host_interference(r)
     return row
+
+
+def case_cells(case) -> dict:
+    """A case's columns of the frame: its ``params()`` with ``model`` the model's name
+    (``Case.model_label``: an own model's name, else the oracle size), so every table, plot,
+    noise class and selection groups and names own models apart; an own model's row keeps
+    ``model_name`` (set only there) beside it, and ``store.row_case`` gives back its parameters."""
+    return {**case.params(), "model": case.model_label}
 
 
 def provenance_cells(r: CaseRecord) -> dict:

@@ -37,6 +37,7 @@ SELECT_FIELDS = {
     "specwatch_commit": lambda r: r.provenance.specwatch_commit,
     "machine": lambda r: r.provenance.machine,
     "suite": lambda r: r.suite,
+    "model": lambda r: r.case.model_label,  # an own model by its name, as in reports
     "fault": lambda r: r.provenance.fault or "none",
     "probe": lambda r: "on" if r.provenance.probe else "off",
     "overlap": lambda r: "on" if r.overlap_starts else "off",
