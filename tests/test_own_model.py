@@ -346,3 +346,17 @@ def test_the_fake_worker_records_an_own_model_suite_under_its_stable_ids(oracle_
     planned = {p.case.case_id for p in suite.plan() if p.skip is None and p.case.topk != 4}  # topk 4: it dies
     assert planned and {r.case_id for r in recs if r.status.value == "ok"} == planned
     assert all(r.case.own_model.name.startswith("oracle-tiny") for r in recs)
+
+
+def test_where_model_selects_an_own_model_by_its_name(oracle_models, monkeypatch):
+    from specwatch.suite import parse_where, selected
+
+    monkeypatch.chdir(oracle_models)
+    shutil.copytree(SUITES / "prompts", oracle_models / "suites" / "prompts", dirs_exist_ok=True)
+    plan = load_suite(SUITES / "byo-oracle.toml").plan()
+    picked = selected(plan, parse_where(["model=oracle-tiny-ngram"]))
+    assert {p.case.algorithm.value for p in picked} == {"NGRAM", "NONE"} and len(picked) == 2  # and its twin
+    assert all(p.case.own_model.name == "oracle-tiny-ngram" for p in picked)
+    assert len(selected(plan, parse_where(["model=tiny"]))) == 0  # no oracle-size case in this suite
+    with pytest.raises(SpecwatchInputError):
+        parse_where(["model=no spaces"])

@@ -8,6 +8,7 @@ from typing import Iterable, Optional
 
 from specwatch.core.case import CASE_FIELDS, Case
 from specwatch.core.errors import SpecwatchInputError
+from specwatch.own.suite_model import MODEL_NAME_PATTERN
 from specwatch.suite.planned import PlannedCase
 
 WHERE_FIELDS: tuple[str, ...] = ("case_id",)
@@ -20,6 +21,8 @@ def _where_value_error(key: str, value: str) -> Optional[str]:
         return "an empty value matches no case"
     if key == "case_id":
         return None if re.fullmatch(r"[0-9a-f]{12}", value) else "a case id is 12 hex digits"
+    if key == "model" and re.fullmatch(MODEL_NAME_PATTERN, value):
+        return None  # an oracle size or an own model's name (``Case.model_label``)
     kind = Case.model_fields[key].annotation
     if kind is int:
         return None if re.fullmatch(r"\d+", value) else f"{key} takes integers"
@@ -53,8 +56,9 @@ def parse_where(terms: list[str]) -> dict[str, set[str]]:
 
 
 def matches(case: Case, where: dict[str, set[str]]) -> bool:
-    """Whether the case's value of every field in ``where`` (from ``parse_where``) is allowed."""
-    p = dict(case.params(), case_id=case.case_id)
+    """Whether the case's value of every field in ``where`` (from ``parse_where``) is allowed; an
+    own model's ``model`` is its name (``model=llama31-8b-eagle3``)."""
+    p = dict(case.params(), case_id=case.case_id, model=case.model_label)
     return all(str(p[k]).lower() in vs for k, vs in where.items())
 
 
