@@ -95,7 +95,8 @@ def test_groups_spread_over_the_nodes_and_stream_their_records_to_the_one_writer
     seen: list = []
     landed = tmp_path / "landed"
     landed.mkdir()
-    suite = harness_suite(tmp_path, topks="[1]", extra="tp = [1, 2]")
+    # a group's time covers its cases' round trips to the driver: no 10 s limit on a loaded host
+    suite = harness_suite(tmp_path, topks="[1]", extra="tp = [1, 2]", timeout_s=120)
     env = {"FAKE_AWAIT_DIR": str(landed), "FAKE_AWAIT_S": "30"}
     out = _run(tmp_path, suite, env=env, progress=_arrivals(seen, then=lambda r: (landed / r.case_id).touch()))
     recs = list(read_records(out))
@@ -135,7 +136,7 @@ def test_a_group_no_live_node_can_hold_is_recorded_crashed_instead_of_waiting_fo
 
     monkeypatch.setattr(RayExecutor, "__init__", join_then_lose_the_wide_node)
     monkeypatch.setattr(RayExecutor, "unplaceable_s", 2.0)
-    suite = harness_suite(tmp_path, topks="[1]", extra="tp = [1, 4]")
+    suite = harness_suite(tmp_path, topks="[1]", extra="tp = [1, 4]", timeout_s=120)
     done: list = []
     t = threading.Thread(target=lambda: done.append(_run(tmp_path, suite)), daemon=True)
     t.start()
@@ -236,7 +237,7 @@ def test_resume_under_ray_reruns_only_what_a_local_run_left_unfinished(cluster, 
     Ray, only those run again, on the cluster, where the crash is handled as locally: the case it was
     on is crashed, a fresh worker takes the rest of the group."""
     gpu_nodes(cluster, want=1)
-    suite = harness_suite(tmp_path, topks="[1, 4]")
+    suite = harness_suite(tmp_path, topks="[1, 4]", timeout_s=120)
     out = _run(tmp_path, suite, executor=ExecutorKind.local, gpus=1)
     first = list(read_records(out))
     (tmp_path / "starts").unlink()
