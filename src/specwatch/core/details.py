@@ -50,7 +50,8 @@ class Details(BaseModel):
     )
     prompt_starts: Optional[list] = Field(
         default=None,
-        description="The timed batches' prompt chain starts, per repeat (None: recorded before specwatch kept them).",
+        description="The timed batches' prompt chain starts, per timed batch (one per repeat unless "
+        "``timed_windows``; None: recorded before specwatch kept them).",
     )
     near_full_calibration: Optional[dict] = Field(
         default=None, description="A near-full case's prompts lengthened after the warm-up (``input_len``)."
