@@ -9,7 +9,8 @@ gone, now failing, now fixed.
   ``threshold`` (relative, default 5%), and a two-sided Mann-Whitney U test on the per-repeat
   samples gives p <= ``alpha``. With 3 repeats per side the smallest p that test can give is 0.1
   (all of one side above all of the other), hence the default ``alpha = 0.1``; use more repeats
-  for a stricter alpha.
+  for a stricter alpha. Where both sides ran several engine starts per case (``Metric.engine_medians``),
+  the test is Welch's t on the engine medians instead (``analysis.engine_test``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Iterable, Iterator, Optional
 
+from specwatch.analysis.engine_test import TimedTest, timed_test, welch_p
 from specwatch.core.errors import SpecwatchInputError
 from specwatch.core.record import CaseRecord, Metric, Status
 from specwatch.store.frame import COMPARE_COLUMN
@@ -68,6 +70,8 @@ class Row:
     """The case's noise class (``noise_class``): where a noise budget applies."""
     speedup: Optional[float] = None
     """The head's speedup over its plain twin (``store.twins``); None: no twin measured."""
+    test: Optional[TimedTest] = None
+    """The test a timed metric's change gets (engine medians or repeats); None: exact, or too few samples."""
 
     @property
     def ratio(self) -> Optional[float]:
@@ -80,13 +84,18 @@ def _timed_verdict(b: Metric, h: Metric, threshold: float, alpha: float) -> tupl
     rel = (h.value - b.value) / b.value if b.value else 0.0
     if abs(rel) <= threshold:
         return Verdict.unchanged, f"{rel:+.1%} within {threshold:.0%}"
-    if len(b.samples) < 2 or len(h.samples) < 2:
+    test = timed_test(b, h)
+    if test is None:
         return Verdict.unchanged, f"{rel:+.1%}, too few samples to tell from noise"
-    p = mann_whitney_p(tuple(b.samples), tuple(h.samples))
+    if test is TimedTest.engine_medians:
+        p = welch_p(tuple(b.engine_medians), tuple(h.engine_medians))
+        on = f" (Welch t, {len(b.engine_medians)} vs {len(h.engine_medians)} engine medians)"
+    else:
+        p, on = mann_whitney_p(tuple(b.samples), tuple(h.samples)), ""
     if p > alpha:
-        return Verdict.unchanged, f"{rel:+.1%}, p={p:.2f} > {alpha}"
+        return Verdict.unchanged, f"{rel:+.1%}, p={p:.2f} > {alpha}{on}"
     better = (rel > 0) == bool(h.higher_is_better)
-    return (Verdict.improved if better else Verdict.regressed), f"{rel:+.1%}, p={p:.3f}"
+    return (Verdict.improved if better else Verdict.regressed), f"{rel:+.1%}, p={p:.3f}{on}"
 
 
 @lru_cache(maxsize=1 << 16)
@@ -222,8 +231,9 @@ def metric_row(
             # the A/A pairs behind the budgets never measured this class/metric (a new metric, a
             # new model or batch size): the plain threshold applied, say so next to the verdict
             note = f"{note}; no noise budget for {klass}/{name}: {threshold:.0%} threshold"
+    test = None if hm.exact else timed_test(bm, hm)
     timed = not hm.exact and len(bm.samples) >= 2 and len(hm.samples) >= 2
-    return Row(cid, label, name, bm.value, hm.value, hm.unit, verdict, note, timed, klass)
+    return Row(cid, label, name, bm.value, hm.value, hm.unit, verdict, note, timed, klass, test=test)
 
 
 @dataclass
@@ -235,6 +245,7 @@ class MetricView:
     samples: list
     exact: bool
     higher_is_better: Optional[bool]
+    engine_medians: Optional[list] = None
 
 
 class RecordView:
@@ -248,8 +259,8 @@ class RecordView:
         self.status = Status(row["status"])
         self.reason = cell["r"]
         self.metrics = {
-            name: MetricView(nan if v is None else v, unit, [nan if x is None else x for x in samples], exact, hib)
-            for name, (v, unit, samples, exact, hib) in cell["m"].items()
+            name: MetricView(nan if v is None else v, unit, [nan if x is None else x for x in samples], exact, hib, *em)
+            for name, (v, unit, samples, exact, hib, *em) in cell["m"].items()
         }
         self.checks = cell["c"]
         self.details = SimpleNamespace(sglang_sizing=cell["s"])
@@ -318,6 +329,13 @@ def markdown(
         counts[r.verdict] = counts.get(r.verdict, 0) + 1
     summary = ", ".join(f"{n} {v.value}" for v, n in sorted(counts.items(), key=lambda kv: ORDER[kv[0]]))
     lines = [f"## specwatch: `{head_name}` vs `{base_name}`", "", summary or "no cases", "", *header]
+    if engines := sum(r.test is TimedTest.engine_medians for r in rows):
+        repeats = sum(r.test is TimedTest.repeats for r in rows)
+        lines += [
+            f"Timed metrics tested on engine medians (Welch t, both sides with >= 2 engine starts): {engines}; "
+            f"on repeats (Mann-Whitney U): {repeats}.",
+            "",
+        ]
     shown = [r for r in rows if show_unchanged or r.verdict is not Verdict.unchanged]
     folded = [r for r in shown if _is_benign_new(r)]
     if main := [r for r in shown if not _is_benign_new(r)]:

@@ -50,7 +50,8 @@ class Details(BaseModel):
     )
     prompt_starts: Optional[list] = Field(
         default=None,
-        description="The timed batches' prompt chain starts, per repeat (None: recorded before specwatch kept them).",
+        description="The timed batches' prompt chain starts, per timed batch (one per repeat unless "
+        "``timed_windows``; None: recorded before specwatch kept them).",
     )
     near_full_calibration: Optional[dict] = Field(
         default=None, description="A near-full case's prompts lengthened after the warm-up (``input_len``)."
@@ -89,6 +90,28 @@ class Details(BaseModel):
     )
     waited_for_timing_s: Optional[float] = Field(
         default=None, description="Seconds the case waited for the timing lock before its timed batches."
+    )
+    engine_starts: Optional[dict] = Field(
+        default=None,
+        description="``[suite] engine_starts`` > 1: ``planned`` starts, ``ran`` (ok starts merged "
+        "into this record), and per engine its ``started_at``, ``finished_at``, ``output_digest`` and "
+        "``host_load``; a case not ok on some start has ``not_ok_on`` (1-based) instead of engines.",
+    )
+    timed_windows: Optional[dict] = Field(
+        default=None,
+        description="``[suite] min_timed_s`` / ``ci_half_width``: ``repeats`` run, "
+        "``batches_per_repeat``, the targets, the relative CI half-width reached and ``stopped_by`` "
+        "(``worker.windows.StopReason``).",
+    )
+    sglang_step_times: Optional[dict] = Field(
+        default=None,
+        description="``[suite] step_times``: where SGLang recorded its step times, entries in the "
+        "timed window and dropped (one per timed batch), batch sizes; or ``error`` saying why there are none.",
+    )
+    core_pinning: Optional[dict] = Field(
+        default=None,
+        description="``[suite] pin_cores``: ``pinned``, each process's pid, role and cpu, the cores "
+        "allowed; or ``reason`` it did not pin.",
     )
 
     @model_serializer(mode="wrap")

@@ -95,6 +95,18 @@ class WorkerSpec(BaseModel):
     """The worker's own deadline in seconds, not counting time queued for the timing lock: past it
     the worker kills its own process group. A backstop behind the runner's group timeout (the
     runner gives a little more than its own limit). None: no deadline of its own."""
+    min_timed_s: Optional[float] = None
+    """Seconds of decode each timed repeat holds at least (the suite's ``min_timed_s``; None: one
+    timed batch per repeat)."""
+    ci_half_width: Optional[float] = None
+    """Relative half-width of the median's bootstrap 95% CI after which repeats stop (the suite's
+    ``ci_half_width``; None: exactly ``repeats``)."""
+    max_repeats: Optional[int] = None
+    """Most repeats while ``ci_half_width`` is not reached (the suite's ``max_repeats``)."""
+    step_times: bool = False
+    """Record SGLang's own decode step times over the timed batches (the suite's ``step_times``)."""
+    pin_cores: bool = False
+    """Pin SGLang's processes and the worker to cores of their own (the suite's ``pin_cores``)."""
 
 
 class _Line(BaseModel):

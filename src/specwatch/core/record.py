@@ -92,6 +92,20 @@ class Metric(BaseModel):
     expected: Optional[float] = Field(default=None, description="Closed-form value the oracle predicts, when known.")
     exact: bool = Field(default=False, description="True when any change is meaningful (no timing noise).")
     higher_is_better: Optional[bool] = Field(default=None, description="Direction of improvement; None: no direction.")
+    engine_medians: Optional[list[float]] = Field(
+        default=None,
+        description="Each engine start's own value (the median of its repeats), in start order, "
+        "where the case ran on several engines (``[suite] engine_starts``); ``value`` is then their "
+        "median and ``samples`` every engine's repeats. None (not written): one engine.",
+    )
+
+    @model_serializer(mode="wrap")
+    def _one_engine_no_key(self, handler: Callable) -> dict:
+        """``engine_medians`` is written only when set: a one-engine metric reads as before."""
+        data = handler(self)
+        if data.get("engine_medians") is None:
+            data.pop("engine_medians", None)
+        return data
 
     @field_validator("value", mode="before")
     @classmethod

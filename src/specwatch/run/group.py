@@ -26,6 +26,7 @@ from specwatch.core.timing_lock import TimingLock
 from specwatch.rules.crashlog import WORKER_DIED, crash_cause, timeout_reason
 from specwatch.run.case_records import MALFORMED, failure_record, log_tail, record_from_worker
 from specwatch.run.clock import GroupClock
+from specwatch.run.engine_starts import run_engine_starts
 from specwatch.run.options import RunOptions
 from specwatch.suite import Suite
 
@@ -58,6 +59,15 @@ def run_group(job: "GroupJob", options: RunOptions, on_event: Optional[Callable[
     """Run one engine group in child processes until every case has a record; ``on_event`` gets
     the worker's event lines (``engine_started``, ``start_lock_held``) as they appear, and the
     runner's own (``worker_started``, ``worker_exited``)."""
+    starts = job.suite.spec.suite.engine_starts
+    if starts > 1:  # [suite] engine_starts: the group N times, one record per case after the last
+        run_engine_starts(job, starts, lambda j: _run_once(j, options, on_event))
+    else:
+        _run_once(job, options, on_event)
+
+
+def _run_once(job: "GroupJob", options: RunOptions, on_event: Optional[Callable[[str], None]]) -> None:
+    """The group's cases on one engine start: a fresh worker after each one that dies."""
     remaining = list(job.cases)
     while remaining:
         remaining = _one_worker(job, options, remaining, on_event or (lambda ev: None))
@@ -75,8 +85,7 @@ def _one_worker(
         spec.write_text(
             WorkerSpec(
                 cases=remaining,
-                repeats=job.suite.spec.suite.repeats,
-                warmup=job.suite.spec.suite.warmup,
+                **worker_timing(job.suite.spec.suite),
                 models_dir=str(options.models_dir),
                 fault=job.fault,
                 probe=job.probe,
@@ -107,6 +116,21 @@ def _one_worker(
                 )
             )
         return [c for c in remaining if c not in victims]
+
+
+def worker_timing(header) -> dict:
+    """The ``WorkerSpec`` fields the suite's ``[suite]`` header sets: repeats, warm-up, windows,
+    CI target, step times, core pinning."""
+    ci = header.ci_half_width
+    return dict(
+        repeats=header.repeats,
+        warmup=header.warmup,
+        min_timed_s=header.min_timed_s,
+        ci_half_width=ci,
+        max_repeats=header.max_repeats if ci is not None else None,
+        step_times=header.step_times,
+        pin_cores=header.pin_cores,
+    )
 
 
 def _log_path(job: "GroupJob", remaining: list[Case], tmp: str) -> Path:

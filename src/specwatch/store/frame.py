@@ -123,13 +123,19 @@ sizing, and per metric and check what the frame's one value per column leaves ou
 
 def compare_cell(r: CaseRecord) -> str:
     """``COMPARE_COLUMN``'s JSON of one record: ``r`` reason, ``l`` label, ``s`` sizing, ``m``
-    metrics (name -> [value, unit, samples, exact, higher_is_better], in the record's order; NaN as
-    null) and ``c`` checks (name -> passed, in order)."""
+    metrics (name -> [value, unit, samples, exact, higher_is_better], with ``engine_medians`` sixth
+    where the record has them, in the record's order; NaN as null) and ``c`` checks (name -> passed, in order)."""
     import orjson
 
-    metrics = {n: [m.value, m.unit, m.samples, m.exact, m.higher_is_better] for n, m in r.metrics.items()}
+    metrics = {n: _metric_cell(m) for n, m in r.metrics.items()}
     cell = {"r": r.reason, "l": r.case.label(), "s": r.details.sglang_sizing, "m": metrics, "c": r.checks}
     return orjson.dumps(cell).decode()
+
+
+def _metric_cell(m) -> list:
+    """[value, unit, samples, exact, higher_is_better], plus ``engine_medians`` where recorded."""
+    cell = [m.value, m.unit, m.samples, m.exact, m.higher_is_better]
+    return cell + [m.engine_medians] if m.engine_medians is not None else cell
 
 
 CONDITIONS_COLUMN = "_conditions"

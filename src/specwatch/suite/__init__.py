@@ -24,6 +24,7 @@ from typing import Annotated, Iterator, Optional
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StrictBool,
@@ -111,6 +112,8 @@ HEADER_BOUNDS: dict[str, Bound] = {
     "repeats": Bound(1, 1000, "timed repeats per case"),
     "timeout_s": Bound(10, 86_400, "seconds per engine group; an engine start alone takes 10 s"),
     "max_cases": Bound(1, MAX_CASES_CEILING, "every planned case is held in memory"),
+    "engine_starts": Bound(1, 50, "fresh worker processes and engines per case"),
+    "max_repeats": Bound(1, 1000, "timed repeats per case while the CI target is not met"),
 }
 """Bounds of the numeric ``[suite]`` fields."""
 
@@ -135,6 +138,17 @@ def _header_int(name: str) -> object:
     return Annotated[StrictInt, AfterValidator(HEADER_BOUNDS[name].check(name))]
 
 
+def _number(v: object) -> object:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise PydanticCustomError("number", "a number is needed (TOML integer or float)")
+    return float(v)
+
+
+def _header_float(gt: float, le: float) -> object:
+    """A ``[suite]`` number (TOML integer or float, never a string or boolean) with ``gt < value <= le``."""
+    return Annotated[float, BeforeValidator(_number), Field(gt=gt, le=le)]
+
+
 class SuiteHeader(BaseModel):
     """The ``[suite]`` table."""
 
@@ -156,6 +170,40 @@ class SuiteHeader(BaseModel):
     """Plan each timing case's no-speculation twin (``Case.plain_twin``) right before the first
     case that needs it, so records carry ``speedup`` over plain decoding (``store.twins``). Off:
     the plan is the matrices' cases only."""
+    engine_starts: _header_int("engine_starts") = 1
+    """Engine starts per case: the case's engine group runs this many times, each in a fresh worker
+    process with a fresh engine, and the case gets one record whose timed metrics carry every
+    repeat (``samples``) and each engine's median (``Metric.engine_medians``); the value is the
+    median of the engine medians (``run.engine_starts``). 1: one engine, as the plan says."""
+    min_timed_s: Optional[_header_float(0.0, 600.0)] = None
+    """Seconds of decode each timed repeat holds at least: a repeat runs the case's timed batch
+    (each on fresh prompts, each checked against the oracle) until the batches' decode time adds
+    up to this (``worker.windows``). None: one timed batch per repeat."""
+    ci_half_width: Optional[_header_float(0.0, 1.0)] = None
+    """Relative half-width of the bootstrap 95% confidence interval of the median throughput a case
+    aims for: after ``repeats`` repeats, more run until the interval's half-width is at most this
+    share of the median, or ``max_repeats`` ran. None: exactly ``repeats`` repeats."""
+    max_repeats: _header_int("max_repeats") = 20
+    """Most timed repeats per case while ``ci_half_width`` is not reached (read only with
+    ``ci_half_width``; at least ``repeats``)."""
+    step_times: StrictBool = False
+    """Record SGLang's own decode step times (``SGLANG_RECORD_STEP_TIME``, read through
+    ``get_internal_state``) over each case's timed batches, beside the wall time; the scheduler logs
+    every decode step then (``decode_log_interval = 1``). Off: no step-time metrics."""
+    pin_cores: StrictBool = False
+    """After the engine starts, pin each SGLang process (scheduler, tokenizer, detokenizer) and the
+    worker to a core of its own among the cores the worker may use (``worker.pinning``); a host
+    with too few cores records why it did not pin. Off: the OS schedules them."""
+
+    @model_validator(mode="after")
+    def _max_repeats_covers_repeats(self) -> "SuiteHeader":
+        if self.ci_half_width is not None and self.max_repeats < self.repeats:
+            raise PydanticCustomError(
+                "max_repeats",
+                "max_repeats {m} < repeats {r}: the CI target adds repeats after the first repeats",
+                {"m": self.max_repeats, "r": self.repeats},
+            )
+        return self
 
 
 class Matrix(OwnPromptFields):

@@ -199,6 +199,7 @@ def server_facts(engine) -> dict:
         "specwatch": states[0].get("specwatch", {}),
         "avg_spec_accept_length": states[0].get("avg_spec_accept_length"),
         "memory_usage": states[0].get("memory_usage"),
+        "step_time_dict": states[0].get("step_time_dict"),
         "version": info.get("version"),
     }
 

@@ -36,7 +36,11 @@ from specwatch.worker.multi_turn import run_multi_turn
 from specwatch.worker.near_full import kv_pool_tokens
 from specwatch.worker.own_model import case_prompts, checkpoint_paths, run_own_case
 from specwatch.worker.parity import PlainRun, plain_outputs
+from specwatch.worker.pinning import pin_cores
 from specwatch.worker.serving import run_serving
+from specwatch.worker.step_times import StepWindow
+from specwatch.worker.step_times import enable as enable_step_times
+from specwatch.worker.windows import RepeatPlan
 
 FAULT_ENV = "SPECWATCH_FAULT"
 """Environment variable the probe applies a fault from (``inject/probe/sitecustomize.py``)."""
@@ -87,6 +91,10 @@ class Engine:
     """Seconds queued for the timing lock."""
     plain: Optional[PlainRun] = None
     """An own model's outputs without speculation (``worker.parity``; None: an oracle model)."""
+    step_source: Optional[object] = None
+    """Where the release records its step times (``rules.release_step_times``), with ``step_times``."""
+    pinning: Optional[dict] = None
+    """``details.core_pinning`` (``worker.pinning``), with ``pin_cores``."""
 
 
 def main(spec_path: str, child: bool = False) -> int:
@@ -115,6 +123,8 @@ def main(spec_path: str, child: bool = False) -> int:
         return 0
     with guard.paused():
         run.waited_s = lock.timing(emit)
+    if spec.pin_cores:
+        run.pinning = pin_cores()
     run.facts_start = server_facts(run.engine)
     if spec.probe and "allocator" in run.facts_start["specwatch"]:
         # the pool layout before any case runs: a crashed or timed-out case still records it
@@ -191,6 +201,7 @@ def start_engine(spec: WorkerSpec, emit: Emitter) -> Optional[Engine]:
         kv_tokens = kv_pool_tokens(cases) if first.own_model is None else None
         kwargs = engine_kwargs(first, target, draft, max(c.batch_size for c in cases), kv_tokens)
         kwargs["nccl_port"] = rendezvous_port()  # tp 1 too: its process group has a TCP store
+        step_source = enable_step_times(running_version(), kwargs) if spec.step_times else None
         kwargs, dropped_args = fit_server_args(kwargs, known) if known else (kwargs, [])
         plain = plain_outputs(sglang.Engine, kwargs, cases, lambda c: case_prompts(c)[0]) if first.own_model else None
         engine = sglang.Engine(**kwargs)
@@ -205,25 +216,33 @@ def start_engine(spec: WorkerSpec, emit: Emitter) -> Optional[Engine]:
         return None
     start_s = time.perf_counter() - t0
     emit(EngineStarted(engine_start_s=start_s))
-    return Engine(engine, kwargs, dropped_args, start_s, gen_s, plain=plain)
+    return Engine(engine, kwargs, dropped_args, start_s, gen_s, plain=plain, step_source=step_source)
 
 
 def run_one(spec: WorkerSpec, run: Engine, c: Case, lock: WorkerTimingLock) -> dict:
     """One case on the started engine -> its line (``ok``, or ``failed`` with the traceback)."""
     started = now()
     load_before = host_load()
+    plain_case = c.own_model is None and c.workload is not Workload.long_prompt_multi_turn
+    window = StepWindow(run.engine, running_version(), run.step_source) if spec.step_times and plain_case else None
     try:
         if c.own_model is not None:
             res = run_own_case(run.engine, c, spec.repeats, spec.warmup, run.plain)
         elif c.workload is Workload.long_prompt_multi_turn:
             res = run_multi_turn(run.engine, c, spec.repeats, spec.warmup)
         else:
-            res = run_case(run.engine, c, spec.repeats, spec.warmup, calibrate=spec.probe)
+            plan, start = RepeatPlan.of_spec(spec), window.start if window else None
+            res = run_case(run.engine, c, spec.repeats, spec.warmup, spec.probe, plan, start)
         if spec.probe:
             mem_metrics, mem_checks, details = memory_and_leaks(run.engine, c)
         else:  # bare run: no probe in SGLang's processes, so no facts to read (timing baseline)
             mem_metrics, mem_checks, details = {}, {"flush_cache": flush_cache(run.engine)[0]}, {"bare": True}
         metrics = MetricSet().merge(res["metrics"]).merge(mem_metrics)
+        if window is not None:  # after the probe's read: it alone may reset the probe's counts
+            step_metrics, res["details"]["sglang_step_times"] = window.finish(len(res["details"]["prompt_starts"]))
+            metrics.merge(step_metrics)
+        elif spec.step_times:
+            res["details"]["sglang_step_times"] = {"error": "not measured for own-model or multi-turn cases"}
         metrics.put("engine_start_time", run.start_s, "s", higher_is_better=False)
         metrics.put("model_generation_time", run.gen_s, "s")
         res["metrics"] = metrics
@@ -253,6 +272,8 @@ def _engine_details(details: dict, run: Engine, lock: WorkerTimingLock, load_bef
     details["host_load"] = {"before": load_before, "after": host_load()}
     if run.dropped_args:
         details["engine_args_not_in_this_sglang"] = run.dropped_args
+    if run.pinning is not None:
+        details["core_pinning"] = run.pinning
     if lock.enabled:
         details["parallel_starts"] = int(os.environ.get(PARALLEL_ENV, "0")) or None
         if lock.overlapping:

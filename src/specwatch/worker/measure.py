@@ -26,7 +26,6 @@ import time
 from datetime import datetime, timezone
 
 from specwatch.core.case import Algorithm, Case, Profile, Workload
-from specwatch.core.protocol import NonFiniteMetric, metric
 from specwatch.oracle.predict import NgramCorpusModel, Oracle
 from specwatch.oracle.prompts import (
     OutputDigest,
@@ -37,7 +36,9 @@ from specwatch.oracle.shapes import SHAPES
 from specwatch.rules.releases import adapter_for, running_version
 from specwatch.worker.engine_args import greedy_sampling, server_facts
 from specwatch.worker.gc_pauses import GcPauses
+from specwatch.worker.metric_set import MetricSet
 from specwatch.worker.near_full import KV_TOKENS, MIN_DECODE_SHARE, near_full_extension
+from specwatch.worker.windows import RepeatLoop, RepeatPlan, TimedBatch, window_samples
 
 
 def histogram_key() -> str:
@@ -117,27 +118,6 @@ def flush_cache(engine, wait_s: float | None = None) -> tuple[bool, int]:
         if time.monotonic() >= deadline:
             return False, refusals
         time.sleep(0.02)
-
-
-class MetricSet(dict):
-    """Metric name -> metric line dict, refusing NaN and infinite numbers: a refused metric is left
-    out and named in ``refused`` (the worker then fails the ``finite_metrics`` check)."""
-
-    def __init__(self, *args, **kw):
-        super().__init__(*args, **kw)
-        self.refused: dict[str, str] = {}
-        """Metric name -> the refusal (the non-finite numbers it was given)."""
-
-    def put(self, name: str, value, unit: str, samples=None, **kw) -> None:
-        try:
-            self[name] = metric(value, unit, samples, **kw)
-        except NonFiniteMetric as e:
-            self.refused[name] = str(e)
-
-    def merge(self, other: dict) -> "MetricSet":
-        self.update(other)
-        self.refused.update(getattr(other, "refused", {}))
-        return self
 
 
 class Prompts:
@@ -226,6 +206,8 @@ class CaseTally:
         self.hist_key = histogram_key()
         self.flush_failures = self.flush_refusals = 0  # SGLang refuses a flush until idle: retried
         self.gc_pauses: list[dict] = []  # this process's collections inside each timed batch
+        self.batches: list[TimedBatch] = []
+        self.windows: list[int] | None = None  # timed batches per repeat (None: one each)
 
     def fresh_cache(self, engine) -> None:
         flushed, refused = flush_cache(engine)
@@ -235,7 +217,8 @@ class CaseTally:
         """One timed batch: its outputs against the oracle's, its wall time, its prefill's time."""
         case = self.case
         self.walls.append(wall)
-        self.tps.append(sum(len(o["output_ids"]) for o in outs) / wall)
+        tokens = sum(len(o["output_ids"]) for o in outs)
+        self.tps.append(tokens / wall)
         decode_s = wall - prefill_s
         if decode_s < MIN_DECODE_SHARE * wall:
             decode_s = None  # prefill-dominated or a noisy prefill sample: no decode split this repeat
@@ -251,6 +234,7 @@ class CaseTally:
         # plain decoding (the NONE twin) takes one step per token after the prefill's first
         vct = max(m.get("spec_verify_ct", 0) for m in metas) if case.algorithm.speculative else case.output_len - 1
         self.verify.append(vct)
+        self.batches.append(TimedBatch(tokens, len(outs), wall, prefill_s, tokens - len(outs), decode_s, vct))
         if decode_s is not None:
             self.step_ms.append(1e3 * decode_s / max(vct, 1))
             self.itl_ms.append(1e3 * decode_s / max(case.output_len - 1, 1))
@@ -258,20 +242,21 @@ class CaseTally:
 
     def metrics(self) -> MetricSet:
         med, b, m = statistics.median, self.case.batch_size, MetricSet()
-        m.put("output_throughput", med(self.tps), "tokens/s", self.tps, higher_is_better=True)
+        t = self.timed_samples()
+        m.put("output_throughput", med(t["tps"]), "tokens/s", t["tps"], higher_is_better=True)
         m.put(
             "request_throughput",
-            med([b / w for w in self.walls]),
+            med([b / w for w in t["walls"]]),
             "requests/s",
-            [b / w for w in self.walls],
+            [b / w for w in t["walls"]],
             higher_is_better=True,
         )
-        m.put("wall_time", med(self.walls), "s", self.walls, higher_is_better=False)
-        m.put("prefill_time", med(self.prefills), "s", self.prefills, higher_is_better=False)
-        if self.decode_tps:
-            m.put("decode_throughput", med(self.decode_tps), "tokens/s", self.decode_tps, higher_is_better=True)
-            m.put("step_time", med(self.step_ms), "ms", self.step_ms, higher_is_better=False)
-            m.put("itl", med(self.itl_ms), "ms", self.itl_ms, higher_is_better=False)
+        m.put("wall_time", med(t["walls"]), "s", t["walls"], higher_is_better=False)
+        m.put("prefill_time", med(t["prefills"]), "s", t["prefills"], higher_is_better=False)
+        if t["decode_tps"]:
+            m.put("decode_throughput", med(t["decode_tps"]), "tokens/s", t["decode_tps"], higher_is_better=True)
+            m.put("step_time", med(t["step_ms"]), "ms", t["step_ms"], higher_is_better=False)
+            m.put("itl", med(t["itl_ms"]), "ms", t["itl_ms"], higher_is_better=False)
         if not self.case.algorithm.speculative:  # a plain twin: no acceptance to report
             m.put("lossless_mismatches", self.mismatches, "tokens", exact=True, higher_is_better=False)
             return m
@@ -291,6 +276,13 @@ class CaseTally:
         m.put("lossless_mismatches", self.mismatches, "tokens", exact=True, higher_is_better=False)
         return m
 
+    def timed_samples(self) -> dict[str, list[float]]:
+        """Each repeat's timed samples: one per timed batch, or per window (``worker.windows``)."""
+        if self.windows is not None:
+            return window_samples(self.batches, self.windows, self.case.output_len)
+        keys = ("tps", "walls", "prefills", "decode_tps", "step_ms", "itl_ms")
+        return dict(zip(keys, (self.tps, self.walls, self.prefills, self.decode_tps, self.step_ms, self.itl_ms)))
+
     def checks(self) -> dict:
         checks = {"lossless": self.mismatches == 0}
         if self.expected_per_repeat:
@@ -309,15 +301,19 @@ class CaseTally:
             "output_digest": self.digest.hexdigest(),
             # what the outputs answer: a twin's digest is comparable only with the same
             "prompt_starts": self.timed,
-            "decode_split_repeats": len(self.decode_tps),
+            "decode_split_repeats": len(self.timed_samples()["decode_tps"]),
             "timed_gc_pauses": self.gc_pauses,
             "warm_after_flush": warm_after_flush(self.case),
         }
 
 
-def run_case(engine, case: Case, repeats: int, warmup: bool, calibrate: bool = False) -> dict:
+def run_case(
+    engine, case: Case, repeats: int, warmup: bool, calibrate: bool = False, plan=None, before_timed=None
+) -> dict:
     """One case's timed batches. ``calibrate`` (a probed near-full case): after the warm-up batch,
-    resize every prompt by ``near_full_extension`` of the decode peak the probe measured on it."""
+    resize every prompt by ``near_full_extension`` of the decode peak the probe measured on it.
+    ``plan``: a ``RepeatPlan`` (windows and a CI target; default ``repeats`` single batches);
+    ``before_timed``: called right before the first timed repeat (the step-time window's start)."""
     oracle = Oracle(SHAPES[case.model], 0, case.profile)
     sp = greedy_sampling(case)
     prompts = Prompts(case, oracle)
@@ -329,8 +325,14 @@ def run_case(engine, case: Case, repeats: int, warmup: bool, calibrate: bool = F
     tally = CaseTally(case)
     draft_oracle = draft_oracle_for(case, oracle)
     ngram = ngram_model_for(case, oracle)
-    for r in range(repeats):
-        expected, starts = _timed_repeat(engine, case, r, prompts, sp, tally)
+    plan = plan or RepeatPlan(repeats)
+    loop, tally.windows = RepeatLoop(plan), None if plan.fixed else []
+    if before_timed is not None:
+        before_timed()
+
+    def one_batch() -> float:
+        """One timed batch with its oracle expectation; returns the decode seconds it counts."""
+        expected, starts = _timed_repeat(engine, case, len(tally.batches), prompts, sp, tally)
         if ngram is not None:
             ngram.flush()
             tally.expected_per_repeat.append(
@@ -340,7 +342,13 @@ def run_case(engine, case: Case, repeats: int, warmup: bool, calibrate: bool = F
             tally.expected_per_repeat.append(
                 statistics.mean(expected_accept_length(draft_oracle, case, exp) for exp in expected)
             )
-    return {"metrics": tally.metrics(), "checks": tally.checks(), "details": tally.details(calibration)}
+        return tally.batches[-1].timed_decode_s
+
+    loop.run(one_batch, lambda: tally.timed_samples()["tps"], tally.windows)
+    details = tally.details(calibration)
+    if not plan.fixed:
+        details["timed_windows"] = loop.details()
+    return {"metrics": tally.metrics(), "checks": tally.checks(), "details": details}
 
 
 def _timed_repeat(

@@ -1,0 +1,88 @@
+"""SGLang's own decode step times over a case's timed batches, beside the worker's wall time.
+
+The suite's ``step_times`` turns SGLang's recording on for the worker's engine (``enable``: the
+environment variable its scheduler reads at import, ``decode_log_interval = 1`` so every decode
+forward records its step), as the release's ``rules.release_step_times`` entry names them. A case
+reads the scheduler's ``step_time_dict`` right before its first timed repeat and again after its
+last batch (``StepWindow``); the entries added in between are the timed batches' decode steps.
+
+SGLang records the time since its previous decode-stats log, so the first decode step of each
+timed batch also spans what ran before it (the flush, the prefill-only batches, the batch's own
+prefill): one entry per timed batch that is no decode step. The window drops the largest entry per
+timed batch before taking median and p90 (``dropped`` in the details says how many).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import numpy as np
+
+from specwatch.rules.release_step_times import StepTimeSource, step_time_source
+from specwatch.worker.engine_args import server_facts
+from specwatch.worker.metric_set import MetricSet
+
+DECODE_LOG_INTERVAL = 1
+"""``decode_log_interval`` the engine gets with ``step_times``: one recorded entry per decode step."""
+
+
+def enable(version: str, kwargs: dict) -> Optional[StepTimeSource]:
+    """Turn SGLang's step-time recording on for the engine about to start (before ``sglang.Engine``
+    spawns its scheduler, which inherits this environment); returns the release's source, or None
+    where the release has none known (nothing is changed then)."""
+    source = step_time_source(version)
+    if source is not None:
+        os.environ[source.env] = "1"
+        kwargs[source.interval_arg] = DECODE_LOG_INTERVAL
+    return source
+
+
+def _lengths(state: Optional[dict]) -> dict:
+    return {k: len(v) for k, v in (state or {}).items()}
+
+
+class StepWindow:
+    """The step-time entries one case's timed batches add (``start`` before, ``finish`` after)."""
+
+    def __init__(self, engine, version: str, source: Optional[StepTimeSource]):
+        self.engine, self.version, self.source = engine, version, source
+        self.before: Optional[dict] = None
+
+    def start(self) -> None:
+        """Read the entries so far (the probe's occupancy and gc counts restart at this read)."""
+        if self.source is not None:
+            self.before = _lengths(server_facts(self.engine).get("step_time_dict"))
+
+    def finish(self, timed_batches: int) -> tuple[MetricSet, dict]:
+        """The window's metrics (``sglang_step_time`` median, ``sglang_step_time_p90``, ``sglang_steps``)
+        and ``details.sglang_step_times``; a release without recording, or a scheduler that returned
+        no dict, records why instead."""
+        m = MetricSet()
+        if self.source is None:
+            return m, {"error": f"SGLang {self.version}: no step-time recording known for this release"}
+        state = server_facts(self.engine).get("step_time_dict")
+        if state is None:
+            why = (
+                f"get_internal_state returned no {self.source.state_key} ({self.source.env} not seen by the scheduler)"
+            )
+            return m, {"error": why}
+        before = self.before or {}
+        new = [float(x) for k, v in state.items() for x in list(v)[before.get(k, 0) :]]
+        dropped = min(timed_batches, len(new))
+        steps = sorted(new)[: len(new) - dropped]
+        details = {
+            "source": f"{self.source.recorded_in} ({self.source.state_key})",
+            "decode_log_interval": DECODE_LOG_INTERVAL,
+            "entries": len(new),
+            "dropped": dropped,
+            "batch_sizes": sorted(int(k) for k, v in state.items() if len(v) > before.get(k, 0)),
+        }
+        if not steps:
+            details["error"] = "no decode step recorded inside the timed batches"
+            return m, details
+        ms = np.asarray(steps) * 1e3
+        m.put("sglang_step_time", float(np.median(ms)), "ms", higher_is_better=False)
+        m.put("sglang_step_time_p90", float(np.percentile(ms, 90)), "ms", higher_is_better=False)
+        m.put("sglang_steps", len(steps), "steps", higher_is_better=None)
+        return m, details
