@@ -110,3 +110,11 @@ def test_plan_hosts_without_times_is_one_line_and_exit_2(tmp_path, extra, says):
         text=True,
     )
     assert res.returncode == 2 and says in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
+def test_a_suite_of_several_engine_starts_costs_that_many_times_the_device_time():
+    from specwatch.run.estimate import DeviceEstimate
+
+    once = DeviceEstimate("s", "m", "0.5.23", 0, [], groups=4, per_group_s=30.0, runs=2)
+    thrice = DeviceEstimate("s", "m", "0.5.23", 0, [], groups=4, per_group_s=30.0, runs=2, engine_starts=3)
+    assert once.device_minutes == 2.0 and thrice.device_minutes == 6.0

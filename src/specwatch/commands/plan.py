@@ -79,7 +79,7 @@ def plan(
     if flt and not planned:
         raise SpecwatchInputError(suite, f"no case matches --where {' '.join(where)}", field="--where")
     if known is not None:
-        planned = still_to_run(s.name, planned, known, machine, sglang_version)
+        planned = still_to_run(s.name, planned, known, machine, sglang_version, s.spec.suite.engine_starts)
     if as_json:
         for p in planned:
             print(json.dumps({"case_id": p.case.case_id, "skip": p.skip, "duplicate": p.duplicate, **p.case.params()}))
@@ -90,15 +90,18 @@ def plan(
         print_wall(s.name, planned, pace or known, machine, sglang_version, hosts, lanes)
 
 
-def still_to_run(name: str, planned: list, known: Path, machine: str, sglang_version: str) -> list:
+def still_to_run(
+    name: str, planned: list, known: Path, machine: str, sglang_version: str, engine_starts: int = 1
+) -> list:
     """The planned cases not yet recorded under ``known`` for the machine and SGLang version, after
     printing how many are left, in how many engine groups and, at the recorded pace, in how long."""
     from specwatch.run.estimate import estimate
 
-    est = estimate(name, planned, known, machine, sglang_version)
+    est = estimate(name, planned, known, machine, sglang_version, engine_starts)
+    starts = f", each on {engine_starts} fresh engines" if engine_starts > 1 else ""
     console.print(
         f"{name}: {est.known} case(s) already recorded for {machine} / SGLang {sglang_version}; "
-        f"{len(est.left)} left in {est.groups} engine group(s)"
+        f"{len(est.left)} left in {est.groups} engine group(s){starts}"
     )
     if est.device_minutes is not None:
         console.print(

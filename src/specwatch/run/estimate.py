@@ -36,17 +36,24 @@ class DeviceEstimate:
     """Median wall seconds per engine group over the machine's recorded runs (None: no such run)."""
     runs: int
     """Recorded runs the pace comes from (runs a signal stopped are left out)."""
+    engine_starts: int = 1
+    """Times each group runs, each on a fresh engine (``[suite] engine_starts``)."""
 
     @property
     def device_minutes(self) -> Optional[float]:
-        """``groups`` x ``per_group_s`` in minutes (first-use compiles on a fresh host come on top)."""
-        return None if self.per_group_s is None or not self.groups else self.groups * self.per_group_s / 60
+        """``groups`` x ``engine_starts`` x ``per_group_s`` in minutes (first-use compiles on a fresh
+        host come on top)."""
+        if self.per_group_s is None or not self.groups:
+            return None
+        return self.groups * self.engine_starts * self.per_group_s / 60
 
 
-def estimate(suite: str, planned: list[PlannedCase], root: Path, machine: str, sglang_version: str) -> DeviceEstimate:
+def estimate(
+    suite: str, planned: list[PlannedCase], root: Path, machine: str, sglang_version: str, engine_starts: int = 1
+) -> DeviceEstimate:
     """Leave out the planned cases recorded under ``root`` for the machine and version, and price
-    the rest's engine groups at the median wall time per group of the machine's past runs (all
-    SGLang versions: the pace is the host's)."""
+    the rest's engine groups, each run ``engine_starts`` times, at the median wall time per group
+    of the machine's past runs (all SGLang versions: the pace is the host's)."""
     done = recorded_case_ids(results_path(root, machine, sglang_version, suite))
     left = [p for p in planned if p.case.case_id not in done]
     groups = engine_groups(p.case for p in left if p.skip is None and not p.duplicate)
@@ -58,7 +65,7 @@ def estimate(suite: str, planned: list[PlannedCase], root: Path, machine: str, s
     ]
     per_group = statistics.median(r.wall_s / r.engine_groups for r in runs) if runs else None
     return DeviceEstimate(
-        suite, machine, sglang_version, len(planned) - len(left), left, len(groups), per_group, len(runs)
+        suite, machine, sglang_version, len(planned) - len(left), left, len(groups), per_group, len(runs), engine_starts
     )
 
 
