@@ -26,7 +26,7 @@ def dcp_matrix(df: pd.DataFrame, suite: str = "dcp") -> pd.DataFrame:
     share prompts by construction)."""
     if df.empty or "dcp" not in df or "suite" not in df:
         return pd.DataFrame()
-    d = df[df.suite == suite]
+    d = df.loc[df.suite == suite, [c for c in MATRIX_COLUMNS if c in df]]  # rows as dicts: only what they read
     if d.empty:
         return pd.DataFrame()
     d = latest_rows(d, ["sglang_version", "case_id"])
@@ -35,6 +35,23 @@ def dcp_matrix(df: pd.DataFrame, suite: str = "dcp") -> pd.DataFrame:
     )  # dicts: check.* columns are not attribute names
     by_id = {(r["sglang_version"], r["case_id"]): r for r in recs}
     return pd.DataFrame([matrix_row(r, by_id) for r in recs])
+
+
+MATRIX_COLUMNS = list(
+    dict.fromkeys(
+        [
+            *CASE_FIELDS,
+            *("suite", "case_id", "sglang_version", "status", "reason", "host_interference"),
+            *("started_at", "finished_at", "run_id"),  # latest_rows' order
+            *("accept_length", "check.accept_length_matches_oracle", "lossless_mismatches", "peak_token_usage"),
+            *("check.target_pool_covers_allocator", "check.draft_pool_covers_allocator"),
+            *("probe_read_attention_backend", "allocator_page_size", "draft_pool_page_mismatch"),
+            *(f"{role}_pool_{k}" for role in ("target", "draft") for k in ("page_size", "valid_end", "needed_end")),
+            *("draft_pool_missing_rows", "calibrated_input_len", "output_digest", "prompt_starts", "timed_repeats"),
+        ]
+    )
+)
+"""The records-frame columns a matrix row reads (``matrix_row``, ``twin_outputs``) and ``latest_rows`` orders by."""
 
 
 def matrix_row(r: dict, by_id: dict) -> dict:
