@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from functools import cache
 from typing import Callable, Optional
@@ -30,9 +31,9 @@ def dcp_matrix(df: pd.DataFrame, suite: str = "dcp") -> pd.DataFrame:
     if d.empty:
         return pd.DataFrame()
     d = latest_rows(d, ["sglang_version", "case_id"])
-    recs = d.sort_values(["model", "algorithm", "attention_backend", "page_size", "topk", "workload", "dcp"]).to_dict(
-        "records"
-    )  # dicts: check.* columns are not attribute names
+    d = d.sort_values(["model", "algorithm", "attention_backend", "page_size", "topk", "workload", "dcp"])
+    names = [str(c) for c in d.columns]  # dicts: check.* columns are not attribute names
+    recs = [dict(zip(names, row)) for row in zip(*(d[c].tolist() for c in d.columns))]
     by_id = {(r["sglang_version"], r["case_id"]): r for r in recs}
     return pd.DataFrame([matrix_row(r, by_id) for r in recs])
 
@@ -137,7 +138,7 @@ def case_of(r: dict) -> Case:
 def cell(r: dict, name: str):
     """A record row's value, None where the frame has none (NaN)."""
     v = r.get(name)
-    return None if v is None or (isinstance(v, float) and pd.isna(v)) else v
+    return None if v is None or (isinstance(v, float) and math.isnan(v)) else v
 
 
 def pool_text(r: dict, role: str) -> str:
