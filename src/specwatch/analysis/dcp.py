@@ -229,6 +229,10 @@ MARKDOWN_ROWS = 500
 """Rows of a DCP table ``dcp_markdown`` writes; the rest are counted in a line under it (the
 dashboard's index page holds every row)."""
 
+MARKDOWN_COLUMNS = 60
+"""Columns of a DCP table ``dcp_markdown`` writes (a summary gains one per dcp, workload and
+lengths); the rest are counted in a line under it (the index page's table holds every column)."""
+
 
 def summary_cell(outcomes: list[str]) -> str:
     """A DCP summary cell: of one group's matrix outcomes, how many ran ok out of those not
@@ -250,18 +254,24 @@ def summary_cell(outcomes: list[str]) -> str:
 def dcp_markdown(tables: dict[str, tuple[pd.DataFrame, pd.DataFrame]]) -> str:
     """The DCP support summaries and matrices (suite -> (summary, matrix)) as markdown
     (``dashboards/dcp-support.md``, readable where the HTML dashboard is not served): generated from
-    the store, so no count in it is typed by hand. A table over ``MARKDOWN_ROWS`` rows is cut
-    there, with a line saying how many rows the index page's table has beyond it."""
+    the store, so no count in it is typed by hand. A table over ``MARKDOWN_ROWS`` rows or
+    ``MARKDOWN_COLUMNS`` columns is cut there, with a line saying how many rows and columns the
+    index page's table has beyond it."""
 
     def md(t: pd.DataFrame) -> str:
         text = (
-            t.head(MARKDOWN_ROWS)
+            t.iloc[:MARKDOWN_ROWS, :MARKDOWN_COLUMNS]
             .astype(str)
             .replace({r"\|": r"\\|", "\n": " ", "^nan$": "", "^None$": ""}, regex=True)
             .to_markdown(index=False)
         )
-        if len(t) > MARKDOWN_ROWS:
-            text += f"\n\n{len(t) - MARKDOWN_ROWS:,} more rows: see the table on the dashboard's index page"
+        more = [
+            f"{n:,} more {what}"
+            for n, what in ((len(t) - MARKDOWN_ROWS, "rows"), (t.shape[1] - MARKDOWN_COLUMNS, "columns"))
+            if n > 0
+        ]
+        if more:
+            text += f"\n\n{' and '.join(more)}: see the table on the dashboard's index page"
         return text
 
     names = ", ".join(f"`suites/{suite}.toml`" for suite in tables)
