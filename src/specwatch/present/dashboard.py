@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Optional
 from urllib.parse import quote
 
-import numpy as np
 import pandas as pd
 from jinja2 import Environment, PackageLoader
 from markdown_it import MarkdownIt
@@ -200,14 +199,12 @@ def table_view(title: str, df: pd.DataFrame, anchor: Optional[str] = None) -> Ta
 
 
 def _column_cells(column: pd.Series) -> list[tuple[str, str]]:
-    """(text, sort value) of each cell of one column (missing values as None). A typed column
-    (numbers, booleans, text, times) is factorized: each distinct value formatted once, then
-    spread by its codes; an object column (mixed types, lists) is read value by value."""
-    if column.dtype != object and not _has_negative_zero(column):
-        codes, uniques = pd.factorize(column, use_na_sentinel=True)
+    """(text, sort value) of each cell of one column (missing values as None); typed: factorized."""
+    negative_zero = column.dtype.kind == "f" and ((column == 0) & (1 / column < 0)).any()  # factorize: 0.0
+    if column.dtype != object and not negative_zero:
+        codes, uniques = pd.factorize(column, use_na_sentinel=True)  # each distinct value formatted once
         cells = [(fmt_value(v), sort_key(v)) for v in pd.Series(uniques, dtype=column.dtype).astype(object)]
-        cells.append((fmt_value(None), sort_key(None)))  # code -1: missing
-        return [cells[i] for i in codes.tolist()]
+        return [cells[i] if i >= 0 else (NOT_MEASURED, "") for i in codes.tolist()]  # -1: missing
     seen: dict = {}
     out = []
     for v in column.astype(object).where(column.notna(), None):
@@ -220,14 +217,6 @@ def _column_cells(column: pd.Series) -> list[tuple[str, str]]:
             cell = (fmt_value(v), sort_key(v))
         out.append(cell)
     return out
-
-
-def _has_negative_zero(column: pd.Series) -> bool:
-    """True for a float column holding -0.0 (factorizing takes it for 0.0; its sort value differs)."""
-    if column.dtype.kind != "f":
-        return False
-    values = column.to_numpy()
-    return bool(((values == 0) & np.signbit(values)).any())
 
 
 SUMMARY_LINE = re.compile(r"^<details><summary>(.*)</summary>$")
