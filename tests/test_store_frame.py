@@ -188,7 +188,27 @@ def test_inside_one_pass_an_unchanged_file_is_hashed_once(tmp_path, monkeypatch)
     real = hashlib.sha256
     monkeypatch.setattr(frame_cache.hashlib, "sha256", lambda *a: hashed.append(1) or real(*a))
     files_frame([path])
+    assert hashed == []  # the file's stamp is the one it had when hashed: not read again
+    stamps = iter(range(100))
+    monkeypatch.setattr(frame_cache, "stamp_of", lambda st: [next(stamps)])  # a stamp that never matches
+    files_frame([path])
     with frame_cache.one_pass():
         for _ in range(3):
             assert files_frame([path]).output_throughput.tolist() == [10.0]
     assert len(hashed) == 2  # once outside, once for the three reads inside
+
+
+def test_a_file_rewritten_under_its_old_size_and_mtime_is_hashed_and_rebuilt(tmp_path):
+    import os
+
+    from specwatch.store.frame import files_frame
+
+    path = _frame_store(tmp_path)
+    assert files_frame([path]).output_throughput.tolist() == [10.0]
+    st = os.stat(path)
+    text = path.read_text()
+    assert "10.0" in text
+    path.write_text(text.replace("10.0", "20.0", 1))  # same size; the change time moves
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.stat(path).st_size == st.st_size and os.stat(path).st_mtime_ns == st.st_mtime_ns
+    assert files_frame([path]).output_throughput.tolist() == [20.0]

@@ -123,10 +123,9 @@ def picked_rows(df: pd.DataFrame, metrics: Optional[list[str]] = None) -> pd.Dat
     if "probe" in df:
         keep &= df.probe != False  # noqa: E712
     latest = latest_rows(df.drop(columns=[COMPARE_COLUMN])[keep], KEY)
-    raw = df[COMPARE_COLUMN].array
     cells = []
-    for i in latest.index:
-        c = orjson.loads(raw[i])
+    for raw in df.loc[latest.index, COMPARE_COLUMN].tolist():  # one take: not an Arrow lookup per row
+        c = orjson.loads(raw)
         names = c["m"] if metrics is None else [n for n in metrics if n in c["m"]]
         cells.append({"l": c["l"], "s": {n: _samples(c, n) for n in names}})
     return latest.assign(**{CELL: cells})

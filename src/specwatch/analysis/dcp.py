@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from functools import cache
 from typing import Callable, Optional
@@ -27,15 +28,32 @@ def dcp_matrix(df: pd.DataFrame, suite: str = "dcp") -> pd.DataFrame:
     share prompts by construction)."""
     if df.empty or "dcp" not in df or "suite" not in df:
         return pd.DataFrame()
-    d = df[df.suite == suite]
+    d = df.loc[df.suite == suite, [c for c in MATRIX_COLUMNS if c in df]]  # rows as dicts: only what they read
     if d.empty:
         return pd.DataFrame()
     d = latest_rows(d, ["sglang_version", "case_id"])
-    recs = d.sort_values(["model", "algorithm", "attention_backend", "page_size", "topk", "workload", "dcp"]).to_dict(
-        "records"
-    )  # dicts: check.* columns are not attribute names
+    d = d.sort_values(["model", "algorithm", "attention_backend", "page_size", "topk", "workload", "dcp"])
+    names = [str(c) for c in d.columns]  # dicts: check.* columns are not attribute names
+    recs = [dict(zip(names, row)) for row in zip(*(d[c].tolist() for c in d.columns))]
     by_id = {(r["sglang_version"], r["case_id"]): r for r in recs}
     return pd.DataFrame([matrix_row(r, by_id) for r in recs])
+
+
+MATRIX_COLUMNS = list(
+    dict.fromkeys(
+        [
+            *CASE_FIELDS,
+            *("suite", "case_id", "sglang_version", "status", "reason", "host_interference"),
+            *("started_at", "finished_at", "run_id"),  # latest_rows' order
+            *("accept_length", "check.accept_length_matches_oracle", "lossless_mismatches", "peak_token_usage"),
+            *("check.target_pool_covers_allocator", "check.draft_pool_covers_allocator"),
+            *("probe_read_attention_backend", "allocator_page_size", "draft_pool_page_mismatch"),
+            *(f"{role}_pool_{k}" for role in ("target", "draft") for k in ("page_size", "valid_end", "needed_end")),
+            *("draft_pool_missing_rows", "calibrated_input_len", "output_digest", "prompt_starts", "timed_repeats"),
+        ]
+    )
+)
+"""The records-frame columns a matrix row reads (``matrix_row``, ``twin_outputs``) and ``latest_rows`` orders by."""
 
 
 def matrix_row(r: dict, by_id: dict) -> dict:
@@ -122,7 +140,7 @@ def case_of(r: dict) -> Optional[Case]:
 def cell(r: dict, name: str):
     """A record row's value, None where the frame has none (NaN)."""
     v = r.get(name)
-    return None if v is None or (isinstance(v, float) and pd.isna(v)) else v
+    return None if v is None or (isinstance(v, float) and math.isnan(v)) else v
 
 
 def pool_text(r: dict, role: str) -> str:
@@ -215,6 +233,10 @@ MARKDOWN_ROWS = 500
 """Rows of a DCP table ``dcp_markdown`` writes; the rest are counted in a line under it (the
 dashboard's index page holds every row)."""
 
+MARKDOWN_COLUMNS = 60
+"""Columns of a DCP table ``dcp_markdown`` writes (a summary gains one per dcp, workload and
+lengths); the rest are counted in a line under it (the index page's table holds every column)."""
+
 
 def summary_cell(outcomes: list[str]) -> str:
     """A DCP summary cell: of one group's matrix outcomes, how many ran ok out of those not
@@ -236,18 +258,24 @@ def summary_cell(outcomes: list[str]) -> str:
 def dcp_markdown(tables: dict[str, tuple[pd.DataFrame, pd.DataFrame]]) -> str:
     """The DCP support summaries and matrices (suite -> (summary, matrix)) as markdown
     (``dashboards/dcp-support.md``, readable where the HTML dashboard is not served): generated from
-    the store, so no count in it is typed by hand. A table over ``MARKDOWN_ROWS`` rows is cut
-    there, with a line saying how many rows the index page's table has beyond it."""
+    the store, so no count in it is typed by hand. A table over ``MARKDOWN_ROWS`` rows or
+    ``MARKDOWN_COLUMNS`` columns is cut there, with a line saying how many rows and columns the
+    index page's table has beyond it."""
 
     def md(t: pd.DataFrame) -> str:
         text = (
-            t.head(MARKDOWN_ROWS)
+            t.iloc[:MARKDOWN_ROWS, :MARKDOWN_COLUMNS]
             .astype(str)
             .replace({r"\|": r"\\|", "\n": " ", "^nan$": "", "^None$": ""}, regex=True)
             .to_markdown(index=False)
         )
-        if len(t) > MARKDOWN_ROWS:
-            text += f"\n\n{len(t) - MARKDOWN_ROWS:,} more rows: see the table on the dashboard's index page"
+        more = [
+            f"{n:,} more {what}"
+            for n, what in ((len(t) - MARKDOWN_ROWS, "rows"), (t.shape[1] - MARKDOWN_COLUMNS, "columns"))
+            if n > 0
+        ]
+        if more:
+            text += f"\n\n{' and '.join(more)}: see the table on the dashboard's index page"
         return text
 
     names = ", ".join(f"`suites/{suite}.toml`" for suite in tables)

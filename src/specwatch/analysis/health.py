@@ -23,15 +23,6 @@ record, what it was). The recorded verdicts stay (``store.leak_is_unflushed_cach
 ``store.row_matches_model_now``)."""
 
 
-def relabel_note(ok: pd.DataFrame, check: str) -> str:
-    """Says how many of a check's failures a later finding explains (``RELABELS``)."""
-    column, what = RELABELS.get(check, (None, None))
-    if column is None or column not in ok:
-        return ""
-    n = int((ok[check].eq(False) & ok[column].eq(True)).sum())
-    return f" (of which {n}: {what})" if n else ""
-
-
 def fault_table(df: pd.DataFrame) -> pd.DataFrame:
     """One row per (fault, case) of fault-injection runs, with the clean run of the same case and
     SGLang version beside it: what flagged the fault (status, failed checks) and whether clean stayed clean."""
@@ -91,36 +82,31 @@ def health_matrix(df: pd.DataFrame, suites_dir: Optional[Path] = Path("suites"))
     its validity rules now skip, or a matrix since edited, is not a gap)."""
     if df.empty:
         return pd.DataFrame()
-    clean = df[~df.suite.isin(OWN_TABLES)]
-    latest = latest_rows(clean, ["machine", "sglang_version", "suite", "case_id"])
     key = ["model", "algorithm", "attention_backend", "page_size"]
-    checks = [c for c in latest.columns if c.startswith("check.")]
+    checks = [c for c in df.columns if c.startswith("check.")]
+    # the cells read only these columns: a narrow frame is cut per cell far faster than the whole one
+    used = ["machine", "sglang_version", "suite", "case_id", "topk", "status", *key, *checks]
+    used += [c for c, _ in RELABELS.values()] + ["host_interference", "finished_at", "started_at", "run_id"]
+    clean = df.loc[~df.suite.isin(OWN_TABLES), [c for c in dict.fromkeys(used) if c in df]]
+    latest = latest_rows(clean, ["machine", "sglang_version", "suite", "case_id"])
     rows = []
     for (machine, version, suite), g in latest.groupby(["machine", "sglang_version", "suite"], sort=True):
         planned = planned_cells(suites_dir / f"{suite}.toml" if suites_dir else None)
         planned = g[key + ["topk", "case_id"]] if planned is None else planned
-        recorded = dict(iter(g.groupby(key, sort=False)))  # a planned cell's records, found by its key
+        # a planned cell's records (as dicts: only the planned cases' ones), found by its key
+        recorded: dict[tuple, list[dict]] = {k: [] for k in zip(*(g[c].tolist() for c in key))}
+        for r in g[g.case_id.isin(planned.case_id)].to_dict("records"):
+            recorded[tuple(r[c] for c in key)].append(r)
         for k, plan in planned.groupby(key, sort=True):
             row = dict(
                 zip(("machine", "sglang", "suite", "model", "algo", "backend", "page"), (machine, version, suite, *k))
             )
-            rec = recorded.get(k, g.iloc[0:0])
+            rec = recorded.get(k)
             for topk, want in plan.groupby("topk"):
-                got = rec[rec.case_id.isin(want.case_id)]  # records of cases the suite no longer plans: out
-                if got.empty:
-                    row[f"topk {topk}"] = "not run"
-                    continue
-                ok = got[got.status == "ok"]
-                issues = [f"{n} {st}" for st, n in got[got.status != "ok"].status.value_counts().items()]
-                if (missing := len(want) - len(got)) > 0:
-                    issues.append(f"{missing} not run")
-                issues += [
-                    f"{c[len('check.') :]} ✗ {n}" + relabel_note(ok, c)
-                    for c in checks
-                    if (n := int((ok[c] == False).sum()))  # noqa: E712 (numpy bools, NaN)
-                ]
-                row[f"topk {topk}"] = f"{len(ok)}/{len(want)} ok" + "".join(f"; {i}" for i in issues)
-            if not rec.empty:  # a row with no record at all (e.g. a reduced run of an old version): left out
+                wanted = set(want.case_id)
+                got = [r for r in rec or () if r["case_id"] in wanted]  # cases the suite no longer plans: out
+                row[f"topk {topk}"] = cell_text(got, len(want), checks) if got else "not run"
+            if rec is not None:  # a row with no record at all (e.g. a reduced run of an old version): left out
                 rows.append(row)
     out = pd.DataFrame(rows)
     if out.empty:
@@ -144,6 +130,25 @@ def planned_cells(path: Optional[Path]) -> Optional[pd.DataFrame]:
     except SpecwatchInputError:
         return None
     return pd.DataFrame([{**case_cells(c), "case_id": c.case_id} for c in plan]) if plan else None
+
+
+def cell_text(got: list[dict], planned: int, checks: list[str]) -> str:
+    """A health cell: of the ``planned`` cases, how many have an ok latest record (``got``: the
+    records, as dicts), then the other statuses, the cases not run and the failed checks, counted."""
+    ok = [r for r in got if r["status"] == "ok"]
+    bad = [r["status"] for r in got if r["status"] != "ok"]
+    issues = [f"{n} {st}" for st, n in pd.Series(bad, dtype=object).astype(str).value_counts().items()] if bad else []
+    if (missing := planned - len(got)) > 0:
+        issues.append(f"{missing} not run")
+    for c in checks:
+        failed = [r for r in ok if r[c] == False]  # noqa: E712 (numpy bools, NaN)
+        if failed:
+            column, what = RELABELS.get(c, (None, None))
+            explained = sum(r[column] == True for r in failed) if column in ok[0] else 0  # noqa: E712
+            issues.append(
+                f"{c[len('check.') :]} ✗ {len(failed)}" + (f" (of which {explained}: {what})" if explained else "")
+            )
+    return f"{len(ok)}/{planned} ok" + "".join(f"; {i}" for i in issues)
 
 
 def status_counts(df: pd.DataFrame) -> pd.DataFrame:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import statistics
+from types import SimpleNamespace
 
 import pandas as pd
 
@@ -35,18 +37,22 @@ def overhead_table(df: pd.DataFrame, metric: str = "output_throughput") -> pd.Da
     (``WITHIN_NOISE``). Interleave bare and probed runs (ABAB) to measure it."""
     if df.empty or "probe" not in df or not (df.probe == False).any():  # noqa: E712
         return pd.DataFrame()
-    ok = df[(df.status == "ok") & df.fault.isna() & df[metric].notna()]
+    used = ["machine", "sglang_version", "case_id", "probe", metric, "probe_time_per_batch", "step_time", "suite"]
+    used += ["model", "algorithm", "attention_backend", "page_size", "topk", "batch_size"]
+    keep = (df.status == "ok") & df.fault.isna() & df[metric].notna()
+    ok = df.loc[keep, [c for c in dict.fromkeys(used) if c in df]]  # the groups cut only what a row reads
     # only cases with both kinds of run make a row: the rest are left out before grouping
     both = set(ok.case_id[ok.probe == False]) & set(ok.case_id[ok.probe == True])  # noqa: E712
     ok = ok[ok.case_id.isin(both)]
     rows = []
     for (machine, version, _case_id), g in ok.groupby(["machine", "sglang_version", "case_id"], sort=False):
-        own = g[g.probe == True]  # noqa: E712 (the probed runs)
-        bare = g[g.probe == False][metric].tolist()  # noqa: E712
-        probed = own[metric].tolist()
+        col = g.to_dict("list")  # the group's columns as lists: a case's few runs read in Python
+        probe, values = col["probe"], col[metric]
+        bare = [v for v, p in zip(values, probe) if p == False]  # noqa: E712
+        probed = [v for v, p in zip(values, probe) if p == True]  # noqa: E712 (the probed runs)
         if not bare or not probed:
             continue
-        b = g.iloc[-1]
+        b = SimpleNamespace(**{c: v[-1] for c, v in col.items()})
         bare_med, probed_med = statistics.median(bare), statistics.median(probed)
         ratio = probed_med / bare_med
         spreads = [s for s in (relative_spread(bare), relative_spread(probed)) if s is not None]  # None: one run
@@ -54,8 +60,9 @@ def overhead_table(df: pd.DataFrame, metric: str = "output_throughput") -> pd.Da
         gap = abs(ratio - 1)
         # the probe's own clock: its per-batch cost over the step time (ms), in its probed runs
         share = None
-        if "probe_time_per_batch" in own and own.probe_time_per_batch.notna().any():
-            share = own.probe_time_per_batch.median() / 1000 / own.step_time.median()
+        if "probe_time_per_batch" in col and (cost := _probed(col["probe_time_per_batch"], probe)):
+            steps = _probed(col["step_time"], probe)
+            share = statistics.median(cost) / 1000 / (statistics.median(steps) if steps else math.nan)
         if gap <= OVERHEAD_BUDGET:
             verdict = f"within {OVERHEAD_BUDGET:.0%}"
         elif noise is not None and gap <= noise:
@@ -78,3 +85,8 @@ def overhead_table(df: pd.DataFrame, metric: str = "output_throughput") -> pd.Da
             }
         )
     return pd.DataFrame(rows)
+
+
+def _probed(values: list, probe: list) -> list:
+    """The measured values (NaN and None left out) of the probed runs among ``values``."""
+    return [v for v, p in zip(values, probe) if p == True and not pd.isna(v)]  # noqa: E712

@@ -9,12 +9,24 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable, Optional
 
 import numpy as np
 
 from specwatch.core.case import Algorithm, Profile
 from specwatch.oracle.shapes import FIRST_ACTIVE, RIGHT_WEIGHT, WRONG_WEIGHT, Shape
+
+
+@lru_cache(maxsize=64)
+def cycle_of(active: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(``Oracle.order`` of ``active`` tokens under ``seed``, each active index's place in it),
+    drawn once per (active, seed); read-only."""
+    order = np.random.default_rng(seed).permutation(active)
+    position = np.empty_like(order)
+    position[order] = np.arange(active)
+    order.flags.writeable = position.flags.writeable = False
+    return order, position
 
 
 @dataclass(frozen=True)
@@ -49,6 +61,10 @@ class Oracle:
 
     def chain(self, start_index: int, length: int) -> list[int]:
         """Token ids t, sigma(t), ... of ``length`` tokens from active index ``start_index``."""
+        order, position = cycle_of(self.shape.active, self.seed)
+        if 0 <= start_index < len(order):  # sigma is one cycle through ``order``: the chain is a slice of it
+            steps = (position[start_index] + np.arange(length)) % len(order)
+            return (FIRST_ACTIVE + order[steps]).tolist()
         succ = self.successor_index()
         out, j = [], start_index
         for _ in range(length):

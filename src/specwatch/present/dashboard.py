@@ -190,7 +190,12 @@ def table_view(title: str, df: pd.DataFrame, anchor: Optional[str] = None) -> Ta
 
 
 def _column_cells(column: pd.Series) -> list[tuple[str, str]]:
-    """(text, sort value) of each cell of one column (missing values as None)."""
+    """(text, sort value) of each cell of one column (missing values as None); typed: factorized."""
+    negative_zero = column.dtype.kind == "f" and ((column == 0) & (1 / column < 0)).any()  # factorize: 0.0
+    if column.dtype != object and not negative_zero:
+        codes, uniques = pd.factorize(column, use_na_sentinel=True)  # each distinct value formatted once
+        cells = [(fmt_value(v), sort_key(v)) for v in pd.Series(uniques, dtype=column.dtype).astype(object)]
+        return [cells[i] if i >= 0 else (NOT_MEASURED, "") for i in codes.tolist()]  # -1: missing
     seen: dict = {}
     out = []
     for v in column.astype(object).where(column.notna(), None):

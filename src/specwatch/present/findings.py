@@ -31,6 +31,11 @@ WATERMARK_CHECK = "check.decode_watermark_page_aligned"
 """The check that DFLASH's decode watermark covers whole pages."""
 
 
+SECTION_COLUMNS = ("started_at", "finished_at", "run_id", "host_interference", "status", "reason", "probe")
+SECTION_COLUMNS += ("fault_code_runs", "req_to_token_row_width", "algorithm", "attention_backend", "page_size")
+"""The columns the sections read besides ``IDENTITY`` and the checks (the latest rows are cut from these only)."""
+
+
 def _ids(rows: pd.DataFrame, limit: int | None = None) -> str:
     """Record ids of ``rows`` in order, backquoted; past ``limit``, the rest counted."""
     ids = [record_id(c, t) for c, t in zip(rows.case_id, rows.started_at)]
@@ -227,7 +232,8 @@ def refusals_section(latest: pd.DataFrame) -> list[str]:
 def findings_markdown(frame: pd.DataFrame) -> str:
     """The findings page of a records frame (``store.frame.files_frame``): each section computed
     from the latest records (``latest_records``), each claim with its record ids."""
-    latest = latest_records(frame)
+    used = {*IDENTITY, *SECTION_COLUMNS, *TREE_PAGE_REDUCED, *ROW_WIDTH_AT}
+    latest = latest_records(frame[[c for c in frame.columns if c in used or str(c).startswith("check.")]])
     lines = [
         "# Measured findings",
         "",

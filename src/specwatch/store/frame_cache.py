@@ -2,8 +2,9 @@
 
 The JSONL stays the source of truth: a cache is used only while the JSONL's size, modification
 time and sha256, and the code that turns records into rows (``CODE_FILES``), are those it was
-built from; otherwise it is rebuilt. A store that cannot be written (read-only) is read without
-a cache. Columns holding lists or dicts are stored as JSON text and read back as lists and dicts;
+built from; otherwise it is rebuilt. The sha256 is read again only where the file system's stamp
+of the JSONL (size, times, inode: ``stamp_of``) is not the one it had when hashed. A store that
+cannot be written (read-only) is read without a cache. Columns holding lists or dicts are stored as JSON text and read back as lists and dicts;
 the lines the build quarantined are kept with the cache and reported again on each hit.
 """
 
@@ -86,9 +87,21 @@ def _sha256(path: Path, st: os.stat_result) -> str:
 
 
 def source_key(path: Path) -> dict:
-    """What a cache of ``path`` must have been built from: size, mtime, sha256, row code."""
+    """What a cache of ``path`` must have been built from: size, mtime, sha256, row code, and
+    (``stamp``, not compared) the file's ``stamp_of`` as hashed."""
     st = os.stat(path)
-    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": _sha256(path, st), "code": code_key()}
+    key = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": _sha256(path, st), "code": code_key()}
+    return {**key, STAMP: stamp_of(st)}
+
+
+STAMP = "stamp"
+"""The key's entry holding the JSONL's ``stamp_of`` when it was hashed: the one entry not compared."""
+
+
+def stamp_of(st: os.stat_result) -> list[int]:
+    """What the file system says of a file without reading it: size, modification and change
+    times (ns), inode and device. Any write moves the change time, which no caller can set back."""
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
 
 
 def fresh_rows(
@@ -96,12 +109,21 @@ def fresh_rows(
 ) -> tuple[Optional["pd.DataFrame"], Optional[dict]]:
     """(the cached rows of ``path`` or None where no fresh cache exists, the key a new cache is
     built under, None where the JSONL cannot be read). ``columns``: only those the cache has are
-    read; None: all but the hidden ones (named with a leading ``_``)."""
+    read; None: all but the hidden ones (named with a leading ``_``). A cache whose stamp
+    (``stamp_of``) is the JSONL's now, built by today's row code, is read without hashing the
+    JSONL (the file is the one it was built from); otherwise the sha256 decides."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None, None  # unreadable: the build reports it
+    cache = cache_path(path)
+    if (hit := _read(cache, None, quarantine, columns, stamp_of(st))) is not None:
+        return hit, None
     try:
         key = source_key(path)
     except OSError:
-        return None, None  # unreadable: the build reports it
-    return _read(cache_path(path), key, quarantine, columns), key
+        return None, None
+    return _read(cache, key, quarantine, columns), key
 
 
 def store_rows(path: Path, df: "pd.DataFrame", key: Optional[dict], quarantined: list[str]) -> None:
@@ -110,13 +132,25 @@ def store_rows(path: Path, df: "pd.DataFrame", key: Optional[dict], quarantined:
         _write(cache_path(path), df, key, quarantined)
 
 
-def _read(cache: Path, key: dict, quarantine: Quarantine, columns: Optional[list[str]] = None):
+def _read(
+    cache: Path,
+    key: Optional[dict],
+    quarantine: Quarantine,
+    columns: Optional[list[str]] = None,
+    stamp: Optional[list[int]] = None,
+):
+    """The cached rows when built under ``key`` (its ``STAMP`` aside) or, with ``stamp`` instead,
+    from a file of that stamp by today's row code; else None."""
     import pyarrow.parquet as pq
 
     try:
         schema = pq.read_schema(cache)
         meta = json.loads((schema.metadata or {})[META_KEY])
-        if meta["key"] != key:
+        built = {k: v for k, v in meta["key"].items() if k != STAMP}
+        if stamp is not None:
+            if meta["key"].get(STAMP) != stamp or built.get("code") != code_key():
+                return None
+        elif built != {k: v for k, v in key.items() if k != STAMP}:
             return None
         have = [c for c in schema.names if c != "__index_level_0__"]
         wanted = [c for c in have if not c.startswith("_")] if columns is None else [c for c in columns if c in have]
