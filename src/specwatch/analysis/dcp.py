@@ -9,7 +9,7 @@ from typing import Callable, Optional
 
 import pandas as pd
 
-from specwatch.core.case import CASE_FIELDS, Case
+from specwatch.core.case import CASE_FIELDS, OWN_PARAMS, Case
 from specwatch.oracle.prompts import starts_behind_digest
 from specwatch.rules.crashlog import WORKER_DIED_RE
 from specwatch.rules.validity import skip_reason
@@ -43,6 +43,8 @@ MATRIX_COLUMNS = list(
     dict.fromkeys(
         [
             *CASE_FIELDS,
+            *OWN_PARAMS,  # an own model's row (``store.row_case``)
+            "serving_prompts",
             *("suite", "case_id", "sglang_version", "status", "reason", "host_interference"),
             *("started_at", "finished_at", "run_id"),  # latest_rows' order
             *("accept_length", "check.accept_length_matches_oracle", "lossless_mismatches", "peak_token_usage"),
