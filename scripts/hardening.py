@@ -248,6 +248,34 @@ def suite_trials() -> list[Trial]:
             ),
         ]
     ]
+    for h in (
+        "engine_starts = 0",
+        "engine_starts = 51",
+        'engine_starts = "3"',
+        "engine_starts = 2.0",
+        "min_timed_s = -1.0",
+        'min_timed_s = "2"',
+        "min_timed_s = 601.0",
+        "ci_half_width = 2.0",
+        "ci_half_width = -0.01",
+        'ci_half_width = "1%"',
+        "max_repeats = 0",
+        "max_repeats = true",
+        "pin_cores = 1",
+        'pin_cores = "yes"',
+        "step_times = 1",
+        'speedup = "true"',
+    ):
+        out.append(_plan("suite: timing keys", h, _suite(extra=h)))
+    out += [
+        _plan("suite: serving", v, _suite(matrix=m))
+        for v, m in [
+            ("serving_prompts without the serving workload", _matrix_with("serving_prompts", "[64]")),
+            ("serving_prompts = [0]", _matrix_with("serving_prompts", "[0]") + '\nworkload = ["serving"]'),
+            ('serving_prompts = ["64"]', _matrix_with("serving_prompts", '["64"]') + '\nworkload = ["serving"]'),
+            ('workload = ["serve"]', _matrix_with("workload", '["serve"]')),
+        ]
+    ]
     for v, name in [
         ("traversal ../", "../../../escape"),
         ("absolute path", "/tmp/specwatch-hardening-escape"),
@@ -280,7 +308,7 @@ def option_trials() -> list[Trial]:
     """Bad --where / --shard / --page / --requests values."""
     out = [
         Trial("option: --where", w or "(empty)", ["plan", str(SMOKE), "--where", w], "--where")
-        for w in ("bogus", "page_size", "=1", "nosuch=1", "page_size=", "", "case_id", "topk=1,,")
+        for w in ("bogus", "page_size", "=1", "nosuch=1", "page_size=", "", "case_id", "topk=1,,", "model=a b")
     ]
     out.append(
         Trial(
