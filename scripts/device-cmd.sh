@@ -11,7 +11,7 @@ COMMIT=${1:?commit}; shift
 [[ $COMMIT =~ ^[0-9a-f]{40}$ ]] || { echo "device-cmd.sh: COMMIT must be a full 40-hex git hash, got '$COMMIT'" >&2; exit 2; }
 [ $# -ge 1 ] || { echo "device-cmd.sh: no command line given" >&2; exit 2; }
 source "$(dirname "$0")/kit-env.sh" "${SPECWATCH_SITE:-/tmp/specwatch-site}"
-export PYTHONPATH=$PWD/src:$PYTHONPATH SPECWATCH_COMMIT=$COMMIT COMMIT PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} SPECWATCH_COMMIT=$COMMIT COMMIT PYTHONUNBUFFERED=1
 export SPECWATCH_DEVICE_RESULTS=${SPECWATCH_DEVICE_RESULTS:-/tmp/sw-results}
 mkdir -p "$SPECWATCH_DEVICE_RESULTS"
 echo "== device-cmd.sh: $*"

@@ -12,7 +12,7 @@ commit=${1:?commit}; shift
 [[ $commit =~ ^[0-9a-f]{40}$ ]] || { echo "device-run.sh: COMMIT must be a full 40-hex git hash, got '$commit'" >&2; exit 2; }
 site=${SPECWATCH_SITE:-/tmp/specwatch-site}
 source "$(dirname "$0")/kit-env.sh" "$site"
-export PYTHONPATH=$PWD/src:$PYTHONPATH SPECWATCH_COMMIT=$commit PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} SPECWATCH_COMMIT=$commit PYTHONUNBUFFERED=1
 [ "${KEEP_LOGS:-0}" = 1 ] && export SPECWATCH_LOG_DIR=/tmp/sw-logs && mkdir -p /tmp/sw-logs
 R=${SPECWATCH_DEVICE_RESULTS:-/tmp/sw-results}
 # RUN_TIMEOUT (s): SIGTERM the runner, which kills its engines; finished cases stay recorded.

@@ -24,16 +24,16 @@ SHIPPED_PLAN_DIGEST = "6fe4a741f98b1d2cd398351df4a9f880cbdaad9ce957f14fd7270e9d3
 before suites could opt in to plain twins: the speculative cases of every suite, with or
 without ``speedup``, are exactly these."""
 
-SPEEDUP_SUITES = {"smoke.toml", "tree-page.toml"}
+SPEEDUP_SUITES = {"smoke.toml", "tree-page.toml", "timing.toml"}
 """The shipped suites whose records carry speedup over plain decoding."""
 
 
 def test_shipped_suites_plan_the_same_speculative_cases_with_or_without_twins():
     h = hashlib.sha256()
     for p in sorted(SUITES.glob("*.toml")):
-        # byo-oracle's checkpoints are written first (test_own_model); serving came after the digest
-        # (tests/fixtures/shipped_case_ids.json pins its ids)
-        if p.name in ("byo-oracle.toml", "serving.toml"):
+        # byo-oracle's checkpoints are written first (test_own_model); serving and timing came after
+        # the digest (tests/fixtures/shipped_case_ids.json pins serving's ids)
+        if p.name in ("byo-oracle.toml", "serving.toml", "timing.toml"):
             continue
         suite = load_suite(p)
         assert suite.spec.suite.speedup is (p.name in SPEEDUP_SUITES)
