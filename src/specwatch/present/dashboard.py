@@ -354,10 +354,11 @@ def build(
     if df.empty:
         raise SpecwatchInputError(source, f"no records: the dashboard in {out} is left as it is")
     faults, overhead = fault_table(df), overhead_table(df)
-    if "fault" in df:
-        df = df[df.fault.isna()]  # the rest shows clean runs only
+    # the rest shows clean runs only (bare runs: only in the overhead table); one mask, one copy
+    keep = df.fault.isna() if "fault" in df else pd.Series(True, index=df.index)
     if "probe" in df:
-        df = df[df.probe != False]  # noqa: E712 (bare runs: only in the overhead table)
+        keep &= df.probe != False  # noqa: E712
+    df = df[keep]
     dcp = {suite: (dcp_summary(m), m) for suite in DCP_SUITES if not (m := dcp_matrix(df, suite)).empty}
     out.mkdir(parents=True, exist_ok=True)
     if dcp:
