@@ -76,3 +76,27 @@ def test_a_history_seen_before_is_not_fitted_again(tmp_path, monkeypatch):
     monkeypatch.setattr(cp, "release_steps", lambda h, t: fitted.append(h) or real(h, t))
     t = changepoints(files_frame(result_files(tmp_path), columns=COLUMNS))
     assert sorted(t.case_id) == sorted([stepped.case_id, other.case_id]) and len(fitted) == 1
+
+
+def test_a_file_of_many_records_has_its_picked_cells_taken_from_its_cache_alone(tmp_path, monkeypatch):
+    import specwatch.analysis.changepoints as cp
+    from specwatch.core.record import Status
+    from specwatch.store.frame_cache import cache_path, cached_cells
+
+    noise = [[100.0, 101.0, 99.0], [100.5, 99.5, 100.0], [99.0, 100.0, 101.0]]
+    for c in (case(page_size=64), case(page_size=16), case(page_size=1)):  # one file per release, 3 cases
+        _history(tmp_path, c, lambda i: [x * (0.8 if i >= 3 else 1.0) for x in noise[i % 3]])
+    for v in RELEASES:  # an older record and a failed one in each file, out of order
+        old = record(case(page_size=64), sglang_version=v, started_at=T0 - timedelta(days=1))
+        old.metrics = {"decode_throughput": Metric(value=1.0, unit="tokens/s", samples=[1.0], higher_is_better=True)}
+        append_record(tmp_path / "m" / f"sglang-{v}" / "smoke.jsonl", old)
+        append_record(
+            tmp_path / "m" / f"sglang-{v}" / "smoke.jsonl", record(case(page_size=1), status=Status.failed, reason="x")
+        )
+    whole = cp.changepoints(files_frame(result_files(tmp_path), columns=COLUMNS))
+    assert len(whole) == 3
+    monkeypatch.setattr(cp, "picked_rows", lambda *a: (_ for _ in ()).throw(AssertionError("whole column read")))
+    monkeypatch.setattr("specwatch.store.frame_cache.CELL_BATCH", 2)  # picks spread over batches
+    assert cp.store_changepoints(result_files(tmp_path)).equals(whole)
+    path = result_files(tmp_path)[0]
+    assert cache_path(path).exists() and cached_cells(path, "_compare", [0], expect_rows=999) is None

@@ -112,9 +112,19 @@ def picked_rows(df: pd.DataFrame, metrics: Optional[list[str]] = None) -> pd.Dat
     """The latest clean row (``KEY``) of each case and release of a files frame read with
     ``COMPARE_COLUMN``, with ``CELL``: its label and ``metrics``' samples (all when None). The rows
     are picked on the small columns; only the picked rows' cells are decoded."""
-    import orjson
+    if df.empty or COMPARE_COLUMN not in df:
+        return pd.DataFrame()
+    latest = latest_clean(df.drop(columns=[COMPARE_COLUMN]))
+    if latest.empty:
+        return latest
+    raw = df.loc[latest.index, COMPARE_COLUMN].tolist()  # one take: not an Arrow lookup per row
+    return latest.assign(**{CELL: decoded(raw, metrics)})
 
-    need = {"status", "sglang_version", "machine", "case_id", COMPARE_COLUMN}
+
+def latest_clean(df: pd.DataFrame) -> pd.DataFrame:
+    """The latest clean row (``KEY``: ok, no fault, probed) of each case and release of a files
+    frame, its index kept (the rows' positions in the frame read)."""
+    need = {"status", "sglang_version", "machine", "case_id"}
     if df.empty or not need <= set(df.columns):
         return pd.DataFrame()
     keep = (df.status == "ok") & df.sglang_version.notna()
@@ -122,13 +132,36 @@ def picked_rows(df: pd.DataFrame, metrics: Optional[list[str]] = None) -> pd.Dat
         keep &= df.fault.isna()
     if "probe" in df:
         keep &= df.probe != False  # noqa: E712
-    latest = latest_rows(df.drop(columns=[COMPARE_COLUMN])[keep], KEY)
+    return latest_rows(df[keep], KEY)
+
+
+def decoded(raw: list, metrics: Optional[list[str]]) -> list[dict]:
+    """``CELL`` of each compare cell in ``raw`` (JSON text): its label and ``metrics``' samples."""
+    import orjson
+
     cells = []
-    for raw in df.loc[latest.index, COMPARE_COLUMN].tolist():  # one take: not an Arrow lookup per row
-        c = orjson.loads(raw)
+    for text in raw:
+        c = orjson.loads(text)
         names = c["m"] if metrics is None else [n for n in metrics if n in c["m"]]
         cells.append({"l": c["l"], "s": {n: _samples(c, n) for n in names}})
-    return latest.assign(**{CELL: cells})
+    return cells
+
+
+def file_picks(path: Path, metrics: Optional[list[str]]) -> pd.DataFrame:
+    """``picked_rows`` of one results file, its compare cells taken only for the picked rows from
+    the file's Parquet cache (``frame_cache.cached_cells``): the whole column never becomes Python
+    strings. Without a usable cache, ``picked_rows`` of the file read whole."""
+    from specwatch.store.frame import files_frame
+    from specwatch.store.frame_cache import cached_cells
+
+    small = files_frame([path], columns=[c for c in COLUMNS if c != COMPARE_COLUMN]).reset_index(drop=True)
+    latest = latest_clean(small)  # its index: the rows' positions in the file's cache
+    if latest.empty:
+        return latest
+    raw = cached_cells(path, COMPARE_COLUMN, latest.index.tolist(), len(small))
+    if raw is None:
+        return picked_rows(files_frame([path], columns=COLUMNS), metrics)
+    return latest.assign(**{CELL: decoded(raw, metrics)})
 
 
 def store_changepoints(
@@ -137,9 +170,7 @@ def store_changepoints(
     """``changepoints`` of the results files ``paths``, read one file at a time: each file's picked
     rows (``picked_rows``) kept, the rest of its frame dropped before the next is read. The latest
     of the files' picks is the latest of their records (ties: the later file's, as read in order)."""
-    from specwatch.store.frame import files_frame
-
-    parts = [picked_rows(files_frame([p], columns=COLUMNS), metrics) for p in paths]
+    parts = [file_picks(Path(p), metrics) for p in paths]
     parts = [p for p in parts if not p.empty]
     if not parts:
         return pd.DataFrame()

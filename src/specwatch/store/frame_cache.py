@@ -197,3 +197,37 @@ def _write(cache: Path, df: "pd.DataFrame", key: dict, quarantined: list[str]) -
             tmp.unlink()
         except OSError:
             pass
+
+
+def cached_cells(path: Path, column: str, rows: list[int], expect_rows: int) -> Optional[list]:
+    """The values of ``column`` at the row positions ``rows`` of ``path``'s Parquet cache, read in
+    batches of ``CELL_BATCH`` rows (only the wanted rows become Python objects, and no more than a
+    batch of the column is in memory at once), or None where the cache is missing, lacks the
+    column or no longer holds ``expect_rows`` rows (the frame the positions index was read
+    from). Call it right after ``files_frame`` read ``path``: that refreshed the cache."""
+    import pyarrow.parquet as pq
+
+    try:
+        f = pq.ParquetFile(cache_path(path))
+        if f.metadata.num_rows != expect_rows or column not in f.schema_arrow.names:
+            return None
+        order = sorted(range(len(rows)), key=rows.__getitem__)
+        out: list = [None] * len(rows)
+        start, i = 0, 0
+        for batch in f.iter_batches(batch_size=CELL_BATCH, columns=[column]):
+            end = start + batch.num_rows
+            j = i
+            while j < len(order) and rows[order[j]] < end:
+                j += 1
+            if j > i:
+                values = batch.column(0).take([rows[k] - start for k in order[i:j]]).to_pylist()
+                for k, v in zip(order[i:j], values):
+                    out[k] = v
+            i, start = j, end
+        return out
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+CELL_BATCH = 2048
+"""Rows of a cached column ``cached_cells`` holds in memory at once."""
