@@ -201,8 +201,10 @@ def version_lines(df: pd.DataFrame, metric: str) -> tuple[list, list[str], list[
     may show ``metric`` (a timed one: not overlapped runs, ``timing_records``; an exact one: every
     run, since overlapped starts leave acceptance and memory as they are), and the latest record of
     each common case per version."""
-    clean = df[df.fault.isna()] if "fault" in df else df
-    frame = timing_records(clean) if metric in TIMED_METRICS else clean
+    keep = df.fault.isna() if "fault" in df else pd.Series(True, index=df.index)
+    if metric in TIMED_METRICS and "overlap_starts" in df:
+        keep &= df.overlap_starts != True  # noqa: E712 (timing_records' rows, cut by the same mask: one copy)
+    frame = df[keep]
     versions, labels, common = version_axis(frame)
     latest = (
         latest_rows(frame[(frame.status == "ok") & frame.case_id.isin(common)], ["case_id", "sglang_version"])
@@ -301,13 +303,18 @@ def timing_records(df: pd.DataFrame) -> pd.DataFrame:
     return df[df.overlap_starts != True] if "overlap_starts" in df else df  # noqa: E712
 
 
-def newest_tiny(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+def newest_tiny(df: pd.DataFrame, timed: bool = False) -> tuple[pd.DataFrame, str]:
     """The clean records of the tiny oracle on the newest SGLang version that has any, and a label
     for them: the by-topk plots take one model and one version, not a median over the 1b/8b
-    checkpoints and every release."""
+    checkpoints and every release. ``timed``: of ``timing_records`` only (one mask, one copy)."""
     if df.empty or "model" not in df:
         return df, ""
-    tiny = df[(df.model == "tiny") & df.fault.isna()] if "fault" in df else df[df.model == "tiny"]
+    keep = df.model == "tiny"
+    if "fault" in df:
+        keep &= df.fault.isna()
+    if timed and "overlap_starts" in df:
+        keep &= df.overlap_starts != True  # noqa: E712
+    tiny = df[keep]
     newest, tiny = newest_release(tiny)
     return tiny, f"tiny, SGLang {newest}" if newest else ""
 
@@ -316,8 +323,7 @@ def make_all(df: pd.DataFrame, out: Path) -> list[Path]:
     """Every dashboard plot from a records frame (``store.records_frame``)."""
     paths = memory_vs_topk(df, out)
     if not df.empty:
-        timed = timing_records(df)
-        newest, label = newest_tiny(timed)
+        newest, label = newest_tiny(df, timed=True)
         chain_or_tree = newest[(newest.batch_size == 1)] if "batch_size" in newest else newest
         paths += _by_topk(
             chain_or_tree,
