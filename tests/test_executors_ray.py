@@ -167,10 +167,18 @@ def test_a_node_removed_mid_sweep_crashes_its_groups_and_the_sweep_goes_on_then_
             lost.append((datetime.now(timezone.utc), node.node_id))
             cluster.remove_node(node, allow_graceful=False)
 
+    def remove_then_acknowledge(rec):
+        remove_its_node(rec)
+        (landed / rec.case_id).touch()  # only now may the record's worker go on to its next case
+
     seen: list = []
+    landed = tmp_path / "landed"
+    landed.mkdir()
     suite = harness_suite(tmp_path, topks="[1, 2, 3, 5, 7]", timeout_s=120)
-    env = {"FAKE_TIME_S": "2.5"}
-    out = _run(tmp_path, suite, env=env, where={"page_size": {"64"}}, progress=_arrivals(seen, remove_its_node))
+    # the topk-5 worker waits for the driver to have its batch-1 record, so its node is gone before
+    # its batch-8 case can be written (no race between the loss and the next case)
+    env = {"FAKE_TIME_S": "2.5", "FAKE_AWAIT_DIR": str(landed), "FAKE_AWAIT_S": "60"}
+    out = _run(tmp_path, suite, env=env, where={"page_size": {"64"}}, progress=_arrivals(seen, remove_then_acknowledge))
     recs = {r.case.case_id: r for r in read_records(out)}
     assert lost and len(recs) == 10 == len(list(read_records(out)))  # every case once
     t_lost, dead = lost[0]
