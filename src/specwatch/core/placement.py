@@ -7,6 +7,8 @@ from typing import Callable, Optional
 
 from pydantic import BaseModel, ConfigDict, model_serializer
 
+from specwatch.core.serial import omit_when_none
+
 
 class ExecutorKind(str, Enum):
     """How ``specwatch run`` hands its engine groups out (``--executor``)."""
@@ -54,10 +56,7 @@ class Placement(BaseModel):
     @model_serializer(mode="wrap")
     def _no_dispatch_no_key(self, handler: Callable) -> dict:
         """``dispatch_s`` is written only when set: a placement without one reads as before."""
-        data = handler(self)
-        if data.get("dispatch_s") is None:
-            data.pop("dispatch_s", None)
-        return data
+        return omit_when_none(handler(self), "dispatch_s")
 
 
 class RunPlacement(BaseModel):

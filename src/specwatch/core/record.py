@@ -23,6 +23,7 @@ from specwatch.core.details import Details, HostLoad
 from specwatch.core.errors import NewerSchemaError, SpecwatchInputError
 from specwatch.core.migrations import MIGRATIONS, SCHEMA_VERSION, migrate, update_to_2, update_to_3
 from specwatch.core.placement import Placement, RunPlacement
+from specwatch.core.serial import omit_when_none
 
 __all__ = [
     "MIGRATIONS",
@@ -102,10 +103,7 @@ class Metric(BaseModel):
     @model_serializer(mode="wrap")
     def _one_engine_no_key(self, handler: Callable) -> dict:
         """``engine_medians`` is written only when set: a one-engine metric reads as before."""
-        data = handler(self)
-        if data.get("engine_medians") is None:
-            data.pop("engine_medians", None)
-        return data
+        return omit_when_none(handler(self), "engine_medians")
 
     @field_validator("value", mode="before")
     @classmethod
@@ -199,10 +197,7 @@ class CaseRecord(BaseModel):
     @model_serializer(mode="wrap")
     def _no_twin_no_key(self, handler: Callable) -> dict:
         """``plain_twin`` is written only when set: a record without a twin reads as before."""
-        data = handler(self)
-        if data.get("plain_twin") is None:
-            data.pop("plain_twin", None)
-        return data
+        return omit_when_none(handler(self), "plain_twin")
 
     @property
     def overlap_starts(self) -> bool:
