@@ -148,20 +148,13 @@ def plain_child(spec_path: str) -> int:
     import sglang
 
     from specwatch.core.case import Case
-    from specwatch.oracle.checkpoints import ensure_models
+    from specwatch.oracle.checkpoints import case_models
     from specwatch.worker.engine_args import engine_kwargs, fit_server_args, rendezvous_port, server_arg_names
     from specwatch.worker.near_full import kv_pool_tokens
 
     spec = json.loads(Path(spec_path).read_text())
     case = Case(**spec["case"])
-    target, draft = ensure_models(
-        Path(spec["models_dir"]),
-        case.model,
-        case.profile,
-        case.algorithm,
-        device="cuda",
-        block_size=case.num_draft_tokens,
-    )
+    target, draft = case_models(spec["models_dir"], case, device="cuda")
     kwargs = engine_kwargs(case, target, draft, case.batch_size, kv_pool_tokens([case]))
     kwargs["nccl_port"] = rendezvous_port()
     known = server_arg_names()

@@ -390,7 +390,7 @@ def test_worker_main_end_to_end_on_a_fake_sglang(tmp_path, monkeypatch, workload
             got["shutdown"] = True
 
     monkeypatch.setitem(sys.modules, "sglang", types.SimpleNamespace(Engine=Engine))
-    monkeypatch.setattr(worker_main, "ensure_models", lambda *a, **k: (tmp_path / "t", tmp_path / "d"))
+    monkeypatch.setattr(worker_main, "case_models", lambda *a, **k: (tmp_path / "t", tmp_path / "d"))
     out = tmp_path / "out.jsonl"
     spec = tmp_path / "spec.json"
     spec.write_text(
@@ -449,7 +449,7 @@ def test_the_worker_plans_the_fault_for_the_running_release(tmp_path, monkeypatc
             super().__init__(CASE)
 
     monkeypatch.setitem(sys.modules, "sglang", types.SimpleNamespace(Engine=Engine, __version__=release))
-    monkeypatch.setattr(worker_main, "ensure_models", lambda *a, **k: (tmp_path / "t", tmp_path / "d"))
+    monkeypatch.setattr(worker_main, "case_models", lambda *a, **k: (tmp_path / "t", tmp_path / "d"))
     monkeypatch.setenv("SPECWATCH_FAULT", "unaligned-watermark")
     monkeypatch.delenv(PLAN_ENV, raising=False)
     out, spec = tmp_path / "out.jsonl", tmp_path / "spec.json"

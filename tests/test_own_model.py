@@ -309,7 +309,7 @@ def test_worker_main_runs_the_plain_engine_before_the_speculative_one(oracle_mod
             return {"internal_states": [{}], "version": "0.5.17"}
 
     monkeypatch.setitem(sys.modules, "sglang", types.SimpleNamespace(Engine=Engine))
-    monkeypatch.setattr(worker_main, "ensure_models", lambda *a, **k: pytest.fail("own models are never written"))
+    monkeypatch.setattr(worker_main, "case_models", lambda *a, **k: pytest.fail("own models are never written"))
     out, spec = tmp_path / "out.jsonl", tmp_path / "spec.json"
     spec.write_text(
         json.dumps(

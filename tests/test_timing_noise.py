@@ -305,7 +305,7 @@ def test_the_worker_records_step_times_and_pinning_end_to_end(tmp_path, monkeypa
             pass
 
     monkeypatch.setitem(sys.modules, "sglang", types.SimpleNamespace(Engine=Engine))
-    monkeypatch.setattr(worker_main, "ensure_models", lambda *a, **k: (tmp_path / "t", tmp_path / "d"))
+    monkeypatch.setattr(worker_main, "case_models", lambda *a, **k: (tmp_path / "t", tmp_path / "d"))
     monkeypatch.setattr(worker_main, "pin_cores", lambda: {"pinned": False, "reason": "fake host"})
     monkeypatch.delenv("SGLANG_RECORD_STEP_TIME", raising=False)
     out, spec = tmp_path / "out.jsonl", tmp_path / "spec.json"

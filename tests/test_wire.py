@@ -155,7 +155,7 @@ def test_a_nan_metric_becomes_a_failed_finite_metrics_check_and_the_record_reads
             pass
 
     monkeypatch.setitem(sys.modules, "sglang", types.SimpleNamespace(Engine=Engine))
-    monkeypatch.setattr(worker_main, "ensure_models", lambda *a, **k: (tmp_path / "t", tmp_path / "d"))
+    monkeypatch.setattr(worker_main, "case_models", lambda *a, **k: (tmp_path / "t", tmp_path / "d"))
     results = tmp_path / "out.jsonl"
     spec = tmp_path / "spec.json"
     spec.write_text(

@@ -81,7 +81,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from specwatch.core.case import Algorithm, ModelSize, Profile
+from specwatch.core.case import Algorithm, Case, ModelSize, Profile
 from specwatch.oracle.deepseek import MLA, write_deepseek_target
 from specwatch.oracle.dflash import MAX_BLOCK, write_dflash_draft
 from specwatch.oracle.eagle3 import eagle3_draft_ids, eagle3_shape, write_eagle3_draft
@@ -269,3 +269,11 @@ def write_oracle_model(
     if not (target / "tokenizer_config.json").exists():
         write_tokenizer(target, SHAPES[size])
     return target, draft
+
+
+def case_models(root: Path, case: Case, device: str = "cpu", tokenizer: bool = False) -> tuple[Path, Optional[Path]]:
+    """The oracle checkpoints a case runs on (its model, profile, algorithm and, for DFLASH, block
+    size): ``ensure_models``, or with ``tokenizer`` ``write_oracle_model`` (the server detokenizes).
+    Returns (target, draft)."""
+    write = write_oracle_model if tokenizer else ensure_models
+    return write(Path(root), case.model, case.profile, case.algorithm, device=device, block_size=case.num_draft_tokens)

@@ -18,7 +18,7 @@ from specwatch.core.protocol import CaseLine, EngineFacts, EngineStarted, Worker
 from specwatch.core.record import Status
 from specwatch.core.timing_lock import PARALLEL_ENV, WorkerTimingLock
 from specwatch.inject.faults import PLAN_ENV
-from specwatch.oracle.checkpoints import ensure_models
+from specwatch.oracle.checkpoints import case_models
 from specwatch.rules.pools import pool_checks
 from specwatch.rules.releases import FaultNotInRelease, fault_plan, running_version
 from specwatch.worker.engine_args import (
@@ -184,14 +184,7 @@ def start_engine(spec: WorkerSpec, emit: Emitter) -> Optional[Engine]:
     if first.own_model is not None:
         target, draft = checkpoint_paths(first)
     else:
-        target, draft = ensure_models(
-            Path(spec.models_dir),
-            first.model,
-            first.profile,
-            first.algorithm,
-            device="cuda",
-            block_size=first.num_draft_tokens,
-        )
+        target, draft = case_models(spec.models_dir, first, device="cuda")
     gen_s = time.perf_counter() - t0
     import sglang
 

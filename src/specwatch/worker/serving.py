@@ -107,16 +107,9 @@ def serving_models(spec: WorkerSpec, first: Case) -> tuple[Path, Optional[Path],
         m = first.own_model
         tok = resolve_checkpoint(m.tokenizer, None, m.name, "tokenizer") if m.tokenizer else target
         return target, draft, tok
-    from specwatch.oracle.checkpoints import write_oracle_model
+    from specwatch.oracle.checkpoints import case_models
 
-    target, draft = write_oracle_model(
-        Path(spec.models_dir),
-        first.model,
-        first.profile,
-        first.algorithm,
-        device="cuda",
-        block_size=first.num_draft_tokens,
-    )
+    target, draft = case_models(spec.models_dir, first, device="cuda", tokenizer=True)
     return target, draft, target
 
 
