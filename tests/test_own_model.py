@@ -231,11 +231,16 @@ def _own_case(**kw) -> Case:
     return Case(**{**base, **kw})
 
 
-def test_own_models_engine_arguments_carry_their_dtype_and_let_sglang_size_the_pool():
+def test_own_models_engine_arguments_carry_their_dtype_and_a_pool_sized_from_the_case():
     from specwatch.worker.engine_args import engine_kwargs
+    from specwatch.worker.near_full import OWN_KV_TOKENS_MIN
 
     kw = engine_kwargs(_own_case(), Path("/t"), Path("/d"), 8)
-    assert kw["dtype"] == "bfloat16" and "max_total_tokens" not in kw and kw["speculative_draft_model_path"] == "/d"
+    assert kw["dtype"] == "bfloat16" and kw["speculative_draft_model_path"] == "/d"
+    # a fixed pool, not 70% of the GPU: two such engines share one GPU under --parallel-starts
+    assert kw["max_total_tokens"] == OWN_KV_TOKENS_MIN
+    long = engine_kwargs(_own_case(batch_size=16, input_len=7000, output_len=192), Path("/t"), Path("/d"), 16)
+    assert long["max_total_tokens"] == 1 << 18  # 2 x 16 x (7000 + 192 + 4) = 230,272, rounded up to a power of two
     with pytest.raises(ValueError, match="own_model"):
         Case(**{**_own_case().model_dump(exclude={"own_model", "prompts"}), "model": ModelSize.own})
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from specwatch.core.case import Algorithm, Case, Profile, Workload
 from specwatch.oracle.shapes import SHAPES
-from specwatch.worker.near_full import KV_TOKENS
+from specwatch.worker.near_full import KV_TOKENS, own_kv_tokens
 
 ARG_VALIDATION_FILES = ("srt/server_args.py", "srt/arg_groups/")
 """Where SGLang validates an engine's arguments before it starts any process: ``ServerArgs`` and,
@@ -78,10 +78,9 @@ def engine_kwargs(case: Case, target: Path, draft, max_bs: int, kv_tokens: int |
         kw["chunked_prefill_size"] = -1
     _add_draft_args(kw, case, draft)
     if case.own_model is not None:
-        # an own model: its dtype; SGLang sizes its KV pool from the memory fraction
+        # an own model: its dtype, and a KV pool sized from the case (own_kv_tokens)
         kw["dtype"] = case.own_model.dtype
-        if kw["max_total_tokens"] is None:
-            del kw["max_total_tokens"]
+        kw["max_total_tokens"] = kv_tokens or own_kv_tokens(case)
         return kw
     if case.tp > 1 and SHAPES[case.model].arch == "deepseek-v3":
         # SGLang auto-enables FlashInfer's allreduce fusion for DeepSeek at tp > 1 on sm90; its

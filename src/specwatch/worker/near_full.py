@@ -19,6 +19,19 @@ KV_TOKENS = {
 within a model, and several engines on one GPU under ``--parallel-starts``)."""
 
 
+OWN_KV_TOKENS_MIN = 1 << 17
+"""Smallest KV pool an own model's engine gets (``own_kv_tokens``), as llama_1b's standard pool."""
+
+
+def own_kv_tokens(case: Case) -> int:
+    """KV pool of an own model's engine: twice what its batch holds at its peak (prompt + output +
+    one draft block per request), at least ``OWN_KV_TOKENS_MIN``. A pool sized from the memory
+    fraction takes 70% of the GPU, so a second engine on that GPU (``--parallel-starts``) is refused
+    by SGLang's "not enough memory" check before it loads."""
+    peak = case.batch_size * (case.input_len + case.output_len + case.num_draft_tokens)
+    return max(OWN_KV_TOKENS_MIN, 1 << (2 * peak - 1).bit_length())
+
+
 MIN_DECODE_SHARE = 0.2
 """A repeat gets decode metrics only when wall - prefill is at least this share of its wall time."""
 
