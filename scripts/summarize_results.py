@@ -1,6 +1,7 @@
 """Print one line per record of the given JSONL files (for device runs, where rich output is cut)."""
 
 import json
+import os
 import sys
 
 KEYS = (
@@ -14,6 +15,9 @@ KEYS = (
     "req_to_token_row_width",
 )
 for path in sys.argv[1:]:
+    if not os.path.exists(path):  # an unmatched shell glob: the run recorded nothing
+        print(f"no records: {path}")
+        continue
     for line in open(path):
         r = json.loads(line)
         c, m = r["case"], r["metrics"]

@@ -42,6 +42,9 @@ SERVING_PATH = frozenset(
         "partial-json-parser",
         "openai",
         "distro",
+        # the HTTP server imports it at start from 0.5.19 (entrypoints/openai/audio_chunking.py,
+        # through http_server's serving_transcription): without it `launch_server` exits
+        "soundfile",
     )
 )
 """Names from SGLang's own ``Requires-Dist`` that every kit follows (at SGLang's pin)."""
