@@ -30,6 +30,13 @@ done
 # the releases after 0.5.19, each smoke run with --overlap-starts beside the others (layered kits)
 report "sglang-0.5.18-vs-0.5.19-smoke" "sglang_version=0.5.18,suite=smoke,overlap=on" "sglang_version=0.5.19,suite=smoke,overlap=on" \
   --budgets results/noise-budgets.json
+# the reduced tree-page (triton, topk 8, pages 64/256, batch 1/8, with plain-decoding twins)
+report "sglang-0.5.18-vs-0.5.19-tree-page" "sglang_version=0.5.18,suite=tree-page,overlap=on" \
+  "sglang_version=0.5.19,suite=tree-page,overlap=on" --budgets results/noise-budgets.json
+report "sglang-0.5.22-vs-0.5.23-tree-page" "sglang_version=0.5.22,suite=tree-page,overlap=on" \
+  "sglang_version=0.5.23,suite=tree-page,overlap=on" --budgets results/noise-budgets.json
+report "sglang-0.5.17-vs-0.5.23-tree-page" "sglang_version=0.5.17,suite=tree-page" \
+  "sglang_version=0.5.23,suite=tree-page,overlap=on" --budgets results/noise-budgets.json
 report "sglang-0.5.22-vs-0.5.23-smoke" "sglang_version=0.5.22,suite=smoke,overlap=on" "sglang_version=0.5.23,suite=smoke,overlap=on" \
   --budgets results/noise-budgets.json
 # 0.5.17's smoke ran in waves, its DFLASH sweep with --overlap-starts
