@@ -191,7 +191,7 @@ def start_engine(spec: WorkerSpec, emit: Emitter) -> Optional[Engine]:
     known = server_arg_names()  # before the clock: the engine imports it anyway
     t0 = time.perf_counter()
     try:
-        kv_tokens = kv_pool_tokens(cases) if first.own_model is None else None
+        kv_tokens = kv_pool_tokens(cases)
         kwargs = engine_kwargs(first, target, draft, max(c.batch_size for c in cases), kv_tokens)
         kwargs["nccl_port"] = rendezvous_port()  # tp 1 too: its process group has a TCP store
         step_source = enable_step_times(running_version(), kwargs) if spec.step_times else None

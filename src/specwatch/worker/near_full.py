@@ -77,7 +77,8 @@ def near_full_extension(occupancy: dict, allocator_slots: int, case: Case) -> in
 
 
 def kv_pool_tokens(cases: list[Case]) -> int:
-    """``max_total_tokens`` for an engine group: fixed per model, or sized to the batch (near-full).
+    """``max_total_tokens`` for an engine group: fixed per model, or sized to the batch (near-full);
+    an own model's, its largest case's (``own_kv_tokens``).
 
     near-full: the largest batch's peak (``near_full_request_tokens`` per request), so SGLang admits
     the whole batch at once and its own reservations, not a queue, decide the occupancy. (The first
@@ -90,6 +91,8 @@ def kv_pool_tokens(cases: list[Case]) -> int:
     ``max_total_tokens * dcp`` virtual slots (0.5.17's kv_cache_configurator; seen on the x2 host:
     2^18 passed, an allocator of 2^19), so near-full asks for the need / dcp, in whole pages."""
     first = cases[0]
+    if first.own_model is not None:
+        return max(own_kv_tokens(c) for c in cases)
     if first.workload is not Workload.near_full:
         return KV_TOKENS[first.model]
     need = max(c.batch_size * near_full_request_tokens(c) for c in cases)

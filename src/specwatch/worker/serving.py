@@ -118,7 +118,7 @@ def server_kwargs(cases: list[Case], target: Path, draft, tokenizer: Path, known
     installed release) and the dropped ones; an own model's separate tokenizer as ``tokenizer_path``."""
     from specwatch.worker.near_full import kv_pool_tokens
 
-    kv_tokens = kv_pool_tokens(cases) if cases[0].own_model is None else None  # as ``main.start_engine``
+    kv_tokens = kv_pool_tokens(cases)  # as ``main.start_engine``
     kw = engine_kwargs(cases[0], target, draft, max(c.batch_size for c in cases), kv_tokens)
     if tokenizer != target:
         kw["tokenizer_path"] = str(tokenizer)
