@@ -4,8 +4,9 @@ Three kinds of run, each in a fresh process with an engine of its own, interleav
 (``A B C A B C``, as asv's ``--interleave-rounds``), so a drift of the host over the experiment
 hits every kind alike:
 
-* ``plain``: one ``sglang.Engine`` with specwatch's own engine arguments (``worker.engine_args``),
-  no specwatch code in SGLang's processes: ``flush_cache()``, one warm-up ``generate``, then
+* ``plain``: ``specwatch.worker.baseline``, the loop ``specwatch run --baseline`` runs: one
+  ``sglang.Engine`` with specwatch's own engine arguments (``worker.engine_args``), no specwatch
+  code in SGLang's processes: ``flush_cache()``, one warm-up ``generate``, then
   ``--repeats`` timed ``generate`` calls back to back on the worker's timed prompts. The same
   engine then times ``plain_flushed``: each timed batch after a flush, a prefill-only batch and a
   second flush (the worker's repeat before ``warm_after_flush``), which isolates what SGLang's
@@ -63,7 +64,6 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--models-dir", default="/tmp/specwatch-models")
     p.add_argument("--budget-s", type=float, default=480.0, help="start no run past this many seconds")
     p.add_argument("--out", default=None, help="also write the report here (JSON)")
-    p.add_argument("--plain-child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     for name in ("repeats", "rounds", "batch"):
         if getattr(args, name) < 1:
@@ -108,63 +108,30 @@ def interleaved(order: list[str], rounds: int) -> list[tuple[int, str]]:
     return [(r, kind) for r in range(rounds) for kind in order]
 
 
-def plain_loop(engine, case, repeats: int) -> dict:
-    """The plain loop on a started engine, then the flushed pattern on the same engine: output
-    tokens/s per timed batch of each, and the prompt tokens the radix cache served each batch."""
-    from specwatch.oracle.predict import Oracle
-    from specwatch.oracle.prompts import timed_tag
-    from specwatch.oracle.shapes import SHAPES
-    from specwatch.worker.engine_args import greedy_sampling
-    from specwatch.worker.measure import Prompts, flush_cache
+def run_plain(case, args, tmp: Path, timeout_s: float) -> dict:
+    """The ``plain`` run: ``specwatch.worker.baseline`` (the loop ``specwatch run --baseline`` runs)
+    with the flushed pattern on, in ``run.baseline``'s environment (no probe, no ``SPECWATCH_*``)."""
+    from specwatch.core.protocol import BaselineSpec
+    from specwatch.run.baseline import baseline_env, run_baseline
 
-    prompts, sp = Prompts(case, Oracle(SHAPES[case.model], 0, case.profile)), greedy_sampling(case)
-
-    def timed(batch) -> tuple[float, int]:
-        t = time.perf_counter()
-        outs = engine.generate(input_ids=batch, sampling_params=sp)
-        wall = time.perf_counter() - t
-        cached = sum(int(o["meta_info"].get("cached_tokens", 0)) for o in outs)
-        return sum(len(o["output_ids"]) for o in outs) / wall, cached
-
-    engine.flush_cache()
-    engine.generate(input_ids=prompts.batch("warmup")[0], sampling_params=sp)
-    out = {"plain": [], "plain_cached_tokens": [], "plain_flushed": [], "plain_flushed_cached_tokens": []}
-    for r in range(repeats):
-        tps, cached = timed(prompts.batch(timed_tag(r))[0])
-        out["plain"].append(tps)
-        out["plain_cached_tokens"].append(cached)
-    for r in range(repeats):
-        flush_cache(engine)
-        engine.generate(input_ids=prompts.batch(f"prefill{r}")[0], sampling_params={**sp, "max_new_tokens": 1})
-        flush_cache(engine)
-        tps, cached = timed(prompts.batch(timed_tag(r))[0])
-        out["plain_flushed"].append(tps)
-        out["plain_flushed_cached_tokens"].append(cached)
-    return out
-
-
-def plain_child(spec_path: str) -> int:
-    """The ``plain`` run's process: start the engine as the worker would, run ``plain_loop``."""
-    import sglang
-
-    from specwatch.core.case import Case
-    from specwatch.oracle.checkpoints import case_models
-    from specwatch.worker.engine_args import engine_kwargs, fit_server_args, rendezvous_port, server_arg_names
-    from specwatch.worker.near_full import kv_pool_tokens
-
-    spec = json.loads(Path(spec_path).read_text())
-    case = Case(**spec["case"])
-    target, draft = case_models(spec["models_dir"], case, device="cuda")
-    kwargs = engine_kwargs(case, target, draft, case.batch_size, kv_pool_tokens([case]))
-    kwargs["nccl_port"] = rendezvous_port()
-    known = server_arg_names()
-    kwargs = fit_server_args(kwargs, known)[0] if known else kwargs
-    engine = sglang.Engine(**kwargs)
-    try:
-        Path(spec["results"]).write_text(json.dumps(plain_loop(engine, case, spec["repeats"])))
-    finally:
-        engine.shutdown()
-    return 0
+    spec = BaselineSpec(
+        cases=[case],
+        repeats=args.repeats,
+        models_dir=args.models_dir,
+        results=str(tmp / "plain-out.jsonl"),
+        flushed=True,
+    )
+    env = baseline_env(
+        {"PYTHONPATH": os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH")) if p)}
+    )
+    run = run_baseline(spec, "specwatch.worker.baseline", env, timeout_s, tmp / "plain.log")
+    line = run.lines.get(case.case_id)
+    if line is None or not line.ok:
+        return {"error": (line.reason if line is not None else None) or run.error or "no case line"}
+    return {
+        "plain": {"tps": line.output_throughput, "cached_tokens": line.cached_tokens},
+        "plain_flushed": {"tps": line.flushed_output_throughput, "cached_tokens": line.flushed_cached_tokens},
+    }
 
 
 def _run(cmd: list[str], env: dict, timeout_s: float, log: Path) -> Optional[str]:
@@ -185,34 +152,6 @@ def _run(cmd: list[str], env: dict, timeout_s: float, log: Path) -> Optional[str
     if rc is None:
         return f"timed out after {timeout_s:.0f} s"
     return None if rc == 0 else f"exit code {rc}; log tail: {log.read_text(errors='replace')[-600:]}"
-
-
-def _plain_env() -> dict:
-    """The environment of a plain run: no probe folder on the path, no specwatch switches."""
-    from specwatch.run.group import PROBE_DIR
-
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECWATCH_")}
-    path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() != PROBE_DIR]
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), *path])
-    return env
-
-
-def run_plain(case, args, tmp: Path, timeout_s: float) -> dict:
-    spec, results = tmp / "plain-spec.json", tmp / "plain-out.json"
-    results.unlink(missing_ok=True)
-    spec.write_text(
-        json.dumps(
-            {"case": case.params(), "repeats": args.repeats, "models_dir": args.models_dir, "results": str(results)}
-        )
-    )
-    err = _run([sys.executable, __file__, "--plain-child", str(spec)], _plain_env(), timeout_s, tmp / "plain.log")
-    if err:
-        return {"error": err}
-    out = json.loads(results.read_text())
-    return {
-        "plain": {"tps": out["plain"], "cached_tokens": out["plain_cached_tokens"]},
-        "plain_flushed": {"tps": out["plain_flushed"], "cached_tokens": out["plain_flushed_cached_tokens"]},
-    }
 
 
 def run_worker(case, args, tmp: Path, timeout_s: float, probe: bool) -> dict:
@@ -314,8 +253,6 @@ def experiment(
 def main(argv: Optional[list[str]] = None) -> int:
     try:
         args = parse_args(argv)
-        if args.plain_child:
-            return plain_child(args.plain_child)
         case = case_from_args(args)
     except BadOption as e:
         print(f"timing_parity: {e}", file=sys.stderr)

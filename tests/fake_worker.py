@@ -7,6 +7,8 @@ does so after a CUDA device-side assertion (printed as the H200 printed it, then
 surfaced as), a case with
 topk 8 and batch 8 hangs (for timeout tests), and a group with num_steps 5 dies before its engine is up. FAKE_WORKER_STARTS counts process starts in a file;
 FAKE_WORKER_PIDS collects the worker pids; FAKE_BAD_LINE is written instead of each group's first case line.
+FAKE_ORDER: each start appends ``probed`` to that file (``fake_baseline`` appends ``baseline``);
+FAKE_TPS_SAMPLES (comma-separated): a spec case's output_throughput samples, their median its value.
 It arms ``specwatch.core.lifeline`` as the real worker does (dies with its runner, and past the spec's timeout).
 It takes the timing lock like the real worker; FAKE_WORKER_INTERVALS logs when it "started its engine"
 (FAKE_START_S of sleep) and when it "timed" its cases, so tests can check that they never overlap.
@@ -15,6 +17,7 @@ It takes the timing lock like the real worker; FAKE_WORKER_INTERVALS logs when i
 import json
 import os
 import signal
+import statistics
 import sys
 import time
 
@@ -44,6 +47,9 @@ def await_record(case_id: str) -> None:
 if os.environ.get("FAKE_WORKER_STARTS"):
     with open(os.environ["FAKE_WORKER_STARTS"], "a") as f:
         f.write("start\n")
+if os.environ.get("FAKE_ORDER"):
+    with open(os.environ["FAKE_ORDER"], "a") as f:
+        f.write("probed\n")
 if os.environ.get("FAKE_WORKER_PIDS"):
     with open(os.environ["FAKE_WORKER_PIDS"], "a") as f:
         f.write(f"{os.getpid()}\n")
@@ -109,6 +115,9 @@ with open(spec["results"], "a") as out:
             out.flush()
             continue
         metrics = {"output_throughput": {"value": (100.0 if spec_case else 50.0) * case.page_size, "unit": "tokens/s"}}
+        if spec_case and os.environ.get("FAKE_TPS_SAMPLES"):
+            samples = [float(x) for x in os.environ["FAKE_TPS_SAMPLES"].split(",")]
+            metrics["output_throughput"].update(value=statistics.median(samples), samples=samples)
         if os.environ.get("FAKE_STEP_MS"):
             metrics["step_time"] = {"value": float(os.environ["FAKE_STEP_MS"]) * (3 if spec_case else 1), "unit": "ms"}
         out.write(

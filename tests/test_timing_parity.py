@@ -176,15 +176,49 @@ def test_runs_past_the_budget_are_named_not_started_and_a_failed_run_is_reported
 
 
 def test_the_plain_loop_times_back_to_back_batches_then_the_flushed_pattern_on_one_engine():
+    from specwatch.worker.baseline import plain_loop
+
     tp = _script()
     case = tp.case_from_args(tp.parse_args(["--batch", "4", "--input-len", "40", "--output-len", "16"]))
     log = []
-    out = tp.plain_loop(Logged(case, log), case, repeats=2)
+    out = plain_loop(Logged(case, log), case, repeats=2, flushed=True)
     calls = [c[:2] for c in log]
     full = ("generate", case.output_len)
     assert calls == [("flush",), full, full, full] + [("flush",), ("generate", 1), ("flush",), full] * 2
-    assert len(out["plain"]) == len(out["plain_flushed"]) == 2 and all(v > 0 for v in out["plain"])
-    assert out["plain_flushed_cached_tokens"] == [0, 0]
+    assert len(out["output_throughput"]) == len(out["flushed_output_throughput"]) == 2
+    assert all(v > 0 for v in out["output_throughput"]) and out["flushed_cached_tokens"] == [0, 0]
+    log.clear()
+    assert set(plain_loop(Logged(case, log), case, repeats=2)) == {"output_throughput", "cached_tokens"}
+    assert [c[:2] for c in log] == [("flush",), full, full, full]  # --baseline: the loop alone
+
+
+def test_the_plain_run_is_the_baseline_worker_with_the_flushed_pattern(tmp_path, monkeypatch):
+    import specwatch.run.baseline as rb
+    from specwatch.core.protocol import BaselineLine
+
+    tp = _script()
+    args = tp.parse_args(["--repeats", "2"])
+    case = tp.case_from_args(args)
+    seen = {}
+
+    def fake(spec, module, env, timeout_s, log):
+        seen.update(spec=spec, module=module, env=env)
+        line = BaselineLine(
+            case_id=case.case_id,
+            output_throughput=[10.0, 11.0],
+            cached_tokens=[0, 0],
+            flushed_output_throughput=[9.0, 9.5],
+            flushed_cached_tokens=[0, 0],
+        )
+        return rb.BaselineRun(lines={case.case_id: line})
+
+    monkeypatch.setattr(rb, "run_baseline", fake)
+    got = tp.run_plain(case, args, tmp_path, 60)
+    assert got["plain"]["tps"] == [10.0, 11.0] and got["plain_flushed"]["tps"] == [9.0, 9.5]
+    assert seen["module"] == "specwatch.worker.baseline" and seen["spec"].flushed and seen["spec"].repeats == 2
+    assert not [k for k in seen["env"] if k.startswith("SPECWATCH_")]
+    monkeypatch.setattr(rb, "run_baseline", lambda *a: rb.BaselineRun(error="baseline process ran past 60 s"))
+    assert tp.run_plain(case, args, tmp_path, 60) == {"error": "baseline process ran past 60 s"}
 
 
 def test_the_report_carries_the_hosts_provenance(tmp_path, monkeypatch):

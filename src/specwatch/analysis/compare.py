@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Optional
 from specwatch.analysis.engine_test import TimedTest, timed_test, welch_p
 from specwatch.core.errors import SpecwatchInputError
 from specwatch.core.record import CaseRecord, Metric, Status
+from specwatch.store.baseline import overhead_text
 from specwatch.store.frame import COMPARE_COLUMN
 from specwatch.store.latest import latest_rows
 from specwatch.store.select import latest_by_case
@@ -70,6 +71,8 @@ class Row:
     """The case's noise class (``noise_class``): where a noise budget applies."""
     speedup: Optional[float] = None
     """The head's speedup over its plain twin (``store.twins``); None: no twin measured."""
+    overhead: Optional[str] = None
+    """The head's probed / baseline tokens/s with both spreads (``store.baseline``); None: no baseline."""
     test: Optional[TimedTest] = None
     """The test a timed metric's change gets (engine medians or repeats); None: exact, or too few samples."""
 
@@ -204,6 +207,9 @@ def case_rows(
     if "speedup" in h.metrics:  # the speedup column (store.twins)
         for r in rows:
             r.speedup = h.metrics["speedup"].value
+    if (cell := overhead_text(h.metrics)) is not None:  # the overhead column (run --baseline)
+        for r in rows:
+            r.overhead = cell
     return rows
 
 
@@ -355,15 +361,17 @@ def _is_benign_new(r: Row) -> bool:
 
 
 def _table(rows: list[Row]) -> list[str]:
-    """The rows as a markdown table; a ``speedup`` column (the head's, over plain decoding) where any has one."""
-    sp = any(r.speedup is not None for r in rows)
+    """The rows as a markdown table; a ``speedup`` column (the head's, over plain decoding) and an
+    ``overhead`` column (the head's probed / baseline, ``run --baseline``) where any has one."""
+    sp, oh = any(r.speedup is not None for r in rows), any(r.overhead is not None for r in rows)
     out = [
-        f"| verdict | case | metric | base | head | ratio |{' speedup |' if sp else ''} note |",
-        f"|---|---|---|---|---|---|{'---|' if sp else ''}---|",
+        f"| verdict | case | metric | base | head | ratio |{' speedup |' if sp else ''}{' overhead |' if oh else ''} note |",
+        f"|---|---|---|---|---|---|{'---|' if sp else ''}{'---|' if oh else ''}---|",
     ]
     for r in rows:
         ratio = "" if r.ratio is None else f"{r.ratio:.3f}"
         cell = (" " + ("" if r.speedup is None else f"{r.speedup:.2f}x") + " |") if sp else ""
+        cell += f" {r.overhead or ''} |" if oh else ""
         out.append(
             f"| {r.verdict.value} | `{r.case_id}` {r.label} | {r.metric} | {_fmt(r.base)} | "
             f"{_fmt(r.head)} {r.unit} | {ratio} |{cell} {r.note} |"

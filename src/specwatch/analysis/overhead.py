@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pandas as pd
 
-from specwatch.store.frame import relative_spread
+from specwatch.store.baseline import relative_spread
 
 OVERHEAD_BUDGET = 0.02
 """Harness overhead allowed: specwatch's tokens/s within 2% of a bare run's."""

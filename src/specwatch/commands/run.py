@@ -86,6 +86,16 @@ Bare = Annotated[
         "SUITE+bare.jsonl): the baseline for harness overhead ('specwatch overhead').",
     ),
 ]
+BaselineOpt = Annotated[
+    bool,
+    typer.Option(
+        "--baseline",
+        help="GPU: after each engine start of a group, time its speculative cases in a plain "
+        "sglang.Engine loop with no specwatch code in SGLang's processes (A B A B); records gain "
+        "baseline_output_throughput and overhead (probed / baseline). Not with --bare, --fault, "
+        "--parallel-starts or another --executor.",
+    ),
+]
 KnownRoot = Annotated[
     Optional[Path],
     typer.Option(
@@ -148,6 +158,7 @@ def run(
     overlay: Overlay = None,
     group_timeout: GroupTimeout = None,
     bare: Bare = False,
+    baseline: BaselineOpt = False,
     known: KnownRoot = None,
     executor: ExecutorOpt = ExecutorKind.local,
     gpus: GpuIds = None,
@@ -163,10 +174,8 @@ def run(
     loaded = [load_suite_file(p) for p in suites]
     flt = parse_where(where)
     if cpu_tier or (executor is ExecutorKind.local and not _cuda_available()):
-        bad = False
-        for s in loaded:
-            bad |= cpu_tier_tables(s, flt, context_len, out, strict, announce=not cpu_tier)
-        raise typer.Exit(1 if bad else 0)
+        bad = [cpu_tier_tables(s, flt, context_len, out, strict, announce=not cpu_tier) for s in loaded]
+        raise typer.Exit(1 if any(bad) else 0)
     faults = tuple(None if f == "none" else f for f in fault) or (None,)
     options = RunOptions(
         faults=faults,
@@ -178,6 +187,7 @@ def run(
         stop_after_s=stop_after,
         group_timeout_s=group_timeout,
         bare=bare,
+        baseline=baseline,
         known_root=known,
         overlap_starts=overlap_starts,
         timing_lock=timing_lock,
@@ -228,11 +238,14 @@ def check_gpu_options(shard, faults, bare: bool, overlap_starts: bool, parallel_
 
 
 def check_executor_options(options) -> None:
-    """``--executor`` with its partners (``runner.check_executor``): one line on bad input."""
+    """``--executor`` and ``--baseline`` with their partners (``runner.check_executor``,
+    ``baseline.check_baseline``): one line on bad input."""
+    from specwatch.run.baseline import check_baseline
     from specwatch.run.runner import check_executor
 
     try:
         check_executor(options)
+        check_baseline(options)
     except ValueError as e:
         raise SpecwatchInputError(None, str(e)) from None
 

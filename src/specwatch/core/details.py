@@ -97,6 +97,14 @@ class Details(BaseModel):
         "into this record), and per engine its ``started_at``, ``finished_at``, ``output_digest`` and "
         "``host_load``; a case not ok on some start has ``not_ok_on`` (1-based) instead of engines.",
     )
+    baseline: Optional[dict] = Field(
+        default=None,
+        description="``specwatch run --baseline``: the plain-loop baseline of the case "
+        "(``store.baseline``): ``order`` (the runs of its engine group in the order they went, "
+        "``probed0``, ``baseline0``, ...), and per baseline run its ``round``, ``started_at``, "
+        "``finished_at``, ``output_throughput`` and ``cached_tokens`` per timed call, or ``error`` "
+        "(why that run timed nothing: crashed, timed out, raised); ``reason`` where no run timed anything.",
+    )
     timed_windows: Optional[dict] = Field(
         default=None,
         description="``[suite] min_timed_s`` / ``ci_half_width``: ``repeats`` run, "

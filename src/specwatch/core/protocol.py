@@ -109,6 +109,51 @@ class WorkerSpec(BaseModel):
     """Pin SGLang's processes and the worker to cores of their own (the suite's ``pin_cores``)."""
 
 
+class BaselineSpec(BaseModel):
+    """What a baseline run's spec file holds (``python -m specwatch.worker.baseline SPEC``): one
+    ``sglang.Engine`` with the worker's engine arguments for the group, then per case the plain
+    loop (``flush_cache()``, one warm-up ``generate``, ``repeats`` timed ``generate`` calls)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cases: list[Case] = Field(min_length=1)
+    """The cases to time, in run order; they share every engine-level field."""
+    repeats: int = Field(ge=1)
+    """Timed ``generate`` calls per case, back to back."""
+    models_dir: str
+    """Where the oracle checkpoints are written and read."""
+    results: str
+    """The file the baseline appends one ``BaselineLine`` per case to."""
+    flushed: bool = False
+    """Also time each timed batch after a flush, a prefill-only batch and a second flush (the
+    pattern ``scripts/timing_parity.py`` prices the flush with); the runner leaves it off."""
+
+
+class BaselineLine(BaseModel):
+    """One case's plain-loop timings, as the baseline process reports them."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    case_id: str
+    """``Case.case_id`` of a case of the spec."""
+    ok: bool = True
+    """False: the case's loop raised (``reason`` says what)."""
+    reason: Optional[str] = None
+    """Why the case has no timings (the exception, one line)."""
+    started_at: Optional[datetime] = None
+    """UTC start of the case's loop."""
+    finished_at: Optional[datetime] = None
+    """UTC end of the case's loop."""
+    output_throughput: list[float] = Field(default_factory=list)
+    """Output tokens/s of each timed ``generate`` call, in run order."""
+    cached_tokens: list[int] = Field(default_factory=list)
+    """Prompt tokens the radix cache served in each timed call."""
+    flushed_output_throughput: Optional[list[float]] = None
+    """``BaselineSpec.flushed``: output tokens/s of each timed call after the flush pattern."""
+    flushed_cached_tokens: Optional[list[int]] = None
+    """``BaselineSpec.flushed``: prompt tokens the radix cache served in each such call."""
+
+
 class _Line(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

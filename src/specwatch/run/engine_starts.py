@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import replace
-from typing import Callable
+from typing import Callable, Optional
 
 from specwatch.core.record import CaseRecord, Metric, Status
 
@@ -122,13 +122,18 @@ class EngineStarts:
                 self.emit(merge_records(self.held.pop(cid), self.planned))
 
 
-def run_engine_starts(job, starts: int, run_once: Callable[[object], None]) -> None:
+def run_engine_starts(
+    job, starts: int, run_once: Callable[[object], None], after_start: Optional[Callable[[int], None]] = None
+) -> None:
     """Run ``job`` (a ``GroupJob``) ``starts`` times through ``run_once``, each time on the cases
-    no start has recorded yet, then append the merged records."""
+    no start has recorded yet, then append the merged records. ``after_start``: called with each
+    start's index after it (``run.baseline`` runs a baseline there)."""
     es = EngineStarts(job.emit, starts)
     for k in range(starts):
         pending = [c for c in job.cases if c.case_id not in es.final]
         if not pending:
             break
         run_once(replace(job, cases=pending, emit=es.start_emit(k)))
+        if after_start is not None:
+            after_start(k)
     es.flush([c.case_id for c in job.cases])

@@ -61,12 +61,12 @@ def run_group(job: "GroupJob", options: RunOptions, on_event: Optional[Callable[
     runner's own (``worker_started``, ``worker_exited``)."""
     starts = job.suite.spec.suite.engine_starts
     if starts > 1:  # [suite] engine_starts: the group N times, one record per case after the last
-        run_engine_starts(job, starts, lambda j: _run_once(j, options, on_event))
+        run_engine_starts(job, starts, lambda j: run_once(j, options, on_event))
     else:
-        _run_once(job, options, on_event)
+        run_once(job, options, on_event)
 
 
-def _run_once(job: "GroupJob", options: RunOptions, on_event: Optional[Callable[[str], None]]) -> None:
+def run_once(job: "GroupJob", options: RunOptions, on_event: Optional[Callable[[str], None]] = None) -> None:
     """The group's cases on one engine start: a fresh worker after each one that dies."""
     remaining = list(job.cases)
     while remaining:

@@ -61,6 +61,11 @@ class RunOptions:
     recorded ``timeout`` with its log tail."""
     bare: bool = False
     """Run SGLang without specwatch's probe (records in ``SUITE+bare``): the harness-overhead baseline."""
+    baseline: bool = False
+    """Also time each speculative case's baseline: the plain loop of ``sglang.Engine.generate`` in
+    a process of its own, interleaved with the probed engine group (``run.baseline``)."""
+    baseline_module: str = "specwatch.worker.baseline"
+    """Module the baseline processes run (``python -m MODULE SPEC``); tests give a fake one."""
     known_root: Optional[Path] = None
     """Another results root whose records (any status) of the same machine, SGLang version, suite and
     fault leave their cases out (e.g. the committed ``results/``)."""

@@ -22,6 +22,7 @@ from specwatch.core.case import Case
 from specwatch.core.placement import ExecutorKind, RunPlacement, TimingScope
 from specwatch.core.record import CaseRecord, RunSummary, Status, new_run_id, utcnow
 from specwatch.core.sglang_host import sglang_version
+from specwatch.run.baseline import BaselineJob, check_baseline
 from specwatch.run.case_records import failure_record
 from specwatch.run.executors import Executor, make_executor
 from specwatch.run.group import STARTED_EVENT, GroupJob
@@ -103,7 +104,8 @@ def plan_run(
     groups = engine_groups(runnable)
     if options.shard:
         groups = [g for i, g in enumerate(groups) if i % options.shard.count == options.shard.index - 1]
-    return out, [GroupJob(suite, fault, g, emit, timeout_s=options.group_timeout_s, probe=probe) for g in groups]
+    job = BaselineJob if options.baseline else GroupJob  # --baseline: probed and plain runs alternate
+    return out, [job(suite, fault, g, emit, timeout_s=options.group_timeout_s, probe=probe) for g in groups]
 
 
 def check_bare(faults: Iterable[Optional[str]], bare: bool) -> None:
@@ -151,6 +153,7 @@ def run_suites(suites: list[Suite], results_root: Path, options: RunOptions = Ru
     check_bare(options.faults, options.bare)
     check_overlap(options.overlap_starts, options.parallel_starts, options.timing_lock)
     check_executor(options)
+    check_baseline(options)
     facts = dict(host_facts())
     if options.gpus is not None:
         facts["gpu_count"] = options.gpus

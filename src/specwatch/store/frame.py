@@ -16,16 +16,9 @@ if TYPE_CHECKING:
     import pandas as pd
 from specwatch.core.record import CaseRecord
 from specwatch.rules.crashlog import host_interference
+from specwatch.store.baseline import overhead_cells, relative_spread
 from specwatch.store.jsonl import RUNS_FILE, Quarantine, read_records, read_runs
 from specwatch.store.latest import latest_rows  # noqa: F401  (the one latest rule, re-exported)
-
-
-def relative_spread(values: list[float]) -> Optional[float]:
-    """(max - min) / median of ``values``; None with fewer than two or a zero median."""
-    if len(values) < 2:
-        return None
-    med = statistics.median(values)
-    return (max(values) - min(values)) / med if med else None
 
 
 def start_breakdown(r: CaseRecord) -> dict[str, float]:
@@ -274,6 +267,7 @@ def metric_cells(r: CaseRecord) -> dict:
     if dt is not None and (spread := relative_spread(dt.samples)) is not None:
         # the repeats' own spread (one engine, back to back): what a single run can resolve
         row["decode_throughput_spread"] = spread
+    row.update(overhead_cells(r.metrics))  # beside ``overhead`` (specwatch run --baseline)
     row.update(start_breakdown(r))
     for name, ok in r.checks.items():
         row[f"check.{name}"] = ok

@@ -31,6 +31,7 @@ _PKG = Path(__file__).resolve().parents[1]
 CODE_FILES = [
     _PKG / "store" / "frame.py",
     _PKG / "store" / "frame_cache.py",
+    _PKG / "store" / "baseline.py",
     _PKG / "core" / "record.py",
     _PKG / "core" / "details.py",
     _PKG / "core" / "migrations.py",

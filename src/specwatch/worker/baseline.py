@@ -1,0 +1,102 @@
+"""``python -m specwatch.worker.baseline SPEC.json``: the baseline, a plain loop of ``sglang.Engine.generate``.
+
+One ``sglang.Engine`` with specwatch's own engine arguments for the group (``engine_kwargs`` as
+the worker computes them: the same pool, batch size, CUDA graphs and sampling; no step-time
+recording), then per case: ``flush_cache()``, one warm-up ``generate``, then ``repeats`` timed
+``generate`` calls back to back on the worker's timed prompts. Nothing else runs between timed
+calls. The runner starts it without the probe on ``PYTHONPATH`` and without ``SPECWATCH_*``
+variables (``run.baseline.baseline_env``), so SGLang's processes carry no specwatch code; this
+module imports nothing of specwatch at module level, since SGLang's spawned processes import the
+main module again. One ``BaselineLine`` per case goes to the spec's ``results`` file.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+
+def plain_loop(engine, case, repeats: int, flushed: bool = False) -> dict:
+    """The plain loop on a started engine: output tokens/s and radix-cache tokens of each timed
+    batch. ``flushed``: then the flushed pattern on the same engine (each timed batch after a
+    flush, a prefill-only batch and a second flush), as ``flushed_output_throughput``."""
+    from specwatch.oracle.predict import Oracle
+    from specwatch.oracle.prompts import timed_tag
+    from specwatch.oracle.shapes import SHAPES
+    from specwatch.worker.engine_args import greedy_sampling
+    from specwatch.worker.measure import Prompts, flush_cache
+
+    prompts, sp = Prompts(case, Oracle(SHAPES[case.model], 0, case.profile)), greedy_sampling(case)
+
+    def timed(batch) -> tuple[float, int]:
+        t = time.perf_counter()
+        outs = engine.generate(input_ids=batch, sampling_params=sp)
+        wall = time.perf_counter() - t
+        cached = sum(int(o["meta_info"].get("cached_tokens", 0)) for o in outs)
+        return sum(len(o["output_ids"]) for o in outs) / wall, cached
+
+    engine.flush_cache()
+    engine.generate(input_ids=prompts.batch("warmup")[0], sampling_params=sp)
+    out: dict = {"output_throughput": [], "cached_tokens": []}
+    for r in range(repeats):
+        tps, cached = timed(prompts.batch(timed_tag(r))[0])
+        out["output_throughput"].append(tps)
+        out["cached_tokens"].append(cached)
+    if not flushed:
+        return out
+    out["flushed_output_throughput"], out["flushed_cached_tokens"] = [], []
+    for r in range(repeats):
+        flush_cache(engine)
+        engine.generate(input_ids=prompts.batch(f"prefill{r}")[0], sampling_params={**sp, "max_new_tokens": 1})
+        flush_cache(engine)
+        tps, cached = timed(prompts.batch(timed_tag(r))[0])
+        out["flushed_output_throughput"].append(tps)
+        out["flushed_cached_tokens"].append(cached)
+    return out
+
+
+def start_engine(cases: list, models_dir: str):
+    """``sglang.Engine`` for the group with the worker's engine arguments (``worker.main.start_engine``
+    less step-time recording and the probe's reads)."""
+    import sglang
+
+    from specwatch.oracle.checkpoints import case_models
+    from specwatch.worker.engine_args import engine_kwargs, fit_server_args, rendezvous_port, server_arg_names
+    from specwatch.worker.near_full import kv_pool_tokens
+
+    first = cases[0]
+    target, draft = case_models(models_dir, first, device="cuda")
+    kwargs = engine_kwargs(first, target, draft, max(c.batch_size for c in cases), kv_pool_tokens(cases))
+    kwargs["nccl_port"] = rendezvous_port()
+    known = server_arg_names()
+    kwargs = fit_server_args(kwargs, known)[0] if known else kwargs
+    return sglang.Engine(**kwargs)
+
+
+def main(spec_path: str) -> int:
+    """Start the engine, run ``plain_loop`` on every case of the spec, one line per case."""
+    from specwatch.core.protocol import BaselineLine, BaselineSpec
+
+    spec = BaselineSpec.model_validate_json(Path(spec_path).read_text())
+    engine = start_engine(spec.cases, spec.models_dir)
+    try:
+        with open(spec.results, "a") as out:
+            for case in spec.cases:
+                started = datetime.now(timezone.utc)
+                try:
+                    got = plain_loop(engine, case, spec.repeats, spec.flushed)
+                    line = BaselineLine(case_id=case.case_id, started_at=started, **got)
+                except Exception as e:  # noqa: BLE001 - one case's loop: reported, the next case runs
+                    line = BaselineLine(case_id=case.case_id, ok=False, reason=f"{type(e).__name__}: {e}"[:2000])
+                line.finished_at = datetime.now(timezone.utc)
+                out.write(line.model_dump_json() + "\n")
+                out.flush()
+    finally:
+        engine.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,43 @@
+"""A stand-in for specwatch.worker.baseline in harness tests: no GPU, no SGLang.
+
+Writes one ``BaselineLine`` per case of its spec, each timed call's tokens/s taken in turn from
+FAKE_BASELINE_TPS (comma-separated; default 100). FAKE_ORDER: appends ``baseline`` to that file
+as it starts; FAKE_BASELINE_ENV: writes its ``SPECWATCH_*`` variables and ``PYTHONPATH`` there as
+JSON; FAKE_BASELINE_CRASH=N: after N case lines the process dies as a dying SGLang scheduler
+takes it down (SIGKILL), N=0 before any.
+"""
+
+import json
+import os
+import signal
+import sys
+from datetime import datetime, timezone
+
+from specwatch.core.protocol import BaselineLine, BaselineSpec
+
+spec = BaselineSpec.model_validate_json(open(sys.argv[1]).read())
+if os.environ.get("FAKE_ORDER"):
+    with open(os.environ["FAKE_ORDER"], "a") as f:
+        f.write("baseline\n")
+if os.environ.get("FAKE_BASELINE_ENV"):
+    seen = {k: v for k, v in os.environ.items() if k.startswith("SPECWATCH_") or k == "PYTHONPATH"}
+    with open(os.environ["FAKE_BASELINE_ENV"], "w") as f:
+        json.dump(seen, f)
+tps = [float(x) for x in os.environ.get("FAKE_BASELINE_TPS", "100").split(",")]
+crash = int(os.environ["FAKE_BASELINE_CRASH"]) if os.environ.get("FAKE_BASELINE_CRASH") else None
+with open(spec.results, "a") as out:
+    for i, case in enumerate(spec.cases):
+        if crash is not None and i >= crash:
+            print("RuntimeError: scheduler died (fake baseline)", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        now = datetime.now(timezone.utc)
+        calls = [tps[r % len(tps)] for r in range(spec.repeats)]
+        line = BaselineLine(
+            case_id=case.case_id,
+            started_at=now,
+            finished_at=now,
+            output_throughput=calls,
+            cached_tokens=[0] * len(calls),
+        )
+        out.write(line.model_dump_json() + "\n")
+        out.flush()

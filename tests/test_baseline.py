@@ -1,0 +1,242 @@
+"""``specwatch run --baseline``: plain-loop baselines interleaved with the probed engine groups, the
+overhead they give, and its columns in ``compare`` and the dashboard, on the fake worker and the
+fake baseline (``tests/fake_baseline.py``)."""
+
+import json
+import os
+import statistics
+
+import pytest
+
+from conftest import harness_suite
+from records import record
+from specwatch.core.case import Algorithm, Workload
+from specwatch.core.protocol import BaselineLine, BaselineSpec
+from specwatch.core.record import Metric, Status
+from specwatch.run.baseline import BaselineJob, baseline_env, check_baseline, measures_baseline
+from specwatch.run.group import PROBE_DIR, GroupJob
+from specwatch.run.provenance import host_facts
+from specwatch.run.runner import RunOptions, plan_run, run_suite
+from specwatch.store.baseline import BASELINE_THROUGHPUT, OVERHEAD, baseline_metrics, overhead_cells, overhead_text
+from specwatch.store.jsonl import read_records
+from specwatch.suite import load_suite
+
+HERE = os.path.dirname(__file__)
+ENV = {"PYTHONPATH": HERE + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+def _opts(**kw) -> RunOptions:
+    return RunOptions(gpus=1, worker_module="fake_worker", baseline_module="fake_baseline", **kw)
+
+
+def _suite(tmp_path, extra: str = ""):
+    """``harness_suite`` (4 engine groups of batch 1 and 8) with ``extra`` in its header and 3 repeats."""
+    text = harness_suite(tmp_path).path.read_text().replace("repeats = 1", f"repeats = 3\n{extra}")
+    p = tmp_path / "b.toml"
+    p.write_text(text)
+    return load_suite(p)
+
+
+def _run(tmp_path, suite, **env):
+    order = tmp_path / "order.txt"
+    out = run_suite(
+        suite, tmp_path / "results", _opts(baseline=True, extra_env={**ENV, "FAKE_ORDER": str(order), **env})
+    )
+    return list(read_records(out)), order.read_text().split()
+
+
+def test_the_flag_plans_baseline_jobs_for_every_engine_group(tmp_path):
+    suite = _suite(tmp_path)
+    facts = dict(host_facts(), gpu_count=1)
+    _, plain = plan_run(suite, None, tmp_path / "r1", facts, _opts())
+    _, both = plan_run(suite, None, tmp_path / "r2", facts, _opts(baseline=True))
+    assert len(plain) == len(both) == 4
+    assert not any(isinstance(j, BaselineJob) for j in plain) and all(isinstance(j, BaselineJob) for j in both)
+    assert all(isinstance(j, GroupJob) for j in both)
+
+
+def test_only_speculative_standard_oracle_cases_get_a_baseline(tmp_path):
+    case = _suite(tmp_path).plan()[0].case
+    assert measures_baseline(case)
+    assert not measures_baseline(case.plain_twin())
+    assert not measures_baseline(case.model_copy(update={"workload": Workload.serving}))
+
+
+def test_probed_and_baseline_runs_alternate_and_records_carry_the_overhead(tmp_path):
+    recs, order = _run(tmp_path, _suite(tmp_path), FAKE_TPS_SAMPLES="95,90,85", FAKE_BASELINE_TPS="100,102,98")
+    assert order == ["probed", "baseline"] * 4  # A B per engine group, one host
+    assert len(recs) == 8 and all(r.status is Status.ok for r in recs)
+    for r in recs:
+        assert r.details.baseline["order"] == ["probed0", "baseline0"]
+        base, over = r.metrics[BASELINE_THROUGHPUT], r.metrics[OVERHEAD]
+        assert base.value == 100.0 and base.samples == [100.0, 102.0, 98.0] and base.engine_medians is None
+        assert over.value == pytest.approx(0.9) and over.samples == pytest.approx([0.95, 0.9, 0.85])
+        assert overhead_text(r.metrics) == "0.900x (spread: probed 11.1%, baseline 4.0%)"
+
+
+def test_with_engine_starts_the_group_goes_a_b_a_b_and_the_baseline_has_run_medians(tmp_path):
+    recs, order = _run(tmp_path, _suite(tmp_path, "engine_starts = 2"), FAKE_BASELINE_TPS="100,110,90")
+    assert order == ["probed", "baseline", "probed", "baseline"] * 4
+    r = recs[0]
+    assert r.details.baseline["order"] == ["probed0", "baseline0", "probed1", "baseline1"]
+    assert [e["round"] for e in r.details.baseline["runs"]] == [0, 1]
+    base = r.metrics[BASELINE_THROUGHPUT]
+    assert base.engine_medians == [100.0, 100.0] and len(base.samples) == 6
+    assert r.metrics[OVERHEAD].value == pytest.approx(r.metrics["output_throughput"].value / 100.0)
+    assert r.details.engine_starts["ran"] == 2  # the probed starts merged as without --baseline
+
+
+def test_a_crashed_baseline_is_a_recorded_reason_not_a_lost_case(tmp_path):
+    recs, _ = _run(tmp_path, _suite(tmp_path), FAKE_BASELINE_CRASH="0")
+    assert len(recs) == 8 and all(r.status is Status.ok for r in recs)
+    for r in recs:
+        assert OVERHEAD not in r.metrics and BASELINE_THROUGHPUT not in r.metrics
+        (run,) = r.details.baseline["runs"]
+        assert run["error"].startswith("baseline process exited with code -9: RuntimeError: scheduler died")
+        assert r.details.baseline["reason"].startswith("no baseline run timed the case: baseline process exited")
+
+
+def test_a_baseline_that_dies_mid_group_keeps_the_cases_it_finished(tmp_path):
+    recs, _ = _run(tmp_path, _suite(tmp_path), FAKE_BASELINE_CRASH="1")
+    by_batch = {}
+    for r in recs:
+        by_batch.setdefault(r.case.batch_size, []).append(r)
+    assert all(OVERHEAD in r.metrics for r in by_batch[1])  # first in each group
+    assert all(OVERHEAD not in r.metrics and "error" in r.details.baseline["runs"][0] for r in by_batch[8])
+
+
+def test_a_case_the_probed_run_lost_gets_no_baseline_run(tmp_path):
+    recs, order = _run(tmp_path, harness_suite(tmp_path, topks="[1, 4]"))
+    crashed = [r for r in recs if r.status is Status.crashed]
+    assert crashed and all("baseline" not in r.details for r in crashed)
+    # topk 4 groups: the worker dies on each case; nothing left for a baseline
+    assert order.count("baseline") == 2
+
+
+def test_the_baseline_process_has_no_probe_and_no_specwatch_variables(tmp_path, monkeypatch):
+    seen = tmp_path / "env.json"
+    monkeypatch.setenv("SPECWATCH_FAULT", "x")
+    extra = {**ENV, "PYTHONPATH": f"{PROBE_DIR}{os.pathsep}{ENV['PYTHONPATH']}", "FAKE_BASELINE_ENV": str(seen)}
+    run_suite(_suite(tmp_path), tmp_path / "results", _opts(baseline=True, extra_env=extra, max_groups=1))
+    got = json.loads(seen.read_text())
+    assert not [k for k in got if k.startswith("SPECWATCH_")]
+    assert str(PROBE_DIR) not in got["PYTHONPATH"].split(os.pathsep) and HERE in got["PYTHONPATH"]
+    assert "SPECWATCH_FAULT" not in baseline_env({"SPECWATCH_PROBE": "0"})
+
+
+def _rec(tps: float, samples: list[float]):
+    r = record(tps=tps)
+    r.metrics = {"output_throughput": Metric(value=tps, unit="tokens/s", samples=samples, higher_is_better=True)}
+    return r
+
+
+def test_overhead_is_the_probed_median_over_the_baseline_median_of_run_medians():
+    probed = _rec(90.0, [88.0, 90.0, 93.0])
+    got = baseline_metrics(probed, [[100.0, 96.0, 104.0], [], [120.0, 118.0, 119.0]])
+    base, over = got[BASELINE_THROUGHPUT], got[OVERHEAD]
+    assert base.engine_medians == [100.0, 119.0] and base.value == statistics.median([100.0, 119.0])
+    assert over.value == pytest.approx(90.0 / 109.5) and over.samples == pytest.approx(
+        [88 / 109.5, 90 / 109.5, 93 / 109.5]
+    )
+    assert overhead_cells(got) == {
+        "overhead_probed_spread": pytest.approx(5 / 90),
+        "overhead_baseline_spread": pytest.approx(24 / 111),  # over the median of every call
+    }
+    assert baseline_metrics(probed, [[], []]) == {} and overhead_cells(probed.metrics) == {}
+    assert overhead_text(probed.metrics) is None
+
+
+@pytest.mark.parametrize(
+    "kw,words",
+    [
+        (dict(bare=True), "drop --bare"),
+        (dict(faults=("x",)), "drop --fault"),
+        (dict(parallel_starts=2), "drop --parallel-starts"),
+        (dict(executor="gpus"), "--executor local"),
+    ],
+)
+def test_baseline_with_an_option_it_cannot_go_with_is_refused(kw, words):
+    with pytest.raises(ValueError, match=words):
+        check_baseline(RunOptions(baseline=True, **kw))
+    check_baseline(RunOptions(**kw))  # without --baseline: nothing to refuse
+
+
+@pytest.mark.parametrize(
+    "more", [["--parallel-starts", "2"], ["--bare"], ["--fault", "none", "--fault", "row-widen-revert"]]
+)
+def test_the_cli_refuses_a_bad_combination_in_one_line_exit_2(tmp_path, monkeypatch, capsys, more):
+    import specwatch.commands.run as run_cmd
+    from specwatch.cli import main as cli_main
+
+    monkeypatch.setattr(run_cmd, "_cuda_available", lambda: True)
+    p = harness_suite(tmp_path).path
+    with pytest.raises(SystemExit) as e:
+        cli_main(["run", str(p), "--baseline", *more, "--results", str(tmp_path / "res")])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert ("--bare" if "--bare" in more else "--baseline") in err
+    assert not (tmp_path / "res").exists()
+
+
+def _pair(tmp_path, head_overhead: bool):
+    from specwatch.analysis.compare import compare_records, markdown
+
+    def rec(tps):
+        return _rec(tps, [tps - 1, tps, tps + 1])
+
+    head = rec(90.0)
+    if head_overhead:
+        head.metrics = {**head.metrics, **baseline_metrics(head, [[100.0, 99.0, 101.0]])}
+    return markdown(compare_records([rec(90.0)], [head]), "base", "head", show_unchanged=True)
+
+
+def test_compare_reports_an_overhead_column_only_where_the_head_has_one(tmp_path):
+    with_col, without = _pair(tmp_path, True), _pair(tmp_path, False)
+    assert "| overhead |" in with_col and "0.900x (spread: probed 2.2%, baseline 2.0%)" in with_col
+    assert "overhead" not in without
+
+
+def test_the_dashboard_case_table_shows_overhead_only_where_records_carry_it():
+    from specwatch.present.dashboard import cases_table
+    from specwatch.store.frame import records_frame
+
+    plain = _rec(90.0, [89.0, 91.0])
+    assert "overhead" not in cases_table(records_frame([plain])).columns
+    probed = plain.model_copy(deep=True)
+    probed.metrics = {**probed.metrics, **baseline_metrics(probed, [[100.0, 102.0]])}
+    cols = cases_table(records_frame([probed])).columns
+    assert cols[cols.index("overhead") : cols.index("overhead") + 3] == [
+        "overhead",
+        "overhead_probed_spread",
+        "overhead_baseline_spread",
+    ]
+
+
+def test_the_baseline_worker_writes_a_line_per_case_on_a_fake_engine(tmp_path, monkeypatch):
+    from specwatch.worker import baseline as worker_baseline
+    from test_engine_worker import CASE, FakeEngine
+
+    class Engine(FakeEngine):
+        def shutdown(self):
+            self.shut = True
+
+    case = CASE.model_copy(update={"batch_size": 4, "input_len": 40, "output_len": 16})
+    monkeypatch.setattr(worker_baseline, "start_engine", lambda cases, models_dir: Engine(cases[0]))
+    spec = tmp_path / "spec.json"
+    out = tmp_path / "out.jsonl"
+    spec.write_text(BaselineSpec(cases=[case], repeats=2, models_dir=str(tmp_path), results=str(out)).model_dump_json())
+    assert worker_baseline.main(str(spec)) == 0
+    (line,) = [BaselineLine.model_validate_json(x) for x in out.read_text().splitlines()]
+    assert line.ok and line.case_id == case.case_id and len(line.output_throughput) == 2
+    assert line.flushed_output_throughput is None and line.finished_at >= line.started_at
+
+
+@pytest.mark.gpu
+def test_the_baseline_worker_times_the_tiny_oracle_on_a_gpu(tmp_path):
+    from specwatch.run.baseline import run_baseline
+
+    case = _suite(tmp_path).plan()[0].case
+    assert case.algorithm is Algorithm.EAGLE
+    spec = BaselineSpec(cases=[case], repeats=2, models_dir="/tmp/specwatch-models", results=str(tmp_path / "o.jsonl"))
+    run = run_baseline(spec, "specwatch.worker.baseline", baseline_env(None), 600, tmp_path / "log.txt")
+    assert run.error is None and len(run.lines[case.case_id].output_throughput) == 2
