@@ -15,48 +15,73 @@ from specwatch.store.jsonl import InvalidRecordWarning, Quarantine, append_recor
 needs_fork = pytest.mark.skipif(not FORK, reason="no fork on this platform")
 
 
+def _claimed(marker):
+    """Wait until the child has started the call that writes ``marker``."""
+    for _ in range(1000):
+        if marker.exists():
+            return
+        time.sleep(0.01)
+    raise AssertionError("the child never started its first call")
+
+
 @needs_fork
-def test_each_call_runs_in_a_child_and_its_result_comes_back_in_order(tmp_path):
-    parent = os.getpid()
-    with Forked(lambda: os.getpid(), lambda: (tmp_path / "x").write_text("drawn"), lambda: [1, {"a": 2}]) as side:
-        time.sleep(0.5)  # the child has claimed the calls meanwhile
+def test_each_call_runs_once_and_its_result_comes_back(tmp_path):
+    parent, marker = os.getpid(), tmp_path / "started"
+    first = lambda: marker.write_text("") or os.getpid()  # noqa: E731
+    with Forked(first, lambda: (tmp_path / "x").write_text("drawn"), lambda: [1, {"a": 2}]) as side:
+        _claimed(marker)
+        assert side.result(0) != parent  # run by the child
         assert side.result(2) == [1, {"a": 2}]
-        assert side.result(0) != parent
-    assert (tmp_path / "x").read_text() == "drawn"  # the child's files are there once the block ends
+    assert (tmp_path / "x").read_text() == "drawn"  # the files of every call are there once the block ends
 
 
-def test_an_input_error_in_the_child_is_raised_in_the_parent_with_its_file_and_field():
+def test_an_input_error_survives_the_pickle_with_its_file_and_field():
+    import pickle
+
+    e = pickle.loads(pickle.dumps(SpecwatchInputError("results/x.jsonl", "not a record", field="case")))
+    assert (e.path, e.field, e.message, str(e)) == ("results/x.jsonl", "case", "not a record", "results/x.jsonl: case: not a record")
+
+
+@needs_fork
+def test_an_input_error_in_the_child_is_raised_in_the_parent_when_the_block_ends(tmp_path):
+    marker = tmp_path / "started"
+
     def bad():
+        marker.write_text("")
         raise SpecwatchInputError("results/x.jsonl", "not a record", field="case")
 
     with pytest.raises(SpecwatchInputError) as e:
         with Forked(bad, lambda: 1) as side:
-            assert side.result(1) == 1  # another call's result comes back; leaving raises the failure
-    assert (e.value.path, e.value.field, str(e.value)) == ("results/x.jsonl", "case", "results/x.jsonl: case: not a record")
+            _claimed(marker)
+            assert side.result(1) == 1  # another call's result still comes back
+    assert (e.value.path, e.value.field) == ("results/x.jsonl", "case")
 
 
 @needs_fork
-def test_the_parent_runs_the_calls_left_at_the_back_while_it_waits():
-    parent = os.getpid()
-    with Forked(lambda: time.sleep(1) or os.getpid(), lambda: os.getpid(), lambda: os.getpid()) as side:
-        time.sleep(0.3)  # the child has claimed the first call meanwhile
-        assert side.result(0) != parent  # the child took the first call at once
+def test_the_parent_runs_the_calls_left_at_the_back_while_it_waits(tmp_path):
+    parent, marker = os.getpid(), tmp_path / "started"
+    slow = lambda: marker.write_text("") or time.sleep(1) or os.getpid()  # noqa: E731
+    with Forked(slow, lambda: os.getpid(), lambda: os.getpid()) as side:
+        _claimed(marker)
+        assert side.result(0) != parent
         assert side.result(2) == side.result(1) == parent  # taken here while the child slept
 
 
 @needs_fork
-def test_a_result_that_cannot_be_pickled_fails_in_the_parent():
+def test_a_result_that_cannot_be_pickled_fails_in_the_parent(tmp_path):
+    marker = tmp_path / "started"
     with pytest.raises(RuntimeError, match="unpicklable"):
-        with Forked(lambda: (lambda: 1)) as side:
-            time.sleep(0.5)  # claimed by the child meanwhile
+        with Forked(lambda: marker.write_text("") or (lambda: 1)) as side:
+            _claimed(marker)
             side.result(0)
 
 
 @needs_fork
 def test_leaving_with_an_error_stops_the_child(tmp_path):
+    marker = tmp_path / "started"
     with pytest.raises(KeyError):
-        with Forked(lambda: time.sleep(30) or (tmp_path / "late").write_text("x")):
-            time.sleep(0.3)  # claimed by the child meanwhile
+        with Forked(lambda: marker.write_text("") or time.sleep(30) or (tmp_path / "late").write_text("x")):
+            _claimed(marker)
             raise KeyError("parent failed")
     assert not (tmp_path / "late").exists()
 

@@ -55,12 +55,12 @@ def dashboard(
 
 def _dashboard(results: Path, out: Path, df) -> None:
     """The dashboard of the records frame ``df`` of ``results``, written to ``out``: the timing
-    tables, the findings and the figures shared with a forked child (``core.forked``) while this
-    process writes the verdict, the other tables and the pages."""
+    tables, the roofline, the release verdict, the findings and the figures shared with a forked
+    child (``core.forked``) while this process writes the other tables and the pages."""
     from specwatch.analysis.roofline import roofline_rows
     from specwatch.analysis.verdict import release_verdict
-    from specwatch.present.dashboard import build, check_records, clean_records
     from specwatch.core.forked import Forked
+    from specwatch.present.dashboard import build, check_records, clean_records
     from specwatch.present.figures import FIGURE_PARTS
     from specwatch.present.timing import timing_tables
     from specwatch.store.frame import runs_frame
@@ -68,21 +68,28 @@ def _dashboard(results: Path, out: Path, df) -> None:
     check_records(df, out, results)  # before the child writes anything
     clean = clean_records(df)
     figures = [lambda draw=draw: draw(clean, out / "plots") for draw in FIGURE_PARTS]
-    # the child takes them from the front, this process from the back (the figures: the finest parts)
-    with Forked(lambda: timing_tables(results, df), lambda: _findings(out, df), *figures) as side:
-        verdict = release_verdict(results, frame=df)
-        roof = roofline_rows(df[df.fault.isna() & (df.probe == True)])  # noqa: E712
-        tables = {
-            "Roofline, batch 1 (bound = accept_length x 4.8 TB/s / bytes per verify cycle; specwatch roofline)": roof.drop(
-                columns=["case_id"]
-            )
-            if not roof.empty
-            else roof,
-            "Sweep cost per GPU run (wall time / the cases' own time; K: engines in flight, 'overlap': "
-            "--overlap-starts)": runs_frame(results),
-        }
-        drawn = lambda: [p for i in range(len(figures)) for p in side.result(2 + i)]  # noqa: E731
-        index = build(df, out, lambda: {**tables, **side.result(0)}, verdict, results, drawn, clean)
+    calls = [
+        lambda: timing_tables(results, df),
+        lambda: roofline_rows(df[df.fault.isna() & (df.probe == True)]),  # noqa: E712
+        lambda: release_verdict(results, frame=df),
+        lambda: _findings(out, df),
+        *figures,  # the finest parts last: the ones this process takes from the back while it waits
+    ]
+    with Forked(*calls) as side:
+
+        def tables() -> dict:
+            roof = side.result(1)
+            return {
+                "Roofline, batch 1 (bound = accept_length x 4.8 TB/s / bytes per verify cycle; specwatch roofline)": (
+                    roof.drop(columns=["case_id"]) if not roof.empty else roof
+                ),
+                "Sweep cost per GPU run (wall time / the cases' own time; K: engines in flight, 'overlap': "
+                "--overlap-starts)": runs_frame(results),
+                **side.result(0),
+            }
+
+        drawn = lambda: [p for i in range(len(figures)) for p in side.result(4 + i)]  # noqa: E731
+        index = build(df, out, tables, lambda: side.result(2), results, drawn, clean)
     console.print(f"wrote {index}")
 
 

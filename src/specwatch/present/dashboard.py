@@ -300,7 +300,7 @@ def build(
     df: pd.DataFrame,
     out: Path,
     tables: Optional[dict[str, pd.DataFrame] | Callable[[], dict[str, pd.DataFrame]]] = None,
-    verdict: Optional[ReleaseVerdict] = None,
+    verdict: Optional[ReleaseVerdict | Callable[[], Optional[ReleaseVerdict]]] = None,
     source: Optional[Path] = None,
     figures: Optional[Callable[[], list[Path]]] = None,
     clean: Optional[pd.DataFrame] = None,
@@ -308,7 +308,7 @@ def build(
     """Write ``out/index.html``, ``out/cases.html``, the plots and the reports' HTML; returns the index.
     ``tables``: further titled tables (roofline, sweep cost) shown last, or the call that returns
     them (called once the case pages are written); ``verdict``: the release verdict the page opens
-    with (``analysis.verdict.release_verdict``); ``source``: the results root the frame was read
+    with (``analysis.verdict.release_verdict``), or the call that returns it (called last); ``source``: the results root the frame was read
     from (named when it holds no record: then nothing is written); ``figures``: the call that
     returns the figures' files (default: ``draw_figures`` of the clean records into ``out/plots``),
     called last (the figures can be drawn elsewhere meanwhile: ``core.forked``); ``clean``: the
@@ -332,7 +332,7 @@ def build(
     plots = [p.stem for p in drawn if p.suffix == ".png"]
     index = out / "index.html"
     page = ENV.get_template("index.html.j2").stream(
-        verdict=verdict,
+        verdict=verdict() if callable(verdict) else verdict,
         plots=[(n, PLOT_TITLES.get(n, n)) for n in plots],
         table_dir=TABLE_DIR,
         page_rows=PAGE_ROWS,
