@@ -96,7 +96,9 @@ def _samples(cell: dict, metric: str) -> Optional[list[float]]:
     m = cell["m"].get(metric)
     if m is None or m[0] is None:
         return None
-    vals = [x for x in (m[2] or []) if x is not None]
+    vals = m[2]  # the decoded cell's own list, not copied: nothing changes it
+    if vals and None in vals:
+        vals = [x for x in vals if x is not None]
     return vals or [m[0]]
 
 

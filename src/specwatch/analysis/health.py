@@ -90,8 +90,11 @@ def health_matrix(df: pd.DataFrame, suites_dir: Optional[Path] = Path("suites"))
     clean = df.loc[~df.suite.isin(OWN_TABLES), [c for c in dict.fromkeys(used) if c in df]]
     latest = latest_rows(clean, ["machine", "sglang_version", "suite", "case_id"])
     rows = []
+    plans: dict[str, Optional[pd.DataFrame]] = {}  # each suite file planned once, not once per version
     for (machine, version, suite), g in latest.groupby(["machine", "sglang_version", "suite"], sort=True):
-        planned = planned_cells(suites_dir / f"{suite}.toml" if suites_dir else None)
+        if suite not in plans:
+            plans[suite] = planned_cells(suites_dir / f"{suite}.toml" if suites_dir else None)
+        planned = plans[suite]
         planned = g[key + ["topk", "case_id"]] if planned is None else planned
         # a planned cell's records (as dicts: only the planned cases' ones), found by its key
         recorded: dict[tuple, list[dict]] = {k: [] for k in zip(*(g[c].tolist() for c in key))}

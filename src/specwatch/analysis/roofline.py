@@ -138,8 +138,18 @@ def roofline_rows(df: "pd.DataFrame") -> "pd.DataFrame":
         keep &= df.model_name.isna()
     rows = []
     wanted = list(dict.fromkeys([*CASE_FIELDS, "case_id", "sglang_version", "accept_length"]))
+    cases: dict[tuple, tuple[Case, bool]] = {}  # a case's records (releases, repeats) build it once
     for rec, t in zip(df.loc[keep, wanted].to_dict("records"), tput[keep]):
-        case = Case.model_validate({f: rec[f] for f in CASE_FIELDS})
-        if _modelled(case):
+        fields = tuple(rec[f] for f in CASE_FIELDS)
+        try:
+            case, modelled = cases[fields]
+        except (KeyError, TypeError):  # new, or a field value that cannot be a key
+            case = Case.model_validate(dict(zip(CASE_FIELDS, fields)))
+            modelled = _modelled(case)
+            try:
+                cases[fields] = case, modelled
+            except TypeError:
+                pass
+        if modelled:
             rows.append(roofline_row(rec["case_id"], case, rec["sglang_version"], rec["accept_length"], t))
     return pd.DataFrame(rows)

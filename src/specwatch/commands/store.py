@@ -45,34 +45,60 @@ def dashboard(
     findings, each with its record ids) from the stored results."""
     from specwatch.store.frame import files_frame
     from specwatch.store.frame_cache import one_pass
+    from specwatch.store.prime import build_stale
     from specwatch.store.jsonl import result_files
 
     with one_pass():  # the store is read several times below: each file hashed once
+        build_stale(result_files(results))  # a cold store's build apart: its memory returned
         _dashboard(results, out, files_frame(result_files(results)))
 
 
 def _dashboard(results: Path, out: Path, df) -> None:
-    """The dashboard of the records frame ``df`` of ``results``, written to ``out``."""
+    """The dashboard of the records frame ``df`` of ``results``, written to ``out``: the timing
+    tables, the roofline, the release verdict, the findings and the figures shared with a forked
+    child (``core.forked``) while this process writes the other tables and the pages."""
     from specwatch.analysis.roofline import roofline_rows
     from specwatch.analysis.verdict import release_verdict
-    from specwatch.present.dashboard import build, render_markdown_page
-    from specwatch.present.findings import findings_markdown
+    from specwatch.core.forked import Forked
+    from specwatch.present.dashboard import build, check_records, clean_records
+    from specwatch.present.figures import FIGURE_PARTS
     from specwatch.present.timing import timing_tables
     from specwatch.store.frame import runs_frame
 
-    verdict = release_verdict(results, frame=df)
-    roof = roofline_rows(df[df.fault.isna() & (df.probe == True)] if not df.empty else df)  # noqa: E712
-    tables = {
-        "Roofline, batch 1 (bound = accept_length x 4.8 TB/s / bytes per verify cycle; specwatch roofline)": roof.drop(
-            columns=["case_id"]
-        )
-        if not roof.empty
-        else roof,
-        "Sweep cost per GPU run (wall time / the cases' own time; K: engines in flight, 'overlap': "
-        "--overlap-starts)": runs_frame(results),
-    }
-    tables.update(timing_tables(results, df))
-    console.print(f"wrote {build(df, out, tables, verdict=verdict, source=results)}")
+    check_records(df, out, results)  # before the child writes anything
+    clean = clean_records(df)
+    figures = [lambda draw=draw: draw(clean, out / "plots") for draw in FIGURE_PARTS]
+    calls = [
+        lambda: timing_tables(results, df),
+        lambda: roofline_rows(df[df.fault.isna() & (df.probe == True)]),  # noqa: E712
+        lambda: release_verdict(results, frame=df),
+        lambda: _findings(out, df),
+        *figures,  # the finest parts last: the ones this process takes from the back while it waits
+    ]
+    with Forked(*calls) as side:
+
+        def tables() -> dict:
+            roof = side.result(1)
+            return {
+                "Roofline, batch 1 (bound = accept_length x 4.8 TB/s / bytes per verify cycle; specwatch roofline)": (
+                    roof.drop(columns=["case_id"]) if not roof.empty else roof
+                ),
+                "Sweep cost per GPU run (wall time / the cases' own time; K: engines in flight, 'overlap': "
+                "--overlap-starts)": runs_frame(results),
+                **side.result(0),
+            }
+
+        drawn = lambda: [p for i in range(len(figures)) for p in side.result(4 + i)]  # noqa: E731
+        index = build(df, out, tables, lambda: side.result(2), results, drawn, clean)
+    console.print(f"wrote {index}")
+
+
+def _findings(out: Path, df) -> None:
+    """``out/findings.md`` (+ .html) of the records frame ``df``."""
+    from specwatch.present.findings import findings_markdown
+    from specwatch.present.markdown_pages import render_markdown_page
+
+    out.mkdir(parents=True, exist_ok=True)
     (out / "findings.md").write_text(findings_markdown(df))
     render_markdown_page(out / "findings.md", "index.html")
 

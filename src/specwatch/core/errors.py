@@ -20,6 +20,10 @@ class SpecwatchInputError(Exception):
             where = f"{where}: {field}"
         super().__init__(f"{where}: {message}")
 
+    def __reduce__(self):
+        """Pickled as its arguments (the dashboard's forked work sends it back to the parent)."""
+        return type(self), (self.path, self.message, self.field)
+
 
 class NewerSchemaError(SpecwatchInputError):
     """A result record written by a newer specwatch than the one reading it."""

@@ -15,12 +15,9 @@ import re
 from dataclasses import dataclass, field
 from numbers import Number
 from pathlib import Path
-from typing import Optional
-from urllib.parse import quote
+from typing import Callable, Optional
 
 import pandas as pd
-from jinja2 import Environment, PackageLoader
-from markdown_it import MarkdownIt
 from markupsafe import Markup, escape
 
 from specwatch.analysis.dcp import DCP_SUITES, dcp_markdown, dcp_matrix, dcp_summary
@@ -29,6 +26,7 @@ from specwatch.analysis.overhead import overhead_table
 from specwatch.analysis.verdict import ReleaseVerdict
 from specwatch.core.errors import SpecwatchInputError
 from specwatch.present.figures import PLOT_TITLES, draw_figures
+from specwatch.present.markdown_pages import ENV, markdown_html, render_markdown_page, render_reports  # noqa: F401
 
 CASE_COLUMNS = (
     "sglang_version",
@@ -73,16 +71,6 @@ VERDICT_LINES = 25
 
 TABLE_DIR = "tables"
 """The folder under the dashboard that holds the tables' own pages."""
-
-ENV = Environment(
-    loader=PackageLoader("specwatch.present", "templates"),
-    autoescape=True,
-    trim_blocks=True,
-    lstrip_blocks=True,
-    keep_trailing_newline=True,
-)
-ENV.filters["href"] = lambda s: quote(str(s))
-
 
 def fmt_value(v) -> str:
     """A cell's text: thousands separators, at most 3 decimals, never scientific notation;
@@ -213,52 +201,6 @@ def _column_cells(column: pd.Series) -> list[tuple[str, str]]:
     return out
 
 
-SUMMARY_LINE = re.compile(r"^<details><summary>(.*)</summary>$")
-"""The one raw-HTML construct ``analysis.compare.markdown`` writes (``</details>`` closes it)."""
-
-
-def markdown_html(text: str) -> Markup:
-    """Markdown (GFM tables) to HTML with raw HTML escaped, except the ``<details><summary>``
-    folds the comparison reports write, which stay folds (their summary text escaped)."""
-    md = MarkdownIt("commonmark", {"html": False}).enable("table")
-    out, chunk = [], []
-
-    def flush():
-        out.append(md.render("\n".join(chunk)))
-        chunk.clear()
-
-    for line in text.splitlines():
-        if m := SUMMARY_LINE.match(line):
-            flush()
-            out.append(f"<details><summary>{md.renderInline(m.group(1))}</summary>")
-        elif line == "</details>":
-            flush()
-            out.append("</details>")
-        else:
-            chunk.append(line)
-    flush()
-    return Markup("\n".join(out))
-
-
-def render_markdown_page(md_path: Path, back: str) -> Path:
-    """``md_path`` rendered to ``<same name>.html`` beside it; ``back``: the link to the dashboard."""
-    html_path = md_path.with_suffix(".html")
-    html_path.write_text(
-        ENV.get_template("report.html.j2").render(
-            title=md_path.stem, body=markdown_html(md_path.read_text()), back=back, source=md_path.name
-        )
-    )
-    return html_path
-
-
-def render_reports(out: Path) -> list[Path]:
-    """Every ``out/reports/*.md`` rendered to HTML; returns the markdown files, by name."""
-    reports = sorted((out / "reports").glob("*.md")) if (out / "reports").exists() else []
-    for r in reports:
-        render_markdown_page(r, "../index.html")
-    return reports
-
-
 def page_name(stem: str, page: int) -> str:
     """The file of a table's ``page``: ``STEM.html``, then ``STEM-2.html``, ..."""
     return f"{stem}.html" if page == 1 else f"{stem}-{page}.html"
@@ -343,41 +285,57 @@ def health_anchor(suite: str, dcp: dict) -> str:
     return "faults" if suite == "faults" else "health"
 
 
-def build(
-    df: pd.DataFrame,
-    out: Path,
-    tables: Optional[dict[str, pd.DataFrame]] = None,
-    verdict: Optional[ReleaseVerdict] = None,
-    source: Optional[Path] = None,
-) -> Path:
-    """Write ``out/index.html``, ``out/cases.html``, the plots and the reports' HTML; returns the index.
-    ``tables``: further titled tables (roofline, sweep cost) shown last; ``verdict``: the release
-    verdict the page opens with (``analysis.verdict.release_verdict``); ``source``: the results root
-    the frame was read from (named when it holds no record: then nothing is written)."""
+def check_records(df: pd.DataFrame, out: Path, source: Optional[Path]) -> None:
+    """Raise where the frame holds no record: then no dashboard file is written."""
     if df.empty:
         raise SpecwatchInputError(source, f"no records: the dashboard in {out} is left as it is")
-    faults, overhead = fault_table(df), overhead_table(df)
-    # the rest shows clean runs only (bare runs: only in the overhead table); one mask, one copy
+
+
+def clean_records(df: pd.DataFrame) -> pd.DataFrame:
+    """The records shown everywhere but the fault and overhead tables: no fault, not a bare run."""
     keep = df.fault.isna() if "fault" in df else pd.Series(True, index=df.index)
     if "probe" in df:
         keep &= df.probe != False  # noqa: E712
-    df = df[keep]
+    return df[keep]  # one mask, one copy
+
+
+def build(
+    df: pd.DataFrame,
+    out: Path,
+    tables: Optional[dict[str, pd.DataFrame] | Callable[[], dict[str, pd.DataFrame]]] = None,
+    verdict: Optional[ReleaseVerdict | Callable[[], Optional[ReleaseVerdict]]] = None,
+    source: Optional[Path] = None,
+    figures: Optional[Callable[[], list[Path]]] = None,
+    clean: Optional[pd.DataFrame] = None,
+) -> Path:
+    """Write ``out/index.html``, ``out/cases.html``, the plots and the reports' HTML; returns the index.
+    ``tables``: further titled tables (roofline, sweep cost) shown last, or the call that returns
+    them (called once the case pages are written); ``verdict``: the release verdict the page opens
+    with (``analysis.verdict.release_verdict``), or the call that returns it (called last); ``source``: the results root the frame was read
+    from (named when it holds no record: then nothing is written); ``figures``: the call that
+    returns the figures' files (default: ``draw_figures`` of the clean records into ``out/plots``),
+    called last (the figures can be drawn elsewhere meanwhile: ``core.forked``); ``clean``: the
+    caller's ``clean_records(df)``, where it has them."""
+    check_records(df, out, source)
+    faults, overhead = fault_table(df), overhead_table(df)
+    df = clean_records(df) if clean is None else clean
     dcp = {suite: (dcp_summary(m), m) for suite in DCP_SUITES if not (m := dcp_matrix(df, suite)).empty}
     out.mkdir(parents=True, exist_ok=True)
     if dcp:
         (out / "dcp-support.md").write_text(dcp_markdown(dcp))
         render_markdown_page(out / "dcp-support.md", "index.html")
-    plots = [p.stem for p in draw_figures(df, out / "plots") if p.suffix == ".png"]
     reports = render_reports(out)
     report_names = {r.stem for r in reports}
-    sections = section_tables(df, faults, overhead, dcp, tables)
     # pages streamed to their files; the large tables get pages of their own
     cases = write_pages(cases_table(df).split(CASE_PAGE_ROWS), out, "cases", "cases.html.j2", "index.html")
     remove_stale_pages(out, "cases-[0-9]*.html", cases)
+    sections = section_tables(df, faults, overhead, dcp, tables() if callable(tables) else tables)
     table_pages(sections, out)
+    drawn = figures() if figures is not None else draw_figures(df, out / "plots")
+    plots = [p.stem for p in drawn if p.suffix == ".png"]
     index = out / "index.html"
     page = ENV.get_template("index.html.j2").stream(
-        verdict=verdict,
+        verdict=verdict() if callable(verdict) else verdict,
         plots=[(n, PLOT_TITLES.get(n, n)) for n in plots],
         table_dir=TABLE_DIR,
         page_rows=PAGE_ROWS,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from specwatch.present.dflash_plots import DFLASH_PLOT, dflash_figure
-from specwatch.present.plots import make_all
+from specwatch.present.plots import PLOT_PARTS
 from specwatch.present.speedup_plots import SPEEDUP_PLOT, speedup_figure
 
 PLOT_TITLES = {
@@ -21,7 +21,12 @@ PLOT_TITLES = {
 """Figure file stem -> the dashboard's title for it (a stem without one is shown under its own name)."""
 
 
+FIGURE_PARTS = (*PLOT_PARTS, dflash_figure, speedup_figure)
+"""The calls that draw the figures, each ``(records frame, folder) -> files``, in the dashboard's
+order; independent of each other (the dashboard shares them with a forked child: ``core.forked``)."""
+
+
 def draw_figures(df: pd.DataFrame, folder: Path) -> list[Path]:
     """Every figure from a records frame into ``folder`` (``.png`` and ``.svg`` each); a figure
     without data to draw writes nothing."""
-    return make_all(df, folder) + dflash_figure(df, folder) + speedup_figure(df, folder)
+    return [p for draw in FIGURE_PARTS for p in draw(df, folder)]

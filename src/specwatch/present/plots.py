@@ -319,33 +319,51 @@ def newest_tiny(df: pd.DataFrame, timed: bool = False) -> tuple[pd.DataFrame, st
     return tiny, f"tiny, SGLang {newest}" if newest else ""
 
 
+def throughput_vs_topk(df: pd.DataFrame, out: Path) -> list[Path]:
+    """Decode throughput vs topk per backend, batch 1, newest tiny-model release (none: no records)."""
+    if df.empty:
+        return []
+    newest, label = newest_tiny(df, timed=True)
+    chain_or_tree = newest[(newest.batch_size == 1)] if "batch_size" in newest else newest
+    return _by_topk(
+        chain_or_tree,
+        "decode_throughput",
+        "attention_backend",
+        out,
+        "throughput_vs_topk",
+        "decode throughput (tokens/s), batch 1",
+        f"throughput vs topk per backend ({label})",
+    )
+
+
+def acceptance_vs_topk(df: pd.DataFrame, out: Path) -> list[Path]:
+    """Acceptance length vs topk per oracle profile, newest tiny-model release (none: no records)."""
+    if df.empty:
+        return []
+    newest, label = newest_tiny(df)
+    return _by_topk(
+        newest,
+        "accept_length",
+        "profile",
+        out,
+        "acceptance_vs_topk",
+        "acceptance length (tokens/verify)",
+        f"acceptance vs topk per oracle profile ({label})",
+    )
+
+
+def metrics_across_versions(df: pd.DataFrame, out: Path) -> list[Path]:
+    """``across_versions`` (none: no records)."""
+    return [] if df.empty else across_versions(df, out)
+
+
+PLOT_PARTS = (memory_vs_topk, throughput_vs_topk, acceptance_vs_topk, metrics_across_versions)
+"""``make_all``'s plots, each ``(records frame, folder) -> files``, in order; independent of each other."""
+
+
 def make_all(df: pd.DataFrame, out: Path) -> list[Path]:
     """Every dashboard plot from a records frame (``store.records_frame``)."""
-    paths = memory_vs_topk(df, out)
-    if not df.empty:
-        newest, label = newest_tiny(df, timed=True)
-        chain_or_tree = newest[(newest.batch_size == 1)] if "batch_size" in newest else newest
-        paths += _by_topk(
-            chain_or_tree,
-            "decode_throughput",
-            "attention_backend",
-            out,
-            "throughput_vs_topk",
-            "decode throughput (tokens/s), batch 1",
-            f"throughput vs topk per backend ({label})",
-        )
-        newest, label = newest_tiny(df)
-        paths += _by_topk(
-            newest,
-            "accept_length",
-            "profile",
-            out,
-            "acceptance_vs_topk",
-            "acceptance length (tokens/verify)",
-            f"acceptance vs topk per oracle profile ({label})",
-        )
-        paths += across_versions(df, out)
-    return paths
+    return [p for part in PLOT_PARTS for p in part(df, out)]
 
 
 __all__ = ["make_all", "memory_vs_topk"]

@@ -1,0 +1,37 @@
+"""A store's frame caches built apart from the command that reads them: the missing or stale
+caches (``frame_cache``) are built in a forked child (``core.forked``), whose memory is returned
+when it ends, before the command reads the caches warm."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+from specwatch.core.forked import FORK, Forked
+from specwatch.store.frame import files_frame
+from specwatch.store.frame_cache import fresh_rows
+from specwatch.store.jsonl import Quarantine
+
+
+def build_stale(paths: list[Path]) -> None:
+    """Build the missing or stale caches of ``paths`` in a forked child (``core.forked``): the
+    memory the build takes (records parsed into rows) is returned with the child, so the caller's
+    read of the caches afterwards peaks no higher than a warm read. Call it inside ``one_pass``:
+    the child reuses the digests the check took. Quarantined lines are warned about by the
+    caller's read (each cache keeps them); where a cache cannot be written the caller's read
+    builds the rows itself."""
+    if not FORK:
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        stale = [p for p in paths if fresh_rows(p, Quarantine(), [])[0] is None]
+    if not stale:
+        return
+
+    def build() -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            files_frame(stale, columns=[])
+
+    with Forked(build):
+        pass
