@@ -39,7 +39,12 @@ def test_an_input_error_survives_the_pickle_with_its_file_and_field():
     import pickle
 
     e = pickle.loads(pickle.dumps(SpecwatchInputError("results/x.jsonl", "not a record", field="case")))
-    assert (e.path, e.field, e.message, str(e)) == ("results/x.jsonl", "case", "not a record", "results/x.jsonl: case: not a record")
+    assert (e.path, e.field, e.message, str(e)) == (
+        "results/x.jsonl",
+        "case",
+        "not a record",
+        "results/x.jsonl: case: not a record",
+    )
 
 
 @needs_fork

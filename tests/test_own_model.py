@@ -244,7 +244,10 @@ def test_own_models_engine_arguments_carry_their_dtype_and_a_pool_sized_from_the
     # an engine group's pool is its largest case's: the batch-16 case shares the batch-1 case's engine
     from specwatch.worker.near_full import kv_pool_tokens
 
-    group = [_own_case(batch_size=1, input_len=7000, output_len=192), _own_case(batch_size=16, input_len=7000, output_len=192)]
+    group = [
+        _own_case(batch_size=1, input_len=7000, output_len=192),
+        _own_case(batch_size=16, input_len=7000, output_len=192),
+    ]
     assert kv_pool_tokens(group) == 1 << 18
     with pytest.raises(ValueError, match="own_model"):
         Case(**{**_own_case().model_dump(exclude={"own_model", "prompts"}), "model": ModelSize.own})

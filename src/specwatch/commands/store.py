@@ -45,8 +45,8 @@ def dashboard(
     findings, each with its record ids) from the stored results."""
     from specwatch.store.frame import files_frame
     from specwatch.store.frame_cache import one_pass
-    from specwatch.store.prime import build_stale
     from specwatch.store.jsonl import result_files
+    from specwatch.store.prime import build_stale
 
     with one_pass():  # the store is read several times below: each file hashed once
         build_stale(result_files(results))  # a cold store's build apart: its memory returned

@@ -72,6 +72,7 @@ VERDICT_LINES = 25
 TABLE_DIR = "tables"
 """The folder under the dashboard that holds the tables' own pages."""
 
+
 def fmt_value(v) -> str:
     """A cell's text: thousands separators, at most 3 decimals, never scientific notation;
     ``NOT_MEASURED`` for a missing value (None, NaN)."""
