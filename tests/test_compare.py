@@ -189,3 +189,30 @@ def test_runs_are_selected_by_id_or_by_recency(tmp_path):
     assert select("run=commit:abc|r2", tmp_path) == [second, old] and select("run!=r1|r2", tmp_path) == [old]
     with pytest.raises(SpecwatchInputError, match="holds 3 run"):
         select("run=-4", tmp_path)
+
+
+def test_mann_whitney_by_rank_pattern_equals_scipy_on_the_samples_themselves():
+    """The p-value is computed once per rank pattern: on repeats with ties, exact and asymptotic
+    sizes, and NaN, it equals scipy's on the raw samples."""
+    import math
+    import random
+
+    from scipy.stats import mannwhitneyu
+
+    from specwatch.analysis.compare import mann_whitney_p
+
+    rng = random.Random(7)
+    cases = [((1.0, 2.0, 3.0), (4.0, 5.0, 6.0)), ((1.0, 1.0, 2.0), (2.0, 3.0, 3.0)), ((5.0,) * 3, (5.0,) * 3)]
+    for n, m in ((3, 3), (3, 5), (9, 12)):
+        for _ in range(40):
+            cases.append(
+                (
+                    tuple(rng.choice((rng.gauss(100, 5), 100.0)) for _ in range(n)),
+                    tuple(rng.gauss(103, 5) for _ in range(m)),
+                )
+            )
+    for b, h in cases:
+        want = mannwhitneyu(b, h, alternative="two-sided").pvalue
+        got = mann_whitney_p(b, h)
+        assert got == want or (math.isnan(got) and math.isnan(want)), (b, h, got, want)
+    assert math.isnan(mann_whitney_p((1.0, float("nan"), 2.0), (3.0, 4.0, 5.0)))
