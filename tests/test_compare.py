@@ -199,7 +199,7 @@ def test_mann_whitney_by_rank_pattern_equals_scipy_on_the_samples_themselves():
 
     from scipy.stats import mannwhitneyu
 
-    from specwatch.analysis.compare import mann_whitney_p
+    from specwatch.analysis.rank_test import mann_whitney_p
 
     rng = random.Random(7)
     cases = [((1.0, 2.0, 3.0), (4.0, 5.0, 6.0)), ((1.0, 1.0, 2.0), (2.0, 3.0, 3.0)), ((5.0,) * 3, (5.0,) * 3)]

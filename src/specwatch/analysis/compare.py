@@ -17,12 +17,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from functools import lru_cache
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Iterable, Iterator, Optional
 
 from specwatch.analysis.engine_test import TimedTest, timed_test, welch_p
+from specwatch.analysis.rank_test import mann_whitney_p
 from specwatch.core.errors import SpecwatchInputError
 from specwatch.core.record import CaseRecord, Metric, Status
 from specwatch.store.baseline import overhead_text
@@ -99,33 +99,6 @@ def _timed_verdict(b: Metric, h: Metric, threshold: float, alpha: float) -> tupl
         return Verdict.unchanged, f"{rel:+.1%}, p={p:.2f} > {alpha}{on}"
     better = (rel > 0) == bool(h.higher_is_better)
     return (Verdict.improved if better else Verdict.regressed), f"{rel:+.1%}, p={p:.3f}{on}"
-
-
-def mann_whitney_p(base: tuple, head: tuple) -> float:
-    """Two-sided Mann-Whitney U p-value of two sample tuples. The test reads only the samples'
-    order and ties, so it is computed once per rank pattern (``rank_pattern``): over a large store
-    a few patterns of 3-vs-3 repeats cover thousands of pairs (scipy takes ~6 ms a call)."""
-    pattern = rank_pattern(base, head)
-    if pattern is None:  # a NaN sample: scipy's own answer for it
-        return _mann_whitney_of(tuple(base), tuple(head))
-    return _mann_whitney_of(*pattern)
-
-
-def rank_pattern(base: tuple, head: tuple) -> Optional[tuple[tuple, tuple]]:
-    """``base`` and ``head`` with each value replaced by its place among the distinct values of
-    both (same order, same ties: the same U statistic and p-value); None where a value is NaN."""
-    pooled = (*base, *head)
-    if any(v != v for v in pooled):
-        return None
-    place = {v: i for i, v in enumerate(sorted(set(pooled)))}
-    return tuple(place[v] for v in base), tuple(place[v] for v in head)
-
-
-@lru_cache(maxsize=1 << 16)
-def _mann_whitney_of(base: tuple, head: tuple) -> float:
-    from scipy.stats import mannwhitneyu  # imported only when a timed change needs the test
-
-    return float(mannwhitneyu(base, head, alternative="two-sided").pvalue)
 
 
 def _exact_verdict(b: Metric, h: Metric) -> tuple[Verdict, str]:
