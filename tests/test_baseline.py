@@ -240,3 +240,20 @@ def test_the_baseline_worker_times_the_tiny_oracle_on_a_gpu(tmp_path):
     spec = BaselineSpec(cases=[case], repeats=2, models_dir="/tmp/specwatch-models", results=str(tmp_path / "o.jsonl"))
     run = run_baseline(spec, "specwatch.worker.baseline", baseline_env(None), 600, tmp_path / "log.txt")
     assert run.error is None and len(run.lines[case.case_id].output_throughput) == 2
+
+
+def test_a_run_interrupted_during_a_baseline_still_appends_the_probed_records(tmp_path, monkeypatch):
+    """The probed records wait for the group's baseline runs; stopped in the first one (Ctrl-C), the
+    group's ok records are appended anyway, without a baseline."""
+    import specwatch.run.baseline as run_baseline
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run_baseline, "launch", interrupted)
+    root = tmp_path / "results"
+    with pytest.raises(KeyboardInterrupt):
+        run_suite(_suite(tmp_path), root, _opts(baseline=True, extra_env=ENV))
+    recs = [r for f in root.rglob("*.jsonl") for r in read_records(f)]
+    assert len(recs) == 2 and all(r.status is Status.ok for r in recs)
+    assert all(OVERHEAD not in r.metrics and r.details.baseline["order"] == ["probed0"] for r in recs)

@@ -9,7 +9,9 @@ does, so a drift of the host hits both kinds alike. The baseline runs without th
 ``PYTHONPATH`` and without ``SPECWATCH_*`` variables (``baseline_env``).
 
 The probed ok records of those cases are held until the group's last baseline run, then appended
-with ``baseline_output_throughput`` and ``overhead`` (``store.baseline``) and ``details.baseline``.
+with ``baseline_output_throughput`` and ``overhead`` (``store.baseline``) and ``details.baseline``;
+a run stopped or failing before then appends them with the baseline runs that did finish (a
+SIGKILL of the runner loses the held records of the group in flight).
 A probed record that is not ok goes out at once, without a baseline. A baseline run that crashes,
 times out or raises leaves its reason in ``details.baseline`` of its cases: the probed record is
 appended either way.
@@ -217,12 +219,14 @@ def run_interleaved(job: GroupJob, options: RunOptions, on_event: Optional[Calla
     def after(k: int) -> None:
         board.round(k, lambda cases: launch(job, options, cases, k))
 
-    if starts > 1:
-        run_engine_starts(probed, starts, lambda j: run_once(j, options, on_event), after)
-    else:
-        run_once(probed, options, on_event)
-        after(0)
-    board.flush()
+    try:
+        if starts > 1:
+            run_engine_starts(probed, starts, lambda j: run_once(j, options, on_event), after)
+        else:
+            run_once(probed, options, on_event)
+            after(0)
+    finally:  # a run stopped mid-group (SIGTERM, Ctrl-C, an error) still appends what was measured
+        board.flush()
 
 
 @dataclass
