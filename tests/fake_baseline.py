@@ -4,15 +4,18 @@ Writes one ``BaselineLine`` per case of its spec, each timed call's tokens/s tak
 FAKE_BASELINE_TPS (comma-separated; default 100). FAKE_ORDER: appends ``baseline`` to that file
 as it starts; FAKE_BASELINE_ENV: writes its ``SPECWATCH_*`` variables and ``PYTHONPATH`` there as
 JSON; FAKE_BASELINE_CRASH=N: after N case lines the process dies as a dying SGLang scheduler
-takes it down (SIGKILL), N=0 before any.
+takes it down (SIGKILL), N=0 before any. FAKE_BASELINE_HANG=PIDFILE: arms the lifeline the runner
+passes on the command line (as ``specwatch.worker.baseline`` does), writes its pid there, and hangs.
 """
 
 import json
 import os
 import signal
 import sys
+import time
 from datetime import datetime, timezone
 
+from specwatch.core import lifeline
 from specwatch.core.protocol import BaselineLine, BaselineSpec
 
 spec = BaselineSpec.model_validate_json(open(sys.argv[1]).read())
@@ -23,6 +26,11 @@ if os.environ.get("FAKE_BASELINE_ENV"):
     seen = {k: v for k, v in os.environ.items() if k.startswith("SPECWATCH_") or k == "PYTHONPATH"}
     with open(os.environ["FAKE_BASELINE_ENV"], "w") as f:
         json.dump(seen, f)
+if os.environ.get("FAKE_BASELINE_HANG"):
+    lifeline.hold(None, int(sys.argv[2]), int(sys.argv[3]))
+    with open(os.environ["FAKE_BASELINE_HANG"], "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(120)
 tps = [float(x) for x in os.environ.get("FAKE_BASELINE_TPS", "100").split(",")]
 crash = int(os.environ["FAKE_BASELINE_CRASH"]) if os.environ.get("FAKE_BASELINE_CRASH") else None
 with open(spec.results, "a") as out:

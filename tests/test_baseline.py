@@ -230,6 +230,14 @@ def test_the_baseline_worker_writes_a_line_per_case_on_a_fake_engine(tmp_path, m
     assert line.ok and line.case_id == case.case_id and len(line.output_throughput) == 2
     assert line.flushed_output_throughput is None and line.finished_at >= line.started_at
 
+    # started by the runner (pipe end and runner pid on its command line): it arms the lifeline
+    from specwatch.core import lifeline
+
+    armed = []
+    monkeypatch.setattr(lifeline, "hold", lambda *args: armed.append(args))
+    assert worker_baseline.main(str(spec), "7", "4242") == 0
+    assert armed == [(None, 7, 4242)]
+
 
 @pytest.mark.gpu
 def test_the_baseline_worker_times_the_tiny_oracle_on_a_gpu(tmp_path):
@@ -257,3 +265,36 @@ def test_a_run_interrupted_during_a_baseline_still_appends_the_probed_records(tm
     recs = [r for f in root.rglob("*.jsonl") for r in read_records(f)]
     assert len(recs) == 2 and all(r.status is Status.ok for r in recs)
     assert all(OVERHEAD not in r.metrics and r.details.baseline["order"] == ["probed0"] for r in recs)
+
+
+def test_a_baseline_process_is_gone_within_seconds_of_its_runner_being_sigkilled(tmp_path):
+    """The baseline carries the worker's lifeline (pipe end and runner pid on its command line, its
+    environment free of specwatch variables): a SIGKILLed runner leaves no engine behind."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from test_wire import _alive, _gone_within
+
+    _suite(tmp_path)
+    pid_file = tmp_path / "baseline.pid"
+    script = f"""
+import os, sys
+sys.path.insert(0, {HERE!r})
+from specwatch.run.runner import RunOptions, run_suite
+from specwatch.suite import load_suite
+run_suite(load_suite({str(tmp_path / "b.toml")!r}), {str(tmp_path / "results")!r}, RunOptions(gpus=1,
+          worker_module="fake_worker", baseline_module="fake_baseline", baseline=True, max_groups=1,
+          extra_env={{"PYTHONPATH": {HERE!r} + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                      "FAKE_BASELINE_HANG": {str(pid_file)!r}}}))
+"""
+    runner = subprocess.Popen([sys.executable, "-c", script])
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (pid_file.exists() and pid_file.read_text()):
+        time.sleep(0.1)
+    baseline = int(pid_file.read_text())
+    assert _alive(baseline)
+    runner.send_signal(signal.SIGKILL)
+    runner.wait()
+    assert not _gone_within([baseline], 3), "a baseline outlived its SIGKILLed runner"

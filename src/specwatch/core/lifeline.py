@@ -122,16 +122,20 @@ class Lifeline:
         return self
 
 
-def hold(timeout_s: Optional[float] = None) -> Lifeline:
+def hold(timeout_s: Optional[float] = None, fd: Optional[int] = None, parent: Optional[int] = None) -> Lifeline:
     """Everything a worker does at its start so it cannot outlive its runner: the parent-death
-    signal, a check that the runner is still its parent, and the watchdog thread (pipe from
-    ``ENV_FD``, deadline ``timeout_s``). Returns the watchdog (``paused`` around lock waits)."""
+    signal, a check that the runner is still its parent, and the watchdog thread (pipe ``fd``,
+    deadline ``timeout_s``). ``fd`` and ``parent`` default to ``ENV_FD`` and ``ENV_PARENT``; a
+    process whose environment carries no specwatch variables (the baseline) is given them on its
+    command line (``Pipe.argv``). Returns the watchdog (``paused`` around lock waits)."""
     die_with_parent()
-    parent = os.environ.get(ENV_PARENT)
-    if parent and os.getppid() != int(parent):
+    if parent is None and os.environ.get(ENV_PARENT):
+        parent = int(os.environ[ENV_PARENT])
+    if parent and os.getppid() != parent:
         kill_own_group(f"its runner (pid {parent}) died before it started")
-    fd = os.environ.get(ENV_FD)
-    return Lifeline(int(fd) if fd else None, timeout_s).start()
+    if fd is None and os.environ.get(ENV_FD):
+        fd = int(os.environ[ENV_FD])
+    return Lifeline(fd, timeout_s).start()
 
 
 class Pipe:
@@ -144,6 +148,11 @@ class Pipe:
     def env(self) -> dict:
         """The worker's environment entries naming the read end and the runner's pid."""
         return {ENV_FD: str(self.read_fd), ENV_PARENT: str(os.getpid())}
+
+    def argv(self) -> list[str]:
+        """The same two facts as command-line arguments (read end, runner's pid), for ``hold``'s
+        ``fd`` and ``parent``."""
+        return [str(self.read_fd), str(os.getpid())]
 
     def started(self) -> None:
         """The worker holds the read end now: the runner's copy is closed."""

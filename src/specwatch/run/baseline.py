@@ -29,6 +29,7 @@ from typing import Callable, Optional
 
 from pydantic import ValidationError
 
+from specwatch.core import lifeline
 from specwatch.core.case import Case, Workload
 from specwatch.core.placement import ExecutorKind
 from specwatch.core.protocol import BaselineLine, BaselineSpec
@@ -82,25 +83,32 @@ class BaselineRun:
 
 
 def run_baseline(spec: BaselineSpec, module: str, env: dict, timeout_s: float, log: Path) -> BaselineRun:
-    """``python -m MODULE SPEC`` in a process group of its own (SGLang kills its parent's group when
-    a scheduler dies), killed past ``timeout_s``; returns its lines and its error."""
+    """``python -m MODULE SPEC FD PID`` in a process group of its own (SGLang kills its parent's group
+    when a scheduler dies), with the worker's lifeline pipe (``core.lifeline``: it dies with the
+    runner; the pipe's end and the runner's pid go on its command line, not in its environment),
+    killed past ``timeout_s``; returns its lines and its error."""
     spec_path = Path(spec.results).with_suffix(".spec.json")
     spec_path.write_text(spec.model_dump_json())
     Path(spec.results).unlink(missing_ok=True)
-    with open(log, "wb") as f:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", module, str(spec_path)], env=env, stdout=f, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
-    _ACTIVE_WORKERS.add(proc.pid)
+    pipe = lifeline.Pipe()
     try:
-        rc = proc.wait(timeout=max(timeout_s, 1.0))
-    except subprocess.TimeoutExpired:
-        rc = None
+        with open(log, "wb") as f:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", module, str(spec_path), *pipe.argv()], env=env, stdout=f,
+                stderr=subprocess.STDOUT, start_new_session=True, pass_fds=(pipe.read_fd,),
+            )  # fmt: skip
+        pipe.started()
+        _ACTIVE_WORKERS.add(proc.pid)
+        try:
+            rc = proc.wait(timeout=max(timeout_s, 1.0))
+        except subprocess.TimeoutExpired:
+            rc = None
+        finally:
+            finally_kill(proc.pid)
+            proc.wait()
+            _ACTIVE_WORKERS.discard(proc.pid)
     finally:
-        finally_kill(proc.pid)
-        proc.wait()
-        _ACTIVE_WORKERS.discard(proc.pid)
+        pipe.close()
     run = BaselineRun()
     results = Path(spec.results)
     for raw in results.read_text().splitlines() if results.exists() else []:

@@ -1,4 +1,4 @@
-"""``python -m specwatch.worker.baseline SPEC.json``: the baseline, a plain loop of ``sglang.Engine.generate``.
+"""``python -m specwatch.worker.baseline SPEC.json [FD PID]``: the baseline, a plain loop of ``sglang.Engine.generate``.
 
 One ``sglang.Engine`` with specwatch's own engine arguments for the group (``engine_kwargs`` as
 the worker computes them: the same pool, batch size, CUDA graphs and sampling; no step-time
@@ -16,6 +16,7 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Optional
 
 
 def plain_loop(engine, case, repeats: int, flushed: bool = False) -> dict:
@@ -75,10 +76,15 @@ def start_engine(cases: list, models_dir: str):
     return sglang.Engine(**kwargs)
 
 
-def main(spec_path: str) -> int:
-    """Start the engine, run ``plain_loop`` on every case of the spec, one line per case."""
+def main(spec_path: str, lifeline_fd: Optional[str] = None, runner_pid: Optional[str] = None) -> int:
+    """Start the engine, run ``plain_loop`` on every case of the spec, one line per case. Started by
+    the runner (``lifeline_fd``, ``runner_pid``): it dies with the runner, as a worker does
+    (``core.lifeline.hold``)."""
+    from specwatch.core import lifeline
     from specwatch.core.protocol import BaselineLine, BaselineSpec
 
+    if lifeline_fd is not None:
+        lifeline.hold(None, int(lifeline_fd), int(runner_pid) if runner_pid else None)
     spec = BaselineSpec.model_validate_json(Path(spec_path).read_text())
     engine = start_engine(spec.cases, spec.models_dir)
     try:
@@ -99,4 +105,4 @@ def main(spec_path: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(*sys.argv[1:4]))
