@@ -462,6 +462,17 @@ def test_a_with_requirement_is_carried_and_a_layer_on_the_same_release_holds_onl
     assert {w.name: w.required_by for w in layer.wheels}["ray"] == "--with"
 
 
+def test_a_layer_leaves_out_what_its_base_left_to_the_host(index, tmp_path):
+    make_wheel(index, "ray", "2.60.0", ["filelock", "msgpack<2"])
+    make_wheel(index, "msgpack", "1.1.0")
+    omit = {"nvidia-nccl-cu13": "the host's serves"}
+    base_out, base = build(index, tmp_path, "0.5.20", omit=omit)
+    assert "nvidia-nccl-cu13" in base.omitted
+    _, layer = build(index, tmp_path, "0.5.20", name="ray-layer", base=base_out, extra=["ray==2.60.0"])
+    assert sorted(w.name for w in layer.wheels) == ["msgpack", "ray"]
+    assert layer.omitted["nvidia-nccl-cu13"] == "the host's serves"
+
+
 def test_a_with_that_is_not_a_requirement_is_one_line_and_exit_2(index, tmp_path):
     run = cli("build", "0.5.20", "--out", str(tmp_path / "out"), "--with", "ray ==")
     assert run.returncode == 2 and "--with" in run.stderr and "Traceback" not in run.stderr

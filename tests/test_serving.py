@@ -293,3 +293,21 @@ def test_a_server_that_never_turns_healthy_is_stopped_past_its_wait(tmp_path):
     with pytest.raises(serving_server.ServerDown, match="not healthy after"):
         server.wait_healthy(0.5)
     assert server.stop() is not None and proc.poll() is not None
+
+
+def _serving_sources() -> list[Path]:
+    return sorted(p for p in SOURCES.glob("0.5.*") if (p / "sglang/srt/entrypoints/http_server.py").is_file())
+
+
+@pytest.mark.parametrize("src", _serving_sources(), ids=lambda p: p.name)
+def test_the_kit_carries_what_the_http_server_needs_at_import(src):
+    """FastAPI refuses a Form/File route at import without python-multipart, and from 0.5.19 the
+    server imports audio_chunking (soundfile) at start: a kit without them cannot serve."""
+    from specwatch.kit.releases import SERVING_PATH
+
+    text = (src / "sglang/srt/entrypoints/http_server.py").read_text()
+    if re.search(r"\b(Form|File|UploadFile)\(", text) or "UploadFile" in text:
+        assert "python-multipart" in SERVING_PATH, src.name
+    chunking = src / "sglang/srt/entrypoints/openai/audio_chunking.py"
+    if chunking.is_file() and re.search(r"^import soundfile|^\s*import soundfile", chunking.read_text(), re.M):
+        assert "soundfile" in SERVING_PATH, src.name

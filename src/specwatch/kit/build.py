@@ -38,7 +38,7 @@ def build_kit(
     ``omit``: distributions to leave out (name -> why), e.g. a library the host's own copy serves.
     ``base``: a kit folder (or its manifest) this kit is layered on: every wheel the base carries
     as the same file with the same checksum is left to the base's site, e.g. one torch layer
-    shared by several SGLang releases.
+    shared by several SGLang releases; what the base omitted is omitted here too.
     ``extra``: requirements carried beside the release's (e.g. ``ray`` for the Ray executor),
     resolved together with its pins.
     ``downloader`` replaces pip against the package index (tests use a local folder).
@@ -47,6 +47,10 @@ def build_kit(
     out = Path(out)
     check_out_dir(out)
     base_manifest = read_base(base) if base is not None else None
+    if base_manifest is not None:
+        # what the base left out the layer leaves out too: a layer on a kit that left cuDNN to the
+        # host would otherwise carry the newest cuDNN (over 500 MiB) on top of it
+        omit = {**base_manifest.omitted, **(omit or {})}
     downloader = downloader or PipDownloader(host, cache, log=log)
     log(f"== resolving sglang {version} for Python {host.python_version}")
     resolution = Resolver(downloader, host, cubin=cubin, omit=omit, extra=extra, log=log).resolve(version)

@@ -45,6 +45,9 @@ SERVING_PATH = frozenset(
         # the HTTP server imports it at start from 0.5.19 (entrypoints/openai/audio_chunking.py,
         # through http_server's serving_transcription): without it `launch_server` exits
         "soundfile",
+        # every release's http_server declares Form/File routes, which FastAPI refuses at import
+        # without it ("Form data requires python-multipart to be installed"): the server exits
+        "python-multipart",
     )
 )
 """Names from SGLang's own ``Requires-Dist`` that every kit follows (at SGLang's pin)."""
