@@ -36,12 +36,13 @@ STORE = 80 * 1024**2
 """Object store per node: the smallest Ray accepts; the items a task yields are a few kB."""
 NOTICE_LOSS = {
     "health_check_initial_delay_ms": 0,
-    "health_check_period_ms": 300,
-    "health_check_timeout_ms": 300,
-    "health_check_failure_threshold": 2,
+    "health_check_period_ms": 500,
+    "health_check_timeout_ms": 1000,
+    "health_check_failure_threshold": 3,
 }
-"""The head's health checks of its nodes: a removed node is marked dead within about a second (under
-Ray's defaults, a check every 3 s and 5 misses, the unplaceable-group test waits ~14 s longer for it)."""
+"""The head's health checks of its nodes: a removed node is marked dead within a few seconds, while a
+live one may miss checks for over 2 s on a loaded host and stay alive (under Ray's defaults, a check
+every 3 s and 5 misses, the unplaceable-group test waits ~14 s longer for a loss)."""
 
 
 def add_gpu_node(cluster: Cluster, gpus: int = 2, cpus: int = 2):
