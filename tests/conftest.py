@@ -3,7 +3,16 @@ from pathlib import Path
 
 import pytest
 
-from specwatch.core.sglang_host import ensure_import_stubs
+# pytest-xdist runs one test process per core: each one's OpenMP pool (torch's CPU ops) gets its
+# share of the cores, set before torch is first imported. A full pool in every worker oversubscribes
+# the cores, and OpenMP's spin-waiting threads then make a torch-heavy test ~6x slower (the DFLASH
+# greedy-decode check: 2 s with one thread per worker, 12 s with two, two workers on two cores).
+# The runner sizes its parallel workers' pools the same way (run/schedule.py).
+_XDIST_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _XDIST_WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _XDIST_WORKERS)))
+
+from specwatch.core.sglang_host import ensure_import_stubs  # noqa: E402
 
 # Tests that import transformers (the HF oracle checks) must see the same torchvision stub SGLang
 # sees, or transformers caches "no torchvision" and SGLang's later import fails (CI's CPU venv).

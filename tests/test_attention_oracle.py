@@ -7,6 +7,9 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+pytestmark = pytest.mark.xdist_group("attention_oracle")
+"""One xdist worker runs the module (``--dist loadgroup``): the Llama model is written and loaded once."""
+
 from specwatch.core.case import ModelSize, Profile  # noqa: E402
 from specwatch.oracle.checkpoints import write_target  # noqa: E402
 from specwatch.oracle.predict import Oracle

@@ -14,6 +14,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("sglang")
 
+pytestmark = pytest.mark.xdist_group("dflash_oracle")
+"""One xdist worker runs the module (``--dist loadgroup``): SGLang's draft models are built once."""
+
 from specwatch.core.case import ModelSize, Profile  # noqa: E402
 from specwatch.oracle.dflash import MASK_TOKEN_ID, MAX_BLOCK, write_dflash_draft  # noqa: E402
 from specwatch.oracle.predict import Oracle  # noqa: E402

@@ -9,6 +9,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+pytestmark = pytest.mark.xdist_group("eagle3_oracle")
+"""One xdist worker runs the module (``--dist loadgroup``): each size's checkpoints are written once."""
+
 from specwatch.core.case import Algorithm, ModelSize, Profile  # noqa: E402
 from specwatch.oracle.checkpoints import (
     ROPE_THETA,

@@ -190,8 +190,20 @@ def test_simulate_without_the_release_source_says_so_in_one_line_exit_2(tmp_path
 
 
 def test_simulate_json_names_the_release_classes():
+    """In this process, where the release's classes are already loaded (a child process would spend
+    ~8 s importing torch and them again for each command)."""
+    from typer.testing import CliRunner
+
+    from specwatch.cli import app
+
     _cached("0.5.23")
-    res = _cli("--release", "0.5.23", "--page", "1", "--topk", "1", "--draft", "16", "--algorithm", "DFLASH")
-    assert res.returncode == 1 and "SGLang 0.5.23's classes (cached:" in " ".join(res.stdout.split())
-    out = json.loads(_cli("--release", "0.5.23", "--json").stdout)
+
+    def simulate_cli(*args):
+        return CliRunner().invoke(app, ["model", "simulate", "--release", "0.5.23", *args])
+
+    res = simulate_cli("--page", "1", "--topk", "1", "--draft", "16", "--algorithm", "DFLASH")
+    assert res.exit_code == 1 and "SGLang 0.5.23's classes (cached:" in " ".join(res.stdout.split()), res.output
+    res = simulate_cli("--json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
     assert out["sglang_classes"]["version"] == "0.5.23" and out["clean"]

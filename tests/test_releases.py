@@ -594,6 +594,11 @@ def release_checks(tmp_path_factory):
     err.close()
 
 
+RELEASE_CHECKS = pytest.mark.xdist_group("release_checks")
+"""The tests that use ``release_checks`` on one xdist worker (``--dist loadgroup``): one fork server."""
+
+
+@RELEASE_CHECKS
 @pytest.mark.parametrize("version", releases())
 def test_adapter_matches_the_release_source(version, release_checks):
     root = _cached(version)
@@ -613,6 +618,7 @@ def test_adapter_matches_the_release_source(version, release_checks):
     assert not out["failures"], f"SGLang {version}:\n" + "\n".join(out["failures"])
 
 
+@RELEASE_CHECKS
 def test_a_release_child_that_fails_is_reported_with_its_log(release_checks, tmp_path):
     """A release folder without SGLang's sources: the child exits non-zero and its traceback comes back."""
     rc, out, log = release_checks(tmp_path, "0.5.17")

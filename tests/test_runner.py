@@ -86,21 +86,22 @@ def test_known_results_leave_their_cases_out_whatever_their_status(tmp_path):
 def test_timeout_is_recorded_and_finished_cases_land_while_the_worker_runs(tmp_path):
     import time
 
-    suite = _suite(tmp_path, topks="[8]", timeout_s=900)  # --group-timeout 10 overrides the suite's 900 s
-    arrivals = {}
+    from specwatch.run.group import _ACTIVE_WORKERS
+
+    suite = _suite(tmp_path, topks="[8]", timeout_s=900)  # --group-timeout 6 overrides the suite's 900 s
+    arrivals, running = {}, {}
+
+    def progress(r):
+        arrivals.setdefault((r.case.batch_size, r.status), time.monotonic() - t0)
+        running.setdefault(r.case.batch_size, set(_ACTIVE_WORKERS))  # the workers not yet ended
+
     t0 = time.monotonic()
-    out, _ = _run(
-        tmp_path,
-        suite,
-        max_groups=1,
-        group_timeout_s=10,
-        progress=lambda r: arrivals.setdefault((r.case.batch_size, r.status), time.monotonic() - t0),
-    )
+    out, _ = _run(tmp_path, suite, max_groups=1, group_timeout_s=6, progress=progress)
     recs = {r.case.batch_size: r for r in read_records(out)}
     assert recs[1].status is Status.ok
-    assert recs[8].status is Status.timeout and "past 10 s" in recs[8].reason
-    assert arrivals[(1, Status.ok)] < 8  # recorded before the hung case was killed at 10 s
-    assert arrivals[(8, Status.timeout)] >= 10
+    assert recs[8].status is Status.timeout and "past 6 s" in recs[8].reason
+    assert running[1] and not running[8]  # batch 1 landed while its worker ran on (hung in batch 8)
+    assert arrivals[(1, Status.ok)] < 6 <= arrivals[(8, Status.timeout)]  # before the kill at 6 s
 
 
 def test_a_device_side_assertion_is_named_as_the_cause(tmp_path):

@@ -20,6 +20,9 @@ ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("SPECWATCH_SGLANG_SRC", ROOT / ".cache" / "sglang-src"))
 RELEASE = CACHE / "0.5.23"
 
+pytestmark = pytest.mark.xdist_group("seed003")
+"""One xdist worker runs the module (``--dist loadgroup``): the release's allocator runs once, not once per worker."""
+
 
 @pytest.fixture(scope="module")
 def rows() -> dict:

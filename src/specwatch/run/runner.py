@@ -154,10 +154,10 @@ def run_suites(suites: list[Suite], results_root: Path, options: RunOptions = Ru
     check_overlap(options.overlap_starts, options.parallel_starts, options.timing_lock)
     check_executor(options)
     check_baseline(options)
+    executor = make_executor(options)  # a bad --gpus is refused before host_facts imports torch
     facts = dict(host_facts())
     if options.gpus is not None:
         facts["gpu_count"] = options.gpus
-    executor = make_executor(options)
     widest = executor.widest_group(facts["gpu_count"])
     executor.check(c for c in wanted_cases(suites, options) if c.tp <= widest)
     record_lock = threading.Lock()
