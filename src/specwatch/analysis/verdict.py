@@ -207,11 +207,11 @@ def release_verdict(
     clean = df.fault.isna() & (df.probe == True) & df.sglang_version.notna() & (df.sglang_version != "")  # noqa: E712
     read = ["sglang_version", "suite", "case_id", *LATEST_COLUMNS, *(c for c in df.columns if c.startswith("check."))]
     df = df.loc[clean, [c for c in dict.fromkeys(read) if c in df]]  # only what the health reads, cut once
-    versions = sorted(set(df.sglang_version.unique()), key=version_key)
+    versions = sorted(set(df.sglang_version.unique().tolist()), key=version_key)
     if not versions:
         return None
     head, base = versions[-1], (versions[-2] if len(versions) > 1 else None)
-    suites = {v: set(df.suite[df.sglang_version == v].unique()) for v in (head, base)}
+    suites = {v: set(df.suite[df.sglang_version == v].unique().tolist()) for v in (head, base)}
     compared = (
         [compare_suite(s, base, head, root, budgets) for s in sorted(suites[head] & suites[base])] if base else []
     )

@@ -19,6 +19,7 @@ from typing import Callable, Optional
 
 import pandas as pd
 from markupsafe import Markup, escape
+from pandas.api.types import infer_dtype
 
 from specwatch.analysis.dcp import DCP_SUITES, dcp_markdown, dcp_matrix, dcp_summary
 from specwatch.analysis.health import fault_table, health_matrix
@@ -196,9 +197,11 @@ def table_view(title: str, df: pd.DataFrame, anchor: Optional[str] = None) -> Ta
 
 
 def _column_cells(column: pd.Series) -> list[tuple[str, str]]:
-    """(text, sort value) of each cell of one column (missing values as None); typed: factorized."""
+    """(text, sort value) of each cell of one column (missing values as None); typed or text only:
+    factorized."""
     negative_zero = column.dtype.kind == "f" and ((column == 0) & (1 / column < 0)).any()  # factorize: 0.0
-    if column.dtype != object and not negative_zero:
+    text = column.dtype == object and infer_dtype(column, skipna=True) == "string"  # str or missing only
+    if (column.dtype != object or text) and not negative_zero:
         codes, uniques = pd.factorize(column, use_na_sentinel=True)  # each distinct value formatted once
         cells = [(fmt_value(v), sort_key(v)) for v in pd.Series(uniques, dtype=column.dtype).astype(object)]
         return [cells[i] if i >= 0 else (NOT_MEASURED, "") for i in codes.tolist()]  # -1: missing

@@ -181,7 +181,7 @@ def version_axis(df: pd.DataFrame) -> tuple[list, list[str], list[str]]:
     ok = df[df.status == "ok"]
     versions = sorted(df.sglang_version.dropna().unique(), key=version_key)
     with_ok = [v for v in versions if (ok.sglang_version == v).any()]
-    per_version = [set(ok.case_id[ok.sglang_version == v].unique()) for v in with_ok]
+    per_version = [set(ok.case_id[ok.sglang_version == v].unique().tolist()) for v in with_ok]
     common = sorted(set.intersection(*per_version)) if per_version else []
     labels = []
     for v in versions:
