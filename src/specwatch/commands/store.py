@@ -61,7 +61,9 @@ def _dashboard(results: Path, out: Path, df) -> None:
     from specwatch.analysis.verdict import release_verdict
     from specwatch.core.forked import Forked
     from specwatch.present.dashboard import build, check_records, clean_mask
+    from specwatch.present.dflash_plots import dflash_figure
     from specwatch.present.figures import FIGURE_PARTS
+    from specwatch.present.plots import metrics_across_versions
     from specwatch.present.speedup_plots import speedup_figure
     from specwatch.present.timing import timing_part
     from specwatch.store.frame import runs_frame
@@ -69,8 +71,10 @@ def _dashboard(results: Path, out: Path, df) -> None:
     check_records(df, out, results)  # before the child writes anything
     keep = clean_mask(df)
     clean = df[keep]
-    # the speedup figure is drawn with the timing tables (the speedup points of both found once)
-    parts = sorted((d for d in FIGURE_PARTS if d is not speedup_figure), key=lambda d: d.__name__ not in LARGE_FIGURES)
+    # the speedup figure is drawn with the timing tables (the speedup points of both found once);
+    # the figures that take longest come first, so the parts either process takes last are small
+    large = (dflash_figure, metrics_across_versions)
+    parts = sorted((d for d in FIGURE_PARTS if d is not speedup_figure), key=lambda d: d not in large)
     figures = [lambda draw=draw: draw(clean, out / "plots") for draw in parts]
     calls = [
         lambda: timing_part(results, df, keep, out / "plots"),
@@ -98,10 +102,6 @@ def _dashboard(results: Path, out: Path, df) -> None:
 
         index = build(df, out, tables, lambda: side.result(2), results, drawn, clean)
     console.print(f"wrote {index}")
-
-
-LARGE_FIGURES = ("dflash_figure", "metrics_across_versions")
-"""The figures that take longest to draw: handed out first, so the parts either process takes last are small."""
 
 
 def _findings(out: Path, df) -> None:

@@ -59,20 +59,8 @@ def row_params(row: dict) -> dict:
 
 def derived_case_id(row: dict, derive: Callable[[Case], Case]) -> str:
     """The case id of ``derive`` applied to a frame row's case (``Case.plain_twin``, or a copy at
-    dcp 1); ``derive`` changes only parameters every case has, an own model's stay its own. The
-    id of a derived case seen before is taken from ``_DERIVED`` (spec cases that differ only in
-    their draft share one plain twin)."""
-    case = derive(_shared_case(row))
-    own = tuple(_cell(row.get(k)) for k in OWN_PARAMS) if is_own_row(row) else None
-    key = (case, own)
-    if (cid := _DERIVED.get(key)) is None:
-        cid = _DERIVED[key] = case_id_of(_params(case, row))
-    return cid
-
-
-_DERIVED: dict[tuple, str] = {}
-"""(derived case, an own model's ``OWN_PARAMS`` or None) -> its case id: ``derived_case_id``'s
-ids, each hashed once per process."""
+    dcp 1); ``derive`` changes only parameters every case has, an own model's stay its own."""
+    return case_id_of(_params(derive(_shared_case(row)), row))
 
 
 TWIN_KEPT = tuple(f for f in CASE_FIELDS if f not in PLAIN_TWIN_RESETS)
