@@ -216,3 +216,43 @@ def test_mann_whitney_by_rank_pattern_equals_scipy_on_the_samples_themselves():
         got = mann_whitney_p(b, h)
         assert got == want or (math.isnan(got) and math.isnan(want)), (b, h, got, want)
     assert math.isnan(mann_whitney_p((1.0, float("nan"), 2.0), (3.0, 4.0, 5.0)))
+
+
+def test_the_exact_p_value_is_scipys_bit_for_bit_for_every_u_of_every_size_up_to_8():
+    """Without ties the exact p-value depends only on the two sizes and U: every (n1, n2, U) with
+    both sides of at most 8 samples gives scipy's p exactly (==), with scipy never imported for it."""
+    import itertools
+
+    from scipy.stats import mannwhitneyu
+
+    from specwatch.analysis.rank_test import EXACT_MAX, exact_p
+
+    checked = 0
+    for n1, n2 in itertools.product(range(1, EXACT_MAX + 1), repeat=2):
+        seen = set()
+        for at in itertools.combinations(range(n1 + n2), n1):  # the first side's places among both
+            base, head = at, tuple(i for i in range(n1 + n2) if i not in at)
+            u1 = sum(x > y for x in base for y in head)
+            if u1 not in seen:
+                seen.add(u1)
+                assert exact_p(base, head) == float(mannwhitneyu(base, head, alternative="two-sided").pvalue)
+                checked += 1
+        assert len(seen) == n1 * n2 + 1  # every U from 0 to n1 n2
+    assert checked == 1360
+    assert exact_p((1, 2, 2), (3, 4, 5)) is None  # a tie: scipy's normal approximation
+    assert exact_p(tuple(range(9)), tuple(range(9, 18))) is None  # both sides past 8
+
+
+def test_a_timed_comparison_of_repeats_without_ties_imports_no_scipy():
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from specwatch.analysis.rank_test import mann_whitney_p; "
+        "p = mann_whitney_p((1.0, 2.0, 3.0), (4.0, 5.0, 6.0)); "
+        "assert p == 0.1, p; assert 'scipy.stats' not in sys.modules"
+    )
+    subprocess.run(
+        [sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    )

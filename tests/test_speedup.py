@@ -266,3 +266,45 @@ def test_the_speedup_figure_plots_the_newest_version_per_backend_and_nothing_wit
     assert sorted(f.suffix for f in files) == [".png", ".svg"] and all(f.stat().st_size > 0 for f in files)
     no_twins = [r for r in recs if r.case.algorithm is not Algorithm.NONE]
     assert speedup_figure(records_frame(no_twins), tmp_path / "none") == []
+
+
+def test_the_clean_points_found_with_the_table_are_the_points_of_the_clean_records():
+    """``point_sets``: the points of the records ``keep`` holds, found in the table's pass, equal
+    ``speedup_points`` of those records alone (faulted and bare runs left out, their twins too)."""
+    import pandas as pd
+
+    from records import case, record
+    from specwatch.analysis.speedup import point_sets, speedup_points
+    from specwatch.present.dashboard import clean_mask
+    from specwatch.store.frame import records_frame
+
+    recs = []
+    for version in ("0.5.22", "0.5.23"):
+        for topk, fault, probe in ((1, None, True), (4, None, True), (4, "fault-x", True), (8, None, False)):
+            c = case(topk=topk)
+            kw = dict(sglang_version=version, fault=fault, probe=probe)
+            recs += [record(c, tps=100.0 * topk, **kw), record(c.plain_twin(), tps=50.0, **kw)]
+    # a suite whose plain twin only a faulted run recorded: its clean spec case has no point of its own
+    for c, tps, fault in ((case(topk=2), 80.0, None), (case(topk=2).plain_twin(), 40.0, "fault-x")):
+        recs.append(record(c, tps=tps, fault=fault))
+        recs[-1].suite = "faults"
+    df = records_frame(recs)
+    keep = clean_mask(df)
+    points, clean = point_sets(df, keep)
+    pd.testing.assert_frame_equal(points, speedup_points(df))
+    pd.testing.assert_frame_equal(clean, speedup_points(df[keep]))
+    assert len(points) > len(clean) > 0 and set(clean.topk) == {1, 4}
+
+
+def test_a_plain_twin_id_found_once_is_the_twin_derived_from_each_row():
+    from records import case, record
+    from specwatch.core.case import Case, Profile
+    from specwatch.store.frame import records_frame
+    from specwatch.store.frame_dicts import row_dicts
+    from specwatch.store.row_case import derived_case_id, plain_twin_id
+
+    cases = [case(topk=k, num_steps=s, profile=p) for k in (1, 4) for s in (2, 3) for p in Profile]
+    rows = row_dicts(records_frame([record(c) for c in cases]), True)
+    ids = [plain_twin_id(r) for r in rows]
+    assert ids == [derived_case_id(r, Case.plain_twin) for r in rows] == [c.plain_twin().case_id for c in cases]
+    assert len(set(ids)) == 1  # cases that differ only in their draft share one twin

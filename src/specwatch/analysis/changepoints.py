@@ -11,6 +11,7 @@ release's repeats is noise of that run) and the segments' values differ by more 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Iterable, Optional
 
@@ -60,6 +61,7 @@ class Step:
         return self.after / self.before - 1.0 if self.before else float("inf")
 
 
+@lru_cache(maxsize=None)
 def _version_key(v: str):
     try:
         return (0, Version(v))
@@ -150,6 +152,14 @@ def decoded(raw: list, metrics: Optional[list[str]]) -> list[dict]:
 
 
 def file_picks(path: Path, metrics: Optional[list[str]]) -> pd.DataFrame:
+    """``picked_rows`` of one results file, from its picks cache (``picks_cache``) while the file
+    is unchanged; else picked (``_file_picks``) and cached."""
+    from specwatch.analysis.picks_cache import cached_picks
+
+    return cached_picks(path, metrics, CELL, lambda: _file_picks(path, metrics))
+
+
+def _file_picks(path: Path, metrics: Optional[list[str]]) -> pd.DataFrame:
     """``picked_rows`` of one results file, its compare cells taken only for the picked rows from
     the file's Parquet cache (``frame_cache.cached_cells``): the whole column never becomes Python
     strings. Without a usable cache, ``picked_rows`` of the file read whole."""

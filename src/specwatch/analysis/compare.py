@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from functools import cached_property
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Iterable, Iterator, Optional
@@ -246,23 +247,28 @@ class MetricView:
 
 
 class RecordView:
-    """A records-frame row with its ``COMPARE_COLUMN`` decoded: what ``case_rows`` reads of a record."""
+    """A records-frame row with its ``COMPARE_COLUMN`` decoded: what ``case_rows`` reads of a record
+    (its metrics made only when read: a case on one side only shows its status)."""
 
     def __init__(self, row: dict):
         import orjson
 
         cell = orjson.loads(row[COMPARE_COLUMN])
-        nan = float("nan")
+        self._metrics = cell["m"]
         self.status = Status(row["status"])
         self.reason = cell["r"]
-        self.metrics = {
-            name: MetricView(nan if v is None else v, unit, [nan if x is None else x for x in samples], exact, hib, *em)
-            for name, (v, unit, samples, exact, hib, *em) in cell["m"].items()
-        }
         self.checks = cell["c"]
         self.details = SimpleNamespace(sglang_sizing=cell["s"])
         # the frame's model column is the model's name (``store.frame.case_cells``)
         self.case = SimpleNamespace(label=lambda: cell["l"], model_label=row["model"], batch_size=row["batch_size"])
+
+    @cached_property
+    def metrics(self) -> dict[str, MetricView]:
+        nan = float("nan")
+        return {
+            name: MetricView(nan if v is None else v, unit, [nan if x is None else x for x in samples], exact, hib, *em)
+            for name, (v, unit, samples, exact, hib, *em) in self._metrics.items()
+        }
 
 
 def compare_frames(

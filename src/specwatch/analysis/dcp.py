@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import re
-from functools import cache
 from typing import Callable, Optional
 
 import pandas as pd
@@ -25,18 +24,20 @@ def dcp_matrix(df: pd.DataFrame, suite: str = "dcp") -> pd.DataFrame:
     record per case and SGLang version) with its status or SGLang's reason, acceptance against the oracle,
     lossless mismatches, whether each KV pool covers every slot the allocator hands out (seed 004),
     and, for dcp > 1, whether the greedy outputs equal those of the same case at dcp 1 (the two
-    share prompts by construction)."""
+    share prompts by construction). Built column by column (``matrix_columns``)."""
     if df.empty or "dcp" not in df or "suite" not in df:
         return pd.DataFrame()
-    d = df.loc[df.suite == suite, [c for c in MATRIX_COLUMNS if c in df]]  # rows as dicts: only what they read
+    d = df.loc[df.suite == suite, [c for c in MATRIX_COLUMNS if c in df]]  # only the columns read
     if d.empty:
         return pd.DataFrame()
     d = latest_rows(d, ["sglang_version", "case_id"])
     d = d.sort_values(["model", "algorithm", "attention_backend", "page_size", "topk", "workload", "dcp"])
-    names = [str(c) for c in d.columns]  # dicts: check.* columns are not attribute names
-    recs = [dict(zip(names, row)) for row in zip(*(d[c].tolist() for c in d.columns))]
-    by_id = {(r["sglang_version"], r["case_id"]): r for r in recs}
-    return pd.DataFrame([matrix_row(r, by_id) for r in recs])
+    cols = {str(c): d[c].tolist() for c in d.columns if c not in ORDER_ONLY}  # check.* are not attribute names
+    return pd.DataFrame(matrix_columns(cols, len(d)))
+
+
+ORDER_ONLY = ("started_at", "finished_at", "run_id")
+"""``MATRIX_COLUMNS`` that only ``latest_rows`` reads: not made Python values."""
 
 
 MATRIX_COLUMNS = list(
@@ -58,79 +59,110 @@ MATRIX_COLUMNS = list(
 """The records-frame columns a matrix row reads (``matrix_row``, ``twin_outputs``) and ``latest_rows`` orders by."""
 
 
-def matrix_row(r: dict, by_id: dict) -> dict:
-    """One record's row of the DCP support matrix; ``by_id``: the suite's rows by (SGLang version,
-    case id), where a dcp > 1 case finds its dcp-1 twin. The row's ``Case`` is built only where
-    a crash is read against the validity rules or an ok dcp > 1 case looks for its twin."""
-    case = cache(lambda: case_of(r))
-    mismatch = cell(r, "draft_pool_page_mismatch")
+def matrix_columns(cols: dict[str, list], n: int) -> dict[str, list]:
+    """The matrix's columns from the ``n`` sorted rows' columns ``cols`` (name -> values). A row is
+    made a dict (``row``) only where a crash is read against the validity rules or an ok dcp > 1
+    case looks for its twin; the other cells are made column by column."""
+    get = lambda name: cols.get(name, [None] * n)  # noqa: E731 - a column the frame lacks: all None
+    cells = lambda name: [None if v is None or (isinstance(v, float) and math.isnan(v)) else v for v in get(name)]  # noqa: E731
+    rows: dict[int, dict] = {}
+
+    def row(i: int) -> dict:
+        if i not in rows:
+            rows[i] = {name: values[i] for name, values in cols.items()}
+        return rows[i]
+
+    by_id = {key: i for i, key in enumerate(zip(cols["sglang_version"], cols["case_id"]))}
+    status, dcp = cols["status"], cols["dcp"]
+    mismatch = cells("draft_pool_page_mismatch")
     return {
-        "sglang": r["sglang_version"],
-        "model": r["model"],
-        "algo": r["algorithm"],
-        "backend": r["attention_backend"],
-        "page": r["page_size"],
-        "topk": r["topk"],
-        "tp": r["tp"],
-        "dcp": r["dcp"],
-        "workload": r["workload"],
-        "lengths": f"{r['input_len']}→{r['output_len']}",
-        "outcome": outcome_text(r, case),
-        "accept length": accept_text(r),
-        "lossless mismatches": cell(r, "lossless_mismatches"),
-        "peak token usage": cell(r, "peak_token_usage"),
-        "pools cover allocator": cover_text(r),
-        "allocator page": cell(r, "allocator_page_size"),
-        "target pool": pool_text(r, "target"),
-        "draft pool": pool_text(r, "draft"),
+        "sglang": cols["sglang_version"],
+        "model": cols["model"],
+        "algo": cols["algorithm"],
+        "backend": cols["attention_backend"],
+        "page": cols["page_size"],
+        "topk": cols["topk"],
+        "tp": cols["tp"],
+        "dcp": dcp,
+        "workload": cols["workload"],
+        "lengths": [f"{a}→{b}" for a, b in zip(cols["input_len"], cols["output_len"])],
+        "outcome": outcome_column(cols, cells("host_interference"), row),
+        "accept length": accept_column(cells("accept_length"), cells("check.accept_length_matches_oracle")),
+        "lossless mismatches": cells("lossless_mismatches"),
+        "peak token usage": cells("peak_token_usage"),
+        "pools cover allocator": cover_column(
+            cells("check.target_pool_covers_allocator"),
+            cells("check.draft_pool_covers_allocator"),
+            dcp,
+            cells("probe_read_attention_backend"),
+        ),
+        "allocator page": cells("allocator_page_size"),
+        "target pool": pool_column(*(cells(f"target_pool_{k}") for k in POOL_FIELDS)),
+        "draft pool": pool_column(*(cells(f"draft_pool_{k}") for k in POOL_FIELDS)),
         # seed 004's flag: the draft pool paged other than the allocator (in the pool's slot space)
-        "draft_pool_page_mismatch": "" if mismatch is None else ("YES" if mismatch else "no"),
-        "draft pool missing rows": cell(r, "draft_pool_missing_rows"),
-        "same outputs as dcp 1": same_outputs(r, case, by_id),
+        "draft_pool_page_mismatch": ["" if m is None else ("YES" if m else "no") for m in mismatch],
+        "draft pool missing rows": cells("draft_pool_missing_rows"),
+        "same outputs as dcp 1": [
+            "" if dcp[i] <= 1 or status[i] != "ok" else same_outputs(row(i), by_id, row) for i in range(n)
+        ],
     }
 
 
-def outcome_text(r: dict, case: Callable[[], Case]) -> str:
-    """``ok``, or the status with SGLang's reason; a crash at start in the words of a validity rule
-    reads as the skip that rule gives, and a case the host disturbed as not measured."""
-    outcome = r["status"] if r["status"] == "ok" else f"{r['status']}: {str(r['reason'])[:160]}"
-    rule = skip_reason(case()) if r["status"] == "crashed" and case() is not None else None
-    if rule and rule.split(": ", 1)[-1] in str(r["reason"]):
-        # SGLang refused it at start with the words of a rule specwatch learnt since: a skip
-        outcome = f"skipped: {rule} (SGLang refused it at start; recorded crashed before the rule)"
-    if cell(r, "host_interference"):
-        outcome = f"not measured (host interference): {r['host_interference']}"
-    return outcome
+POOL_FIELDS = ("page_size", "valid_end", "needed_end")
+"""A KV pool's facts (``{role}_pool_{field}`` columns) its matrix cell shows."""
 
 
-def same_outputs(r: dict, case: Callable[[], Case], by_id: dict) -> str:
-    """For an ok dcp > 1 case, how its greedy outputs compare with its dcp-1 twin's (``twin_outputs``)."""
-    if r["dcp"] <= 1 or r["status"] != "ok":
-        return ""
-    twin = by_id.get((r["sglang_version"], derived_case_id(r, lambda c: c.model_copy(update={"dcp": 1}))))
+def outcome_column(cols: dict[str, list], interference: list, row: Callable[[int], dict]) -> list[str]:
+    """Each row's ``ok``, or its status with SGLang's reason; a crash at start in the words of a
+    validity rule reads as the skip that rule gives, and a case the host disturbed as not measured."""
+    out = []
+    for i, (status, reason, disturbed) in enumerate(zip(cols["status"], cols["reason"], interference)):
+        outcome = status if status == "ok" else f"{status}: {str(reason)[:160]}"
+        if status == "crashed" and (case := case_of(row(i))) is not None:
+            rule = skip_reason(case)
+            if rule and rule.split(": ", 1)[-1] in str(reason):
+                # SGLang refused it at start with the words of a rule specwatch learnt since: a skip
+                outcome = f"skipped: {rule} (SGLang refused it at start; recorded crashed before the rule)"
+        if disturbed:
+            outcome = f"not measured (host interference): {cols['host_interference'][i]}"
+        out.append(outcome)
+    return out
+
+
+def same_outputs(r: dict, by_id: dict[tuple, int], row: Callable[[int], dict]) -> str:
+    """For an ok dcp > 1 case, how its greedy outputs compare with its dcp-1 twin's (``twin_outputs``);
+    ``by_id``: the suite's row numbers by (SGLang version, case id)."""
+    i = by_id.get((r["sglang_version"], derived_case_id(r, lambda c: c.model_copy(update={"dcp": 1}))))
+    twin = None if i is None else row(i)
     if twin is None or twin["status"] != "ok":
         return "no dcp 1 run" if twin is None else f"dcp 1 {twin['status']}"
     return twin_outputs(r, twin)
 
 
-def cover_text(r: dict) -> str:
+def cover_column(target: list, draft: list, dcp: list, read_backend: list) -> list[str]:
     """Whether each KV pool (target, draft) covers every slot the allocator hands out: yes / NO."""
-    covers = [cell(r, c) for c in ("check.target_pool_covers_allocator", "check.draft_pool_covers_allocator")]
-    text = ", ".join("yes" if c else "NO" for c in covers if c is not None)
-    if text and r["dcp"] > 1 and cell(r, "probe_read_attention_backend") is False:
-        # an older probe: the target pool was taken as sharded per rank whatever the backend does
-        text += " (target judged as sharded: probe predates the backend check)"
-    return text
+    out = []
+    for covers, d, read in zip(zip(target, draft), dcp, read_backend):
+        text = ", ".join("yes" if c else "NO" for c in covers if c is not None)
+        if text and d > 1 and read is False:
+            # an older probe: the target pool was taken as sharded per rank whatever the backend does
+            text += " (target judged as sharded: probe predates the backend check)"
+        out.append(text)
+    return out
 
 
-def accept_text(r: dict) -> str:
+def accept_column(accept: list, matches: list) -> list[str]:
     """The acceptance length, with whether it equals the oracle's."""
-    al = cell(r, "accept_length")
-    if al is None:
-        return ""
-    return f"{al:.3f}" + {True: " (= oracle)", False: " (≠ oracle)"}.get(
-        cell(r, "check.accept_length_matches_oracle"), ""
-    )
+    marks = {True: " (= oracle)", False: " (≠ oracle)"}
+    return ["" if al is None else f"{al:.3f}" + marks.get(m, "") for al, m in zip(accept, matches)]
+
+
+def pool_column(page: list, valid: list, needed: list) -> list[str]:
+    """A KV pool's page and where its valid slots end, of where the allocator's last page ends in the
+    pool's slot space (seed 004: "valid to X of Y" with X < Y is a pool the allocator overruns)."""
+    return [
+        "" if p is None else f"page {int(p)}, valid to {int(v)} of {int(e)}" for p, v, e in zip(page, valid, needed)
+    ]
 
 
 def case_of(r: dict) -> Optional[Case]:
@@ -143,13 +175,6 @@ def cell(r: dict, name: str):
     """A record row's value, None where the frame has none (NaN)."""
     v = r.get(name)
     return None if v is None or (isinstance(v, float) and math.isnan(v)) else v
-
-
-def pool_text(r: dict, role: str) -> str:
-    """A KV pool's page and where its valid slots end, of where the allocator's last page ends in the
-    pool's slot space (seed 004: "valid to X of Y" with X < Y is a pool the allocator overruns)."""
-    page, valid, needed = (cell(r, f"{role}_pool_{k}") for k in ("page_size", "valid_end", "needed_end"))
-    return "" if page is None else f"page {int(page)}, valid to {int(valid)} of {int(needed)}"
 
 
 def _prompt_starts(r: dict) -> Optional[list]:

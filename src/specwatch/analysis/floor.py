@@ -177,20 +177,42 @@ def store_floor(
 ) -> DetectionFloor:
     """``detection_floor`` of the A/A pairs in ``budget_file`` (default: ``root/noise-budgets.json``),
     each pair's selections read from the store under ``root`` as frame rows (``select_rows``: the
-    same records ``select`` gives, from the Parquet caches, none parsed); no file: no pair."""
+    same records ``select`` gives, from the Parquet caches, none parsed); no file: no pair. The
+    floor is kept in the store (``store.result_cache``) while the budget file and every results
+    file its pairs read are unchanged."""
+    from dataclasses import asdict
+
+    from specwatch.store.result_cache import cached_result
+    from specwatch.store.select_frame import selection_files
+
+    path = Path(budget_file) if budget_file is not None else Path(root) / BUDGET_FILE
+    if not path.exists():
+        return DetectionFloor(threshold, source=str(path))
+    pairs = BudgetFile.load(path).pairs
+    files = [path, *(f for p in pairs for s in p.selections() for f in selection_files(s, root))]
+    return cached_result(
+        root,
+        "detection-floor",
+        {"budgets": str(path), "threshold": threshold, "alpha": alpha},
+        files,
+        lambda: _pairs_floor(pairs, root, threshold, alpha, str(path)),
+        asdict,
+        lambda d: DetectionFloor(**d),
+    )
+
+
+def _pairs_floor(pairs: list, root: Path, threshold: float, alpha: float, source: str) -> DetectionFloor:
+    """``store_floor`` of the budget file's ``pairs``, computed."""
     import orjson
 
     from specwatch.store.frame import CONDITIONS_COLUMN
     from specwatch.store.select_frame import SELECT_COLUMNS, select_rows
 
-    path = Path(budget_file) if budget_file is not None else Path(root) / BUDGET_FILE
-    if not path.exists():
-        return DetectionFloor(threshold, source=str(path))
     rows, clean = [], []
-    for p in BudgetFile.load(path).pairs:
+    for p in pairs:
         b, h = (select_rows(s, root, [*SELECT_COLUMNS, CONDITIONS_COLUMN]) for s in p.selections())
         if not b.empty and not h.empty:
             rows.append(_timed(frame_rows(b, h, threshold=0.0, alpha=alpha)))
             b_cond, h_cond = ([orjson.loads(c) for c in side[CONDITIONS_COLUMN]] for side in (b, h))
             clean.append(not condition_differences(b_cond, h_cond))
-    return floor_of(rows, clean, threshold, source=str(path))
+    return floor_of(rows, clean, threshold, source=source)

@@ -10,6 +10,7 @@ import pandas as pd
 
 from specwatch.analysis.dcp import DCP_SUITES
 from specwatch.store.frame import case_cells, latest_rows
+from specwatch.store.frame_dicts import row_dicts
 
 RELABELS = {
     "check.no_kv_leak": ("leak_is_unflushed_cache", "radix cache left by a refused flush, not a leak"),
@@ -41,8 +42,9 @@ def fault_table(df: pd.DataFrame) -> pd.DataFrame:
     # the last clean row of each (case, SGLang version), found once instead of per fault run
     last_clean = {key: i for i, key in enumerate(zip(clean.case_id, clean.sglang_version)) if not pd.isna(key[1])}
     rows = []
-    clean_rows = clean[["status", "reason", *checks]].to_dict("records")
-    for r in faulty.sort_values(["fault", "page_size", "batch_size"]).to_dict("records"):
+    clean_rows = row_dicts(clean[["status", "reason", *checks]])
+    read = [c for c in dict.fromkeys([*FAULT_ROW_COLUMNS, *checks]) if c in df]  # only what a row reads
+    for r in row_dicts(faulty.sort_values(["fault", "page_size", "batch_size"])[read]):
         r = _row(r)
         c = last_clean.get((r.case_id, r.sglang_version))
         runs = r.get("fault_code_runs")
@@ -61,6 +63,13 @@ def fault_table(df: pd.DataFrame) -> pd.DataFrame:
             }
         )
     return pd.DataFrame(rows)
+
+
+FAULT_ROW_COLUMNS = (
+    *("fault", "sglang_version", "case_id", "status", "reason", "fault_code_runs"),
+    *("attention_backend", "page_size", "topk", "batch_size", "input_len", "output_len"),
+)
+"""The records-frame columns a fault-table row reads (with the checks)."""
 
 
 def _row(r: dict) -> SimpleNamespace:
@@ -98,7 +107,7 @@ def health_matrix(df: pd.DataFrame, suites_dir: Optional[Path] = Path("suites"))
         planned = g[key + ["topk", "case_id"]] if planned is None else planned
         # a planned cell's records (as dicts: only the planned cases' ones), found by its key
         recorded: dict[tuple, list[dict]] = {k: [] for k in zip(*(g[c].tolist() for c in key))}
-        for r in g[g.case_id.isin(planned.case_id)].to_dict("records"):
+        for r in row_dicts(g[g.case_id.isin(planned.case_id)]):
             recorded[tuple(r[c] for c in key)].append(r)
         for k, plan in planned.groupby(key, sort=True):
             row = dict(

@@ -42,7 +42,7 @@ def overhead_table(df: pd.DataFrame, metric: str = "output_throughput") -> pd.Da
     keep = (df.status == "ok") & df.fault.isna() & df[metric].notna()
     ok = df.loc[keep, [c for c in dict.fromkeys(used) if c in df]]  # the groups cut only what a row reads
     # only cases with both kinds of run make a row: the rest are left out before grouping
-    both = set(ok.case_id[ok.probe == False]) & set(ok.case_id[ok.probe == True])  # noqa: E712
+    both = set(ok.case_id[ok.probe == False].tolist()) & set(ok.case_id[ok.probe == True].tolist())  # noqa: E712
     ok = ok[ok.case_id.isin(both)]
     rows = []
     for (machine, version, _case_id), g in ok.groupby(["machine", "sglang_version", "case_id"], sort=False):

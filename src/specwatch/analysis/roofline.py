@@ -19,10 +19,11 @@ the CPU scheduler, which is what the measured fraction of the bound shows.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 from specwatch.core.case import Algorithm, Case
 from specwatch.oracle.shapes import SHAPES, Shape
+from specwatch.store.frame_dicts import row_dicts
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -100,14 +101,15 @@ def _modelled(case: Case) -> bool:
     )
 
 
-def roofline_row(case_id: str, case: Case, sglang: str, accept_length: float, tput: float) -> dict:
-    """One row of the roofline table."""
-    ctx = case.input_len + case.output_len // 2
-    b = cycle_bytes(case, ctx)
-    bound = bound_tokens_per_s(case, accept_length, ctx)
+def roofline_row(
+    case_id: str, case: Case, sglang: str, accept_length: float, tput: float, known: Optional[tuple] = None
+) -> dict:
+    """One row of the roofline table; ``known``: the case's ``case_facts``, where already found."""
+    label, b = known or case_facts(case)
+    bound = accept_length * H200_BW / b.total  # bound_tokens_per_s
     return {
         "case_id": case_id,
-        "case": case.label(),
+        "case": label,
         "sglang": sglang,
         "accept_length": round(accept_length, 3),
         "target_GB": round(b.target_weights / 1e9, 2),
@@ -117,6 +119,12 @@ def roofline_row(case_id: str, case: Case, sglang: str, accept_length: float, tp
         "measured_tok_s": round(tput, 1),
         "fraction_of_bound": round(tput / bound, 3),
     }
+
+
+def case_facts(case: Case) -> tuple[str, CycleBytes]:
+    """What a roofline row takes from its case alone: its label and the bytes of one verify cycle
+    at mid-decode (input + output / 2)."""
+    return case.label(), cycle_bytes(case, case.input_len + case.output_len // 2)
 
 
 def roofline_rows(df: "pd.DataFrame") -> "pd.DataFrame":
@@ -138,18 +146,18 @@ def roofline_rows(df: "pd.DataFrame") -> "pd.DataFrame":
         keep &= df.model_name.isna()
     rows = []
     wanted = list(dict.fromkeys([*CASE_FIELDS, "case_id", "sglang_version", "accept_length"]))
-    cases: dict[tuple, tuple[Case, bool]] = {}  # a case's records (releases, repeats) build it once
-    for rec, t in zip(df.loc[keep, wanted].to_dict("records"), tput[keep]):
+    cases: dict[tuple, tuple] = {}  # a case's records (releases, repeats) build it (and its facts) once
+    for rec, t in zip(row_dicts(df.loc[keep, wanted]), tput[keep]):  # t: numpy floats (numpy rounding)
         fields = tuple(rec[f] for f in CASE_FIELDS)
         try:
-            case, modelled = cases[fields]
+            case, known = cases[fields]
         except (KeyError, TypeError):  # new, or a field value that cannot be a key
             case = Case.model_validate(dict(zip(CASE_FIELDS, fields)))
-            modelled = _modelled(case)
+            known = case_facts(case) if _modelled(case) else None
             try:
-                cases[fields] = case, modelled
+                cases[fields] = case, known
             except TypeError:
                 pass
-        if modelled:
-            rows.append(roofline_row(rec["case_id"], case, rec["sglang_version"], rec["accept_length"], t))
+        if known is not None:
+            rows.append(roofline_row(rec["case_id"], case, rec["sglang_version"], rec["accept_length"], t, known))
     return pd.DataFrame(rows)

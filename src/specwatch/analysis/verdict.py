@@ -20,7 +20,7 @@ from specwatch.core.errors import SpecwatchInputError
 from specwatch.core.record import CaseRecord, Status
 from specwatch.core.sglang_host import version_key
 from specwatch.store.jsonl import result_files
-from specwatch.store.latest import latest_rows
+from specwatch.store.latest import LATEST_COLUMNS, latest_rows
 from specwatch.store.select import latest_by_case
 from specwatch.store.select_frame import select_rows
 
@@ -205,12 +205,13 @@ def release_verdict(
     # statuses and checks of overlapped runs count (only their timing is contended, and compare's
     # own selections leave those out of the timed comparison)
     clean = df.fault.isna() & (df.probe == True) & df.sglang_version.notna() & (df.sglang_version != "")  # noqa: E712
-    df = df[clean]
-    versions = sorted(set(df.sglang_version), key=version_key)
+    read = ["sglang_version", "suite", "case_id", *LATEST_COLUMNS, *(c for c in df.columns if c.startswith("check."))]
+    df = df.loc[clean, [c for c in dict.fromkeys(read) if c in df]]  # only what the health reads, cut once
+    versions = sorted(set(df.sglang_version.unique().tolist()), key=version_key)
     if not versions:
         return None
     head, base = versions[-1], (versions[-2] if len(versions) > 1 else None)
-    suites = {v: set(df.suite[df.sglang_version == v]) for v in (head, base)}
+    suites = {v: set(df.suite[df.sglang_version == v].unique().tolist()) for v in (head, base)}
     compared = (
         [compare_suite(s, base, head, root, budgets) for s in sorted(suites[head] & suites[base])] if base else []
     )

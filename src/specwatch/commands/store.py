@@ -60,16 +60,24 @@ def _dashboard(results: Path, out: Path, df) -> None:
     from specwatch.analysis.roofline import roofline_rows
     from specwatch.analysis.verdict import release_verdict
     from specwatch.core.forked import Forked
-    from specwatch.present.dashboard import build, check_records, clean_records
+    from specwatch.present.dashboard import build, check_records, clean_mask
+    from specwatch.present.dflash_plots import dflash_figure
     from specwatch.present.figures import FIGURE_PARTS
-    from specwatch.present.timing import timing_tables
+    from specwatch.present.plots import metrics_across_versions
+    from specwatch.present.speedup_plots import speedup_figure
+    from specwatch.present.timing import timing_part
     from specwatch.store.frame import runs_frame
 
     check_records(df, out, results)  # before the child writes anything
-    clean = clean_records(df)
-    figures = [lambda draw=draw: draw(clean, out / "plots") for draw in FIGURE_PARTS]
+    keep = clean_mask(df)
+    clean = df[keep]
+    # the speedup figure is drawn with the timing tables (the speedup points of both found once);
+    # the figures that take longest come first, so the parts either process takes last are small
+    large = (dflash_figure, metrics_across_versions)
+    parts = sorted((d for d in FIGURE_PARTS if d is not speedup_figure), key=lambda d: d not in large)
+    figures = [lambda draw=draw: draw(clean, out / "plots") for draw in parts]
     calls = [
-        lambda: timing_tables(results, df),
+        lambda: timing_part(results, df, keep, out / "plots"),
         lambda: roofline_rows(df[df.fault.isna() & (df.probe == True)]),  # noqa: E712
         lambda: release_verdict(results, frame=df),
         lambda: _findings(out, df),
@@ -85,10 +93,13 @@ def _dashboard(results: Path, out: Path, df) -> None:
                 ),
                 "Sweep cost per GPU run (wall time / the cases' own time; K: engines in flight, 'overlap': "
                 "--overlap-starts)": runs_frame(results),
-                **side.result(0),
+                **side.result(0)[0],
             }
 
-        drawn = lambda: [p for i in range(len(figures)) for p in side.result(4 + i)]  # noqa: E731
+        def drawn() -> list[Path]:  # in FIGURE_PARTS' order
+            files = {draw: side.result(4 + i) for i, draw in enumerate(parts)} | {speedup_figure: side.result(0)[1]}
+            return [p for draw in FIGURE_PARTS for p in files[draw]]
+
         index = build(df, out, tables, lambda: side.result(2), results, drawn, clean)
     console.print(f"wrote {index}")
 

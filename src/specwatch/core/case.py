@@ -263,15 +263,7 @@ class Case(BaseModel):
         at 1 and the profile ``perfect`` (they shape the draft only), everything the target engine
         and the timed batch depend on (model, backend, page, tp, dcp, batch, lengths, workload, CUDA
         graphs) kept. Spec cases that differ only in their draft share one twin (and one engine)."""
-        return self.model_copy(
-            update={
-                "algorithm": Algorithm.NONE,
-                "topk": 1,
-                "num_steps": 1,
-                "num_draft_tokens": 1,
-                "profile": Profile.perfect,
-            }
-        )
+        return self.model_copy(update=PLAIN_TWIN_RESETS)
 
     @property
     def model_label(self) -> str:
@@ -289,6 +281,15 @@ class Case(BaseModel):
             + ("" if self.serving_prompts is None else f" n{self.serving_prompts}")
         )
 
+
+PLAIN_TWIN_RESETS = {
+    "algorithm": Algorithm.NONE,
+    "topk": 1,
+    "num_steps": 1,
+    "num_draft_tokens": 1,
+    "profile": Profile.perfect,
+}
+"""The parameters ``Case.plain_twin`` sets (the draft's and the profile); every other one is kept."""
 
 ENGINE_FIELDS: tuple[str, ...] = (
     "model",

@@ -19,6 +19,7 @@ from typing import Callable, Optional
 
 import pandas as pd
 from markupsafe import Markup, escape
+from pandas.api.types import infer_dtype
 
 from specwatch.analysis.dcp import DCP_SUITES, dcp_markdown, dcp_matrix, dcp_summary
 from specwatch.analysis.health import fault_table, health_matrix
@@ -97,15 +98,18 @@ def sort_key(v) -> str:
 
 @dataclass
 class TableView:
-    """A frame as the templates draw it: titled, its cells formatted (``fmt_value``)."""
+    """A frame as the templates draw it: titled, its cells formatted (``fmt_value``), kept column
+    by column (a large store's tables hold millions of cells: no per-row lists are made to draw them)."""
 
     title: str
     anchor: str
     columns: list[str]
-    rows: list[list[tuple[str, str]]] = field(default_factory=list)
-    """Per row, per column: (text, numeric sort value or '')."""
+    cells: list[list[tuple[str, str]]] = field(default_factory=list)
+    """Per column, per row: (text, numeric sort value or '')."""
     numeric: list[bool] = field(default_factory=list)
     """Per column: True when it holds a number (its cells align right)."""
+    length: int = 0
+    """This view's rows."""
 
     page: int = 1
     """This view's page of its table (1: the first or only one)."""
@@ -115,56 +119,68 @@ class TableView:
     """Rows of the whole table (-1: this view's own rows)."""
 
     @property
+    def rows(self) -> list[list[tuple[str, str]]]:
+        """Per row, per column: (text, numeric sort value or '')."""
+        return [list(row) for row in zip(*self.cells)] if self.cells else [[] for _ in range(self.length)]
+
+    @property
     def folded(self) -> bool:
-        return len(self.rows) > FOLD_ROWS
+        return self.length > FOLD_ROWS
 
     @property
     def row_count(self) -> int:
         """Rows of the whole table, over all its pages."""
-        return len(self.rows) if self.total_rows < 0 else self.total_rows
+        return self.length if self.total_rows < 0 else self.total_rows
 
     @property
     def own_page(self) -> bool:
         """True when the table is too large for the index (``INLINE_CELLS``)."""
-        return len(self.rows) * max(1, len(self.columns)) > INLINE_CELLS
+        return self.length * max(1, len(self.columns)) > INLINE_CELLS
 
     def split(self, rows_per_page: int) -> list["TableView"]:
         """The table cut into pages of ``rows_per_page`` rows (one page when it fits)."""
-        n = max(1, -(-len(self.rows) // rows_per_page))
+        n = max(1, -(-self.length // rows_per_page))
         return [
             TableView(
                 self.title,
                 self.anchor,
                 self.columns,
-                self.rows[i * rows_per_page : (i + 1) * rows_per_page],
+                [col[i * rows_per_page : (i + 1) * rows_per_page] for col in self.cells],
                 self.numeric,
+                min(rows_per_page, max(0, self.length - i * rows_per_page)),
                 i + 1,
                 n,
-                len(self.rows),
+                self.length,
             )
             for i in range(n)
         ]
 
     def html_rows(self) -> list[Markup]:
         """Each row as its ``<tr>`` (cells escaped; a number's cell right-aligned, a status cell
-        classed by its text, a sortable cell carrying its sort value), built in Python: the
-        template loop over every cell took most of a large store's page time."""
+        classed by its text, a sortable cell carrying its sort value)."""
+        return [Markup(row) for row in self._tr()]
+
+    def html_body(self) -> Markup:
+        """The table's ``<tbody>`` content: each row's ``<tr>`` (``html_rows``) and a newline."""
+        return Markup("".join(f"{row}\n" for row in self._tr()))
+
+    def _tr(self) -> list[str]:
+        """The rows' ``<tr>`` texts, built column by column in Python (each distinct cell of a
+        column drawn once): a template loop over every cell took most of a large store's page time."""
         status = self.columns.index("status") if "status" in self.columns else -1
-        drawn: list[dict] = [{} for _ in self.columns]  # per column: each distinct cell's markup, once
-        out = []
-        for row in self.rows:
-            cells = []
-            for i, cell in enumerate(row):
-                td = drawn[i].get(cell)
-                if td is None:
-                    text, key = cell
-                    shown = escape(text)
-                    cls = ' class="num"' if self.numeric[i] else f' class="st st-{shown}"' if i == status else ""
-                    value = f' data-v="{escape(key)}"' if key else ""
-                    td = drawn[i][cell] = f"<td{cls}{value}>{shown}</td>"
-                cells.append(td)
-            out.append(Markup("<tr>" + "".join(cells) + "</tr>"))
-        return out
+        drawn = []
+        for i, column in enumerate(self.cells):  # per column: each distinct cell's markup, once
+            tds = {}
+            for cell in dict.fromkeys(column):
+                text, key = cell
+                shown = escape(text)
+                cls = ' class="num"' if self.numeric[i] else f' class="st st-{shown}"' if i == status else ""
+                value = f' data-v="{escape(key)}"' if key else ""
+                tds[cell] = f"<td{cls}{value}>{shown}</td>"
+            drawn.append(map(tds.__getitem__, column))
+        if not drawn:
+            return ["<tr></tr>" for _ in range(self.length)]
+        return ["<tr>" + "".join(cells) + "</tr>" for cells in zip(*drawn)]
 
 
 def anchor_of(title: str) -> str:
@@ -176,15 +192,16 @@ def table_view(title: str, df: pd.DataFrame, anchor: Optional[str] = None) -> Ta
     """``df`` (index dropped) as a ``TableView``; cells are formatted column by column, each
     distinct value of a column once (a large store's columns repeat a few values)."""
     columns = [_column_cells(df.iloc[:, i]) for i in range(len(df.columns))]
-    rows = [list(row) for row in zip(*columns)] if columns else [[] for _ in range(len(df))]
-    numeric = [any(key for _, key in cells) for cells in columns]
-    return TableView(title, anchor or anchor_of(title), [str(c) for c in df.columns], rows, numeric)
+    numeric = [any(key for _, key in dict.fromkeys(cells)) for cells in columns]
+    return TableView(title, anchor or anchor_of(title), [str(c) for c in df.columns], columns, numeric, len(df))
 
 
 def _column_cells(column: pd.Series) -> list[tuple[str, str]]:
-    """(text, sort value) of each cell of one column (missing values as None); typed: factorized."""
+    """(text, sort value) of each cell of one column (missing values as None); typed or text only:
+    factorized."""
     negative_zero = column.dtype.kind == "f" and ((column == 0) & (1 / column < 0)).any()  # factorize: 0.0
-    if column.dtype != object and not negative_zero:
+    text = column.dtype == object and infer_dtype(column, skipna=True) == "string"  # str or missing only
+    if (column.dtype != object or text) and not negative_zero:
         codes, uniques = pd.factorize(column, use_na_sentinel=True)  # each distinct value formatted once
         cells = [(fmt_value(v), sort_key(v)) for v in pd.Series(uniques, dtype=column.dtype).astype(object)]
         return [cells[i] if i >= 0 else (NOT_MEASURED, "") for i in codes.tolist()]  # -1: missing
@@ -294,10 +311,15 @@ def check_records(df: pd.DataFrame, out: Path, source: Optional[Path]) -> None:
 
 def clean_records(df: pd.DataFrame) -> pd.DataFrame:
     """The records shown everywhere but the fault and overhead tables: no fault, not a bare run."""
+    return df[clean_mask(df)]  # one mask, one copy
+
+
+def clean_mask(df: pd.DataFrame) -> pd.Series:
+    """Per row of ``df``, whether ``clean_records`` keeps it."""
     keep = df.fault.isna() if "fault" in df else pd.Series(True, index=df.index)
     if "probe" in df:
         keep &= df.probe != False  # noqa: E712
-    return df[keep]  # one mask, one copy
+    return keep
 
 
 def build(

@@ -33,7 +33,7 @@ def dflash_records(df: pd.DataFrame) -> pd.DataFrame:
     version, suite and fault, probed runs only), kept where it is clean and ok."""
     if df.empty or "algorithm" not in df:
         return df.iloc[0:0]
-    d = latest_records(df)
+    d = latest_records(df[df.algorithm == Algorithm.DFLASH.value])  # a case's rows share its algorithm
     return d[(d.algorithm == Algorithm.DFLASH.value) & (d.status == "ok") & d.fault.isna()]
 
 

@@ -153,12 +153,12 @@ def _fault_lines(rows: pd.DataFrame, latest: pd.DataFrame) -> list[str]:
         lines.append(f"  - faulted code ran 0 times: {len(zero)} ({_ids(zero)})")
     if len(uncounted):
         lines.append(f"  - faulted code runs not counted: {len(uncounted)} ({_ids(uncounted, SHOWN_IDS)})")
-    twins = latest[
+    twins = latest[  # each column's distinct values: ``isin`` converts what it is given to Python values
         latest.fault.isna()
-        & (latest.machine.isin(rows.machine))
-        & (latest.sglang_version.isin(rows.sglang_version))
-        & (latest.suite.isin(rows.suite))
-        & latest.case_id.isin(rows.case_id)
+        & (latest.machine.isin(rows.machine.unique()))
+        & (latest.sglang_version.isin(rows.sglang_version.unique()))
+        & (latest.suite.isin(rows.suite.unique()))
+        & latest.case_id.isin(rows.case_id.unique())
     ]
     dirty = twins[
         (twins.status != Status.ok.value) | pd.Series([bool(b) for b in _bad_checks(twins)], index=twins.index)

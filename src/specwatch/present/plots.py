@@ -20,6 +20,7 @@ from specwatch.core.case import Algorithm  # noqa: E402
 from specwatch.core.sglang_host import version_key  # noqa: E402
 from specwatch.rules.memory_model import SizingInput, reference_sizing  # noqa: E402
 from specwatch.store.frame import latest_rows  # noqa: E402
+from specwatch.store.latest import LATEST_COLUMNS  # noqa: E402
 
 PAGES = (1, 16, 64, 256)
 TOPKS = (1, 2, 4, 8)
@@ -180,7 +181,7 @@ def version_axis(df: pd.DataFrame) -> tuple[list, list[str], list[str]]:
     ok = df[df.status == "ok"]
     versions = sorted(df.sglang_version.dropna().unique(), key=version_key)
     with_ok = [v for v in versions if (ok.sglang_version == v).any()]
-    per_version = [set(ok[ok.sglang_version == v].case_id) for v in with_ok]
+    per_version = [set(ok.case_id[ok.sglang_version == v].unique().tolist()) for v in with_ok]
     common = sorted(set.intersection(*per_version)) if per_version else []
     labels = []
     for v in versions:
@@ -212,6 +213,10 @@ def version_lines(df: pd.DataFrame, metric: str) -> tuple[list, list[str], list[
         else frame.iloc[0:0]
     )
     return versions, labels, common, latest
+
+
+CASE_NAME_FIELDS = ("model", "attention_backend", "page_size", "topk", "batch_size")
+"""The case parameters an across-versions line is named by (``case_name``)."""
 
 
 def case_name(first) -> str:
@@ -277,6 +282,8 @@ def across_versions(df: pd.DataFrame, out: Path, metrics=VERSION_METRICS) -> lis
     with the number of versions up to ``FIGURE_MAX_WIDTH`` and wrap into one row per metric past
     it, so the figure's size is bounded however long the history."""
     n_versions = df.sglang_version.nunique() if "sglang_version" in df else 0
+    read = ["fault", "overlap_starts", "status", "sglang_version", "case_id", *LATEST_COLUMNS, *CASE_NAME_FIELDS]
+    df = df[[c for c in dict.fromkeys([*read, *(m for m, _ in metrics)]) if c in df]]  # the columns read, cut once
     width = min(FIGURE_MAX_WIDTH, max(5.0, PANEL_WIDTH_PER_VERSION * n_versions))
     cols = len(metrics) if width * len(metrics) <= FIGURE_MAX_WIDTH else 1
     rows = -(-len(metrics) // cols)

@@ -25,7 +25,11 @@ AXES = (("topk", "topk"), ("page_size", "page size"), ("batch_size", "batch size
 
 def newest_points(df: pd.DataFrame) -> pd.DataFrame:
     """``speedup_points`` of the newest SGLang version that has any, rows without a speedup left out."""
-    points = speedup_points(df)
+    return newest_of(speedup_points(df))
+
+
+def newest_of(points: pd.DataFrame) -> pd.DataFrame:
+    """``newest_points`` of the points ``speedup_points`` gave."""
     if points.empty or "speedup" not in points:
         return points
     points = points.dropna(subset=["speedup"])
@@ -53,7 +57,12 @@ def _panel(ax, points: pd.DataFrame, x: str, xlabel: str) -> None:
 
 def speedup_figure(df: pd.DataFrame, out: Path) -> list[Path]:
     """``plots/speedup.png``/``.svg`` from a records frame; nothing when no record has a speedup."""
-    points = newest_points(df)
+    return draw_speedup(speedup_points(df), out)
+
+
+def draw_speedup(points: pd.DataFrame, out: Path) -> list[Path]:
+    """``speedup_figure`` of the points ``speedup_points`` gave."""
+    points = newest_of(points)
     if points.empty:
         return []
     fig, axes = plt.subplots(1, len(AXES), figsize=(6 * len(AXES), 4.2))

@@ -3,29 +3,59 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
-from specwatch.analysis.changepoints import DASHBOARD_METRICS, store_changepoints
+from specwatch.analysis.changepoints import DASHBOARD_METRICS, THRESHOLD, store_changepoints
 from specwatch.analysis.floor import GOAL, store_floor
-from specwatch.analysis.speedup import speedup_frame
+from specwatch.analysis.speedup import point_sets, speedup_frame, speedup_table
+from specwatch.present.speedup_plots import draw_speedup
 from specwatch.store.jsonl import result_files
+from specwatch.store.result_cache import cached_result
 
 if TYPE_CHECKING:
     import pandas as pd
 
 
-def timing_tables(results: Path, df: "pd.DataFrame") -> dict[str, "pd.DataFrame"]:
+def timing_tables(
+    results: Path, df: "pd.DataFrame", points: Optional["pd.DataFrame"] = None
+) -> dict[str, "pd.DataFrame"]:
     """The dashboard's timing tables (titled, for ``dashboard.build``'s ``tables``): speedup over plain
     decoding per spec case, the detection floor per class and metric, and the change points of
-    ``DASHBOARD_METRICS`` across releases; ``df``: the dashboard's records frame of ``results``."""
+    ``DASHBOARD_METRICS`` across releases; ``df``: the dashboard's records frame of ``results``;
+    ``points``: its ``speedup_points``, where already found."""
 
     floor = store_floor(results)
-    steps = store_changepoints(result_files(results), DASHBOARD_METRICS)
     return {
         "Speedup over plain decoding (spec output tokens/s / its no-speculation twin's; [suite] speedup)": (
-            speedup_frame(df)
+            speedup_frame(df) if points is None else speedup_table(points)
         ),
         f"Detection floor: smallest change compare calls a regression at <= {GOAL:.0%} held-out A/A false "
         f"positives (margin {floor.margin}, {floor.clean_pairs} clean A/A pairs)": floor.frame(),
-        "Change points across SGLang releases (asv.step_detect; specwatch changepoints)": steps,
+        "Change points across SGLang releases (asv.step_detect; specwatch changepoints)": store_steps(results),
     }
+
+
+def store_steps(results: Path) -> "pd.DataFrame":
+    """``store_changepoints`` of ``DASHBOARD_METRICS`` over the store's files, kept in the store
+    (``store.result_cache``) while no results file changes."""
+    import pandas as pd
+
+    files = result_files(results)
+    return cached_result(
+        results,
+        "changepoints",
+        {"metrics": DASHBOARD_METRICS, "threshold": THRESHOLD},
+        files,
+        lambda: store_changepoints(files, DASHBOARD_METRICS),
+        lambda t: t.to_dict("records"),
+        pd.DataFrame,
+    )
+
+
+def timing_part(
+    results: Path, df: "pd.DataFrame", keep: "pd.Series", plots: Path
+) -> tuple[dict[str, "pd.DataFrame"], list[Path]]:
+    """``timing_tables`` and the speedup figure of the clean records ``df[keep]`` drawn into
+    ``plots`` (``speedup_plots.speedup_figure``), the speedup points of both found once."""
+    points, clean_points = point_sets(df, keep)
+    return timing_tables(results, df, points), draw_speedup(clean_points, plots)

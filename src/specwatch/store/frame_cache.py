@@ -159,10 +159,21 @@ def _read(
     except (OSError, KeyError, ValueError):
         return None
     for col in (c for c in meta["json_columns"] if c in df.columns):
-        df[col] = pd_object([json.loads(v) if isinstance(v, str) else None for v in df[col]])
+        df[col] = pd_object([_json(v) if isinstance(v, str) else None for v in df[col].tolist()])
     for line in meta["quarantined"]:
         quarantine.add(line)
     return df
+
+
+def _json(text: str):
+    """A cached JSON cell's value: orjson's parse (the same values as ``json.loads``), ``json``'s
+    where orjson refuses the text (NaN, which ``json.dumps`` writes)."""
+    import orjson
+
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return json.loads(text)
 
 
 def pd_object(values: list):

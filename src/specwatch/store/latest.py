@@ -20,6 +20,10 @@ from specwatch.rules.crashlog import host_interference
 ORDER_COLUMNS = ["_measured", "finished_at", "started_at", "_run", "status"]
 """A records frame's columns ``latest_rows`` sorts by (``_``: derived), least significant last."""
 
+LATEST_COLUMNS = ["host_interference", "finished_at", "started_at", "run_id", "status"]
+"""The records-frame columns ``latest_rows`` reads besides its groups' (a narrow frame passed to
+it keeps these)."""
+
 
 def latest_key(r: CaseRecord) -> tuple:
     """Sort key of a record under the rule: the largest key of a case is its latest."""

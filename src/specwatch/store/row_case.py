@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from specwatch.core.case import CASE_FIELDS, OWN_PARAMS, Case, ModelSize, case_id_of
+from specwatch.core.case import CASE_FIELDS, OWN_PARAMS, PLAIN_TWIN_RESETS, Case, ModelSize, case_id_of
 
 STAND_IN = ModelSize.tiny
 """The oracle size an own model's row is read under while its twin is derived (never shown)."""
@@ -61,3 +61,26 @@ def derived_case_id(row: dict, derive: Callable[[Case], Case]) -> str:
     """The case id of ``derive`` applied to a frame row's case (``Case.plain_twin``, or a copy at
     dcp 1); ``derive`` changes only parameters every case has, an own model's stay its own."""
     return case_id_of(_params(derive(_shared_case(row)), row))
+
+
+TWIN_KEPT = tuple(f for f in CASE_FIELDS if f not in PLAIN_TWIN_RESETS)
+"""The parameters a case's plain twin keeps from it (``Case.plain_twin``): its id depends on these only."""
+
+
+def plain_twin_id(row: dict) -> str:
+    """``derived_case_id(row, Case.plain_twin)``, found once per distinct ``TWIN_KEPT`` values
+    (with the serving prompts and an own model's parameters): spec cases that differ only in their
+    draft share one twin, whose id is derived once."""
+    own = tuple(_cell(row.get(k)) for k in OWN_PARAMS) if is_own_row(row) else None
+    key = (tuple(row[f] for f in TWIN_KEPT), _cell(row.get("serving_prompts")), own)
+    try:
+        return _TWINS[key]
+    except KeyError:
+        cid = _TWINS[key] = derived_case_id(row, Case.plain_twin)
+        return cid
+    except TypeError:  # a value that cannot be a key
+        return derived_case_id(row, Case.plain_twin)
+
+
+_TWINS: dict[tuple, str] = {}
+"""``plain_twin_id``'s ids by their key, per process."""

@@ -66,18 +66,24 @@ def newest_run_rows(df: "pd.DataFrame", n: int, spec: str) -> str:
     return runs[-n]
 
 
+def selection_files(spec: str, root: Path) -> list[Path]:
+    """The results files ``select_rows(spec, root)`` reads: the file or folder ``spec`` names, else
+    those under ``root`` that can hold a record the selection keeps (``select.selected_files``)."""
+    p = Path(spec)
+    if p.exists():
+        return [p] if p.is_file() else result_files(p)
+    return selected_files(root, parse_terms(spec))
+
+
 def select_rows(spec: str, root: Path, columns: Optional[list[str]] = None) -> "pd.DataFrame":
     """``select(spec, root)`` as frame rows (``columns``, by default ``SELECT_COLUMNS``, which
     the selection needs), in the order ``select`` gives its records; the same terms, defaults
     (clean, probed, not overlapped unless named) and errors."""
     columns = SELECT_COLUMNS if columns is None else columns
-    p = Path(spec)
-    if p.exists():
-        return files_frame([p] if p.is_file() else result_files(p), columns=columns)
-    terms = parse_terms(spec)
-    df = files_frame(selected_files(root, terms), columns=columns)
-    if df.empty:
+    df = files_frame(selection_files(spec, root), columns=columns)
+    if Path(spec).exists() or df.empty:
         return df
+    terms = parse_terms(spec)
     named = {key for key, _, _ in terms}
     for key, default in (("fault", "none"), ("probe", "on"), ("overlap", "off")):
         if key not in named:

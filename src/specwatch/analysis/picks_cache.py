@@ -1,0 +1,115 @@
+"""A cache of one results file's change-point picks (``changepoints.file_picks``: each case's latest
+clean row per release, its compare cell decoded to the samples of the metrics asked for), beside
+the JSONL (``FILE.jsonl.picks.parquet``).
+
+The picks are used only while the JSONL's file-system stamp (``frame_cache.stamp_of``: size,
+modification and change times, inode, device) is the one they were built from, by today's row code
+(``frame_cache.code_key``) and change-point code (``CODE_FILES``), for the same metrics; any write
+to the JSONL moves its change time, so a changed file is picked again (and its cache rewritten). A
+store that cannot be written is read without this cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Optional
+
+from specwatch.store.frame_cache import code_key, stamp_of
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+SUFFIX = ".picks.parquet"
+"""Appended to the JSONL's name: ``smoke.jsonl`` -> ``smoke.jsonl.picks.parquet``."""
+
+META_KEY = b"specwatch.picks_cache"
+"""Parquet schema metadata key holding what the picks were built from."""
+
+_ANALYSIS = Path(__file__).resolve().parent
+CODE_FILES = [
+    _ANALYSIS / "changepoints.py",
+    _ANALYSIS / "picks_cache.py",
+    _ANALYSIS.parent / "store" / "latest.py",
+]
+"""Sources that pick and decode the rows (besides the row code): picks built by other code are rebuilt."""
+
+_code: list[str] = []
+
+
+def picks_code_key() -> str:
+    """sha256 over ``CODE_FILES`` and the row code's key (computed once per process)."""
+    if not _code:
+        h = hashlib.sha256(code_key().encode())
+        for f in CODE_FILES:
+            h.update(f.read_bytes())
+        _code.append(h.hexdigest())
+    return _code[0]
+
+
+def cache_path(path: Path) -> Path:
+    return Path(path).with_name(Path(path).name + SUFFIX)
+
+
+def _key(path: Path, metrics: Optional[list[str]], cell: str) -> Optional[dict]:
+    """What picks of ``path`` must have been built from; None where the JSONL cannot be read."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return {"stamp": stamp_of(st), "code": picks_code_key(), "metrics": metrics, "cell": cell}
+
+
+def cached_picks(
+    path: Path, metrics: Optional[list[str]], cell: str, pick: Callable[[], "pd.DataFrame"]
+) -> "pd.DataFrame":
+    """The picks of ``path`` from its cache where that is fresh, else ``pick()`` (then cached);
+    ``cell``: the picks' column of decoded cells (stored as JSON text)."""
+    key = _key(path, metrics, cell)
+    if key is not None and (hit := _read(cache_path(path), key, cell)) is not None:
+        return hit
+    picks = pick()
+    if key is not None and key == _key(path, metrics, cell):  # the file did not change meanwhile
+        _write(cache_path(path), picks, key, cell)
+    return picks
+
+
+def _read(cache: Path, key: dict, cell: str) -> Optional["pd.DataFrame"]:
+    import orjson
+    import pyarrow.parquet as pq
+
+    try:
+        schema = pq.read_schema(cache)
+        if json.loads((schema.metadata or {})[META_KEY]) != key:
+            return None
+        df = pq.read_table(cache).to_pandas()
+    except (OSError, KeyError, ValueError):
+        return None
+    if cell in df.columns:
+        df[cell] = [orjson.loads(v) for v in df[cell]]
+    return df
+
+
+def _write(cache: Path, picks: "pd.DataFrame", key: dict, cell: str) -> None:
+    """Write the cache atomically; any failure (read-only store, a column Arrow cannot type)
+    leaves none: the next read picks the rows again."""
+    import orjson
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = picks.reset_index(drop=True)
+    if cell in out.columns:
+        out[cell] = [orjson.dumps(v).decode() for v in out[cell]]
+    tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
+    try:
+        table = pa.Table.from_pandas(out, preserve_index=False)
+        meta = {**(table.schema.metadata or {}), META_KEY: json.dumps(key)}
+        pq.write_table(table.replace_schema_metadata(meta), tmp)
+        os.replace(tmp, cache)
+    except (OSError, pa.ArrowException, ValueError, TypeError):
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
