@@ -11,13 +11,12 @@ store that cannot be written is read without this cache.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
-from specwatch.store.frame_cache import code_key, stamp_of
+from specwatch.store.frame_cache import code_key, sources_digest, stamp_of
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -36,17 +35,10 @@ CODE_FILES = [
 ]
 """Sources that pick and decode the rows (besides the row code): picks built by other code are rebuilt."""
 
-_code: list[str] = []
-
 
 def picks_code_key() -> str:
-    """sha256 over ``CODE_FILES`` and the row code's key (computed once per process)."""
-    if not _code:
-        h = hashlib.sha256(code_key().encode())
-        for f in CODE_FILES:
-            h.update(f.read_bytes())
-        _code.append(h.hexdigest())
-    return _code[0]
+    """sha256 over the row code's key and ``CODE_FILES``."""
+    return sources_digest(tuple(CODE_FILES), code_key())
 
 
 def cache_path(path: Path) -> Path:

@@ -10,6 +10,7 @@ the lines the build quarantined are kept with the cache and reported again on ea
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -40,17 +41,20 @@ CODE_FILES = [
 ]
 """Sources whose change changes the rows: a cache built by other code is rebuilt."""
 
-_code_key: list[str] = []
+
+@functools.lru_cache(maxsize=None)
+def sources_digest(files: tuple[Path, ...], seed: str = "") -> str:
+    """sha256 over ``seed`` and the bytes of ``files``, in order (computed once per process): the
+    code part of a cache's key, so a cache built by other code is rebuilt."""
+    h = hashlib.sha256(seed.encode())
+    for f in files:
+        h.update(f.read_bytes())
+    return h.hexdigest()
 
 
 def code_key() -> str:
-    """sha256 over ``CODE_FILES`` (computed once per process)."""
-    if not _code_key:
-        h = hashlib.sha256()
-        for f in CODE_FILES:
-            h.update(f.read_bytes())
-        _code_key.append(h.hexdigest())
-    return _code_key[0]
+    """sha256 over ``CODE_FILES``."""
+    return sources_digest(tuple(CODE_FILES))
 
 
 def cache_path(path: Path) -> Path:
