@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
-from specwatch.store.frame_cache import code_key, sources_digest, stamp_of
+from specwatch.store.frame_cache import code_key, sources_digest, stamp_of, write_parquet
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -88,20 +88,8 @@ def _write(cache: Path, picks: "pd.DataFrame", key: dict, cell: str) -> None:
     """Write the cache atomically; any failure (read-only store, a column Arrow cannot type)
     leaves none: the next read picks the rows again."""
     import orjson
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
     out = picks.reset_index(drop=True)
     if cell in out.columns:
         out[cell] = [orjson.dumps(v).decode() for v in out[cell]]
-    tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
-    try:
-        table = pa.Table.from_pandas(out, preserve_index=False)
-        meta = {**(table.schema.metadata or {}), META_KEY: json.dumps(key)}
-        pq.write_table(table.replace_schema_metadata(meta), tmp)
-        os.replace(tmp, cache)
-    except (OSError, pa.ArrowException, ValueError, TypeError):
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
+    write_parquet(cache, out, META_KEY, json.dumps(key))

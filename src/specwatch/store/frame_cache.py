@@ -192,21 +192,24 @@ def pd_object(values: list):
 def _write(cache: Path, df: "pd.DataFrame", key: dict, quarantined: list[str]) -> None:
     """Write the cache atomically; any failure (read-only store, a column Arrow cannot type)
     leaves no cache: the next read builds the rows again."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     out = df.copy()
     json_cols = [c for c in out.columns if out[c].dtype == object and any(isinstance(v, (list, dict)) for v in out[c])]
     for c in json_cols:
         out[c] = [None if v is None or (isinstance(v, float) and v != v) else json.dumps(v) for v in out[c]]
+    write_parquet(cache, out, META_KEY, json.dumps({"key": key, "json_columns": json_cols, "quarantined": quarantined}))
+
+
+def write_parquet(cache: Path, df: "pd.DataFrame", meta_key: bytes, meta: str) -> None:
+    """``df`` as Parquet at ``cache`` with ``meta`` under ``meta_key`` in its schema metadata,
+    written atomically (a temporary file, then a rename); any failure (read-only store, a column
+    Arrow cannot type) leaves no file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
     try:
-        table = pa.Table.from_pandas(out, preserve_index=False)
-        meta = {
-            **(table.schema.metadata or {}),
-            META_KEY: json.dumps({"key": key, "json_columns": json_cols, "quarantined": quarantined}),
-        }
-        pq.write_table(table.replace_schema_metadata(meta), tmp)
+        table = pa.Table.from_pandas(df, preserve_index=False)
+        pq.write_table(table.replace_schema_metadata({**(table.schema.metadata or {}), meta_key: meta}), tmp)
         os.replace(tmp, cache)
     except (OSError, pa.ArrowException, ValueError, TypeError):
         try:
