@@ -39,6 +39,10 @@ report "sglang-0.5.17-vs-0.5.23-tree-page" "sglang_version=0.5.17,suite=tree-pag
   "sglang_version=0.5.23,suite=tree-page,overlap=on" --budgets results/noise-budgets.json
 report "sglang-0.5.22-vs-0.5.23-smoke" "sglang_version=0.5.22,suite=smoke,overlap=on" "sglang_version=0.5.23,suite=smoke,overlap=on" \
   --budgets results/noise-budgets.json
+# the same smoke through --executor ray (one Ray task per engine group, runs without --overlap-starts)
+# against the local run of 0.5.23 (--overlap-starts, beside other releases)
+report "sglang-0.5.23-local-vs-ray-smoke" "sglang_version=0.5.23,suite=smoke,overlap=on,run=20261201T160100Z-5fef73" \
+  "sglang_version=0.5.23,suite=smoke,run=20261201T214052Z-6e143e|20261202T033013Z-790e15" --budgets results/noise-budgets.json
 # 0.5.17's smoke ran in waves, its DFLASH sweep with --overlap-starts
 report "sglang-0.5.17-vs-0.5.23-smoke" "sglang_version=0.5.17,suite=smoke,overlap=off" "sglang_version=0.5.23,suite=smoke,overlap=on" \
   --budgets results/noise-budgets.json
