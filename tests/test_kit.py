@@ -81,6 +81,7 @@ def index(tmp_path, monkeypatch) -> Path:
     serving = [
         "fastapi",
         "datasets",
+        "diffusers",
         "flashinfer-cubin==0.6.18",
         "ipython",
         "flashinfer_python[cu13]==0.6.18",
@@ -141,6 +142,7 @@ def index(tmp_path, monkeypatch) -> Path:
         files={"IPython/__init__.py": "", "ipy_extra.pth": "ipy_extra\n", "ipy_extra/ipy_mod.py": "X = 1\n"},
     )
     make_wheel(d, "datasets", "4.0.0")
+    make_wheel(d, "diffusers", "0.36.0")
     make_wheel(d, "dill", "0.4.1")  # not in SGLang's METADATA: carried by a release rule
     return d
 
@@ -177,8 +179,10 @@ def test_pins_follow_requires_dist_and_carry_torch_only_where_the_host_differs(i
         "sgl-deep-gemm": "0.2.0",
         "ipython": "9.18.1",
         "dill": "0.4.1",
+        "datasets": "4.0.0",
     }
-    # the host's cuDNN satisfies torch's pin; filelock is the host's; datasets is off the serving path
+    # the host's cuDNN satisfies torch's pin; filelock is the host's; diffusers is off the serving path
+    assert "diffusers" not in r.pins
     assert r.host_served["nvidia-cudnn-cu13"] == "nvidia-cudnn-cu13==9.19.0.56"
     assert "filelock" in r.host_served
     assert "flashinfer-cubin" in r.omitted
@@ -471,6 +475,15 @@ def test_a_layer_leaves_out_what_its_base_left_to_the_host(index, tmp_path):
     _, layer = build(index, tmp_path, "0.5.20", name="ray-layer", base=base_out, extra=["ray==2.60.0"])
     assert sorted(w.name for w in layer.wheels) == ["msgpack", "ray"]
     assert layer.omitted["nvidia-nccl-cu13"] == "the host's serves"
+
+
+def test_a_layer_on_a_kit_without_fa3_leaves_the_trimmed_kernel_to_its_base(index, tmp_path):
+    make_wheel(index, "ray", "2.60.0", ["filelock", "msgpack<2"])
+    make_wheel(index, "msgpack", "1.1.0")
+    base_out, base = build(index, tmp_path, "0.5.20", fa3=False)
+    assert not base.fa3
+    _, layer = build(index, tmp_path, "0.5.20", name="ray-layer", base=base_out, extra=["ray==2.60.0"])
+    assert not layer.fa3 and sorted(w.name for w in layer.wheels) == ["msgpack", "ray"]
 
 
 def test_a_with_that_is_not_a_requirement_is_one_line_and_exit_2(index, tmp_path):

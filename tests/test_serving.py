@@ -13,6 +13,7 @@ from conftest import ROOT, SUITES
 from specwatch.core.case import SERVING_PROMPTS_DEFAULT, Algorithm, Backend, Case, ModelSize, Workload
 from specwatch.core.errors import SpecwatchInputError
 from specwatch.core.protocol import CaseLine, WorkerSpec
+from specwatch.oracle.shapes import SHAPES
 from specwatch.rules.release_serving import SERVING_BENCHMARKS, serving_benchmark_for
 from specwatch.rules.releases import UnknownReleaseError, releases
 from specwatch.rules.validity import skip_reason
@@ -144,6 +145,11 @@ def test_benchmark_command_line_uses_random_ids_and_flags_every_release_parses(t
         "1.0",
     )
     assert opts["--output-file"] == str(tmp_path / "o.jsonl") and "--tokenize-prompt" in argv
+    assert "--output-details" in argv  # each request's TTFT and text
+    oracle = bench_argv(c, "m", 1, tmp_path, tmp_path, tmp_path / "o.jsonl", 0, True, dataset=tmp_path / "p.json")
+    opts = dict(zip(oracle[3:], oracle[4:]))
+    assert (opts["--dataset-name"], opts["--dataset-path"]) == ("random", str(tmp_path / "p.json"))
+    argv = argv + ["--dataset-path"]
     for version, rel in BENCH_FILE.items():
         if (SOURCES / version).is_dir():
             text = (SOURCES / version / "sglang" / rel).read_text()
@@ -311,3 +317,161 @@ def test_the_kit_carries_what_the_http_server_needs_at_import(src):
     chunking = src / "sglang/srt/entrypoints/openai/audio_chunking.py"
     if chunking.is_file() and re.search(r"^import soundfile|^\s*import soundfile", chunking.read_text(), re.M):
         assert "soundfile" in SERVING_PATH, src.name
+
+
+def _module_file(src: Path, module: str) -> Path | None:
+    base = src.joinpath(*module.split("."))
+    for f in (base.with_suffix(".py"), base / "__init__.py"):
+        if f.is_file():
+            return f
+    return None
+
+
+def _import_closure(src: Path, module: str) -> set[str]:
+    """The top-level packages outside sglang that ``module`` imports when it is imported: its
+    module-level imports (and those of ``if``/``try`` blocks at module level), followed through
+    the benchmark's own modules (``sglang.bench_serving``, ``sglang.benchmark.*``)."""
+    import ast
+
+    outside, seen, todo = set(), set(), [module]
+    while todo:
+        name = todo.pop()
+        path = _module_file(src, name)
+        if name in seen or path is None:
+            continue
+        seen.add(name)
+        stack = list(ast.parse(path.read_text()).body)
+        while stack:
+            node = stack.pop()
+            if isinstance(node, (ast.If, ast.Try)):
+                stack.extend(node.body + getattr(node, "orelse", []) + getattr(node, "finalbody", []))
+                continue
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            for n in names:
+                if n.split(".")[0] == "sglang":
+                    if n.startswith(("sglang.benchmark", "sglang.bench_serving")):
+                        todo.append(n)
+                else:
+                    outside.add(n.split(".")[0])
+    return outside
+
+
+@pytest.mark.parametrize("src", _serving_sources(), ids=lambda p: p.name)
+def test_the_kit_carries_what_the_serving_benchmark_imports(src):
+    """SGLang's serving benchmark imports its dataset registry at start, whose MMMU and LongBench
+    loaders import Hugging Face ``datasets`` at module level: a kit without it serves, but its
+    benchmark exits with ModuleNotFoundError before sending a request."""
+    from specwatch.kit.releases import SERVING_PATH
+
+    bench = serving_benchmark_for(src.name)
+    imported = _import_closure(src, bench.module)
+    assert "numpy" in imported  # the closure reached the benchmark's own imports
+    if "datasets" in imported:
+        assert "datasets" in SERVING_PATH, src.name
+
+
+def _dataset_sources() -> list[Path]:
+    return sorted(p for p in SOURCES.glob("0.5.*") if (p / "sglang/benchmark/datasets/random.py").is_file())
+
+
+@pytest.fixture
+def sglang_dataset_module(monkeypatch):
+    """``sample_random_requests`` of a fetched release, imported without SGLang's package
+    ``__init__`` files (they import the GPU stack and Hugging Face datasets)."""
+    import importlib
+    import types
+
+    before = {k: v for k, v in sys.modules.items() if k == "sglang" or k.startswith("sglang.")}
+
+    def load(src: Path):
+        for k in [k for k in sys.modules if k == "sglang" or k.startswith("sglang.")]:
+            monkeypatch.delitem(sys.modules, k)
+        for name in ("sglang", "sglang.benchmark", "sglang.benchmark.datasets"):
+            pkg = types.ModuleType(name)
+            pkg.__path__ = [str(src.joinpath(*name.split(".")))]
+            monkeypatch.setitem(sys.modules, name, pkg)
+        return importlib.import_module("sglang.benchmark.datasets.random")
+
+    yield load
+    for k in [k for k in sys.modules if k == "sglang" or k.startswith("sglang.")]:
+        del sys.modules[k]
+    sys.modules.update(before)
+
+
+@pytest.mark.parametrize("src", _dataset_sources()[:1] + _dataset_sources()[-1:], ids=lambda p: p.name)
+def test_sglangs_random_dataset_sends_the_oracle_chains_of_the_prompts_file(src, tmp_path, sglang_dataset_module):
+    """The benchmark's own sampler on the file ``serving_prompts`` writes: every request an oracle
+    chain of exactly input_len active tokens, each once; its random ids would end about half the
+    prompts on an inactive token, whose greedy output streams as empty text."""
+    from transformers import AutoTokenizer
+
+    from specwatch.oracle.shapes import FIRST_ACTIVE
+    from specwatch.oracle.tokenizer import write_tokenizer
+    from specwatch.worker import serving_prompts
+
+    random_mod = sglang_dataset_module(src)
+    c = serving_case(attention_backend=Backend.triton, serving_prompts=32)
+    shape = SHAPES[c.model]
+    write_tokenizer(tmp_path / "tok", shape)
+    tok = AutoTokenizer.from_pretrained(tmp_path / "tok")
+    path = serving_prompts.write_dataset(c, tmp_path)
+    rows = random_mod.sample_random_requests(
+        input_len=c.input_len,
+        output_len=c.output_len,
+        num_prompts=c.serving_requests,
+        range_ratio=1.0,
+        tokenizer=tok,
+        dataset_path=str(path),
+        random_sample=True,
+        return_text=False,
+    )
+    chains = serving_prompts.oracle_chains(c)
+    assert sorted(r.prompt for r in rows) == sorted(ch[: c.input_len] for ch in chains)
+    assert all(r.prompt_len == c.input_len and r.output_len == c.output_len for r in rows)
+    active = range(FIRST_ACTIVE, FIRST_ACTIVE + shape.active)
+    assert all(t in active for r in rows for t in r.prompt)
+    ids = random_mod.sample_random_requests(
+        input_len=c.input_len,
+        output_len=c.output_len,
+        num_prompts=64,
+        range_ratio=1.0,
+        tokenizer=tok,
+        dataset_path="",
+        random_sample=False,
+        return_text=False,
+    )
+    assert sum(r.prompt[-1] < FIRST_ACTIVE for r in ids) > 8  # what random-ids sends the oracle
+
+
+def test_generated_texts_are_compared_with_the_oracle_token_by_token():
+    from specwatch.oracle.tokenizer import vocabulary
+    from specwatch.worker import serving_prompts
+
+    c = serving_case(serving_prompts=4, output_len=16)
+    words = {i: w for w, i in vocabulary(SHAPES[c.model]).items()}
+    outs = [[words[t] for t in ch[c.input_len :]] for ch in serving_prompts.oracle_chains(c)]
+    texts = [" " + " ".join(o) for o in reversed(outs)]  # any order, leading space as streamed
+    assert serving_prompts.mismatched_tokens(c, texts) == 0
+    wrong = list(outs[0])
+    wrong[5] = wrong[6]
+    assert serving_prompts.mismatched_tokens(c, [" ".join(wrong)] + texts[:-1]) == 1
+    assert serving_prompts.mismatched_tokens(c, [""] + texts[:-1]) == 16  # nothing streamed
+    assert serving_prompts.mismatched_tokens(c, [texts[0], texts[0]] + texts[2:]) == 16  # one output twice
+
+
+def test_a_request_without_a_first_token_time_fails_its_check():
+    line = read_output(FIXTURES / "bench-0.5.23.jsonl")
+    timed = {**line, "ttfts": [0.02] * 64, "errors": [""] * 64}
+    res = parse_output([timed], serving_case(serving_prompts=64))
+    assert res["checks"]["first_token_timed_every_request"] is True
+    untimed = {**timed, "ttfts": [0.02] * 30 + [0.0] * 34}
+    res = parse_output([timed, untimed], serving_case(serving_prompts=64))
+    assert res["checks"]["first_token_timed_every_request"] is False
+    assert res["details"]["requests_without_first_token_time"] == [0, 34]
+    failed = {**timed, "ttfts": [0.0] + [0.02] * 63, "errors": ["boom"] + [""] * 63}
+    assert parse_output([failed], serving_case())["checks"]["first_token_timed_every_request"] is True
+    assert "first_token_timed_every_request" not in parse_output([line], serving_case())["checks"]

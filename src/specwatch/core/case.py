@@ -68,9 +68,10 @@ class Workload(str, Enum):
     first reuses the radix cache's pages of the previous one (``MULTI_TURN_TURNS`` turns)."""
     serving = "serving"
     """SGLang's HTTP server with the case's engine arguments, driven by SGLang's own serving
-    benchmark (``sglang.benchmark.serving``; ``sglang.bench_serving`` before 0.5.15): random token
-    ids of ``input_len`` and ``output_len``, ``batch_size`` requests at most in flight, all sent at
-    once (``Case.serving_prompts`` of them); latency percentiles, throughput and acceptance under load."""
+    benchmark (``sglang.benchmark.serving``; ``sglang.bench_serving`` before 0.5.15): prompts of
+    ``input_len`` (oracle chains for an oracle model, random token ids for an own one) and
+    ``output_len`` new tokens, ``batch_size`` requests at most in flight, all sent at once
+    (``Case.serving_prompts`` of them); latency percentiles, throughput and acceptance under load."""
 
 
 NEAR_FULL_MAX_OUTPUT_SHARE = 0.05

@@ -26,7 +26,9 @@ def parser() -> argparse.ArgumentParser:
         type=Path,
         help="host profile JSON, or the host's `pip list --format=json` (default: Python 3.12, torch 2.11.0+cu130)",
     )
-    build.add_argument("--no-fa3", action="store_true", help="leave sglang-kernel's FA3 library out")
+    build.add_argument(
+        "--no-fa3", action="store_true", help="leave sglang-kernel's FA3 library out (a layer: as its --base kit did)"
+    )
     build.add_argument("--cubin", action="store_true", help="carry flashinfer-cubin")
     build.add_argument(
         "--part-mib",
@@ -73,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             args.version,
             out,
             host=host,
-            fa3=not args.no_fa3,
+            fa3=False if args.no_fa3 else None,
             cubin=args.cubin,
             part_limit=int(args.part_mib * MiB),
             cache=args.cache,

@@ -22,7 +22,7 @@ def build_kit(
     out: Path,
     *,
     host: HostProfile = DEFAULT_HOST,
-    fa3: bool = True,
+    fa3: bool | None = None,
     cubin: bool = False,
     part_limit: int = pack.DEFAULT_PART_LIMIT,
     cache: Path = DEFAULT_CACHE,
@@ -34,7 +34,8 @@ def build_kit(
 ) -> KitManifest:
     """Build the offline kit for SGLang ``version`` in ``out`` (``out/part-NN/``).
 
-    ``fa3=False`` leaves sglang-kernel's FA3 library out; ``cubin=True`` carries flashinfer-cubin.
+    ``fa3=False`` leaves sglang-kernel's FA3 library out (default: as the base kit did, else kept);
+    ``cubin=True`` carries flashinfer-cubin.
     ``omit``: distributions to leave out (name -> why), e.g. a library the host's own copy serves.
     ``base``: a kit folder (or its manifest) this kit is layered on: every wheel the base carries
     as the same file with the same checksum is left to the base's site, e.g. one torch layer
@@ -47,10 +48,7 @@ def build_kit(
     out = Path(out)
     check_out_dir(out)
     base_manifest = read_base(base) if base is not None else None
-    if base_manifest is not None:
-        # what the base left out the layer leaves out too: a layer on a kit that left cuDNN to the
-        # host would otherwise carry the newest cuDNN (over 500 MiB) on top of it
-        omit = {**base_manifest.omitted, **(omit or {})}
+    omit, fa3 = as_base(base_manifest, omit, fa3)
     downloader = downloader or PipDownloader(host, cache, log=log)
     log(f"== resolving sglang {version} for Python {host.python_version}")
     resolution = Resolver(downloader, host, cubin=cubin, omit=omit, extra=extra, log=log).resolve(version)
@@ -108,6 +106,17 @@ def layered_on(base: KitManifest, pins: list[Pin]) -> tuple[list[Pin], KitBase]:
             None, f"the base kit (sglang {base.sglang_version}) already carries every wheel", field="--base"
         )
     return kept, KitBase(kit_id=base.kit_id, sglang_version=base.sglang_version, wheels=len(pins) - len(kept))
+
+
+def as_base(base: KitManifest | None, omit: dict[str, str] | None, fa3: bool | None) -> tuple[dict, bool]:
+    """(omit, fa3) of a kit on ``base``: what the base left out is left out too (a layer on a kit
+    that left cuDNN to the host would otherwise carry the newest cuDNN, over 500 MiB, on top of
+    it), and FA3 as the base had it unless given (a layer on a kit without FA3 would otherwise carry
+    the whole sglang-kernel wheel again, about 355 MiB for 0.5.23: the base's trimmed copy is
+    another file)."""
+    if base is None:
+        return dict(omit or {}), True if fa3 is None else fa3
+    return {**base.omitted, **(omit or {})}, base.fa3 if fa3 is None else fa3
 
 
 def drop_fa3(pin: Pin, cache: Path) -> Pin:

@@ -48,6 +48,10 @@ SERVING_PATH = frozenset(
         # every release's http_server declares Form/File routes, which FastAPI refuses at import
         # without it ("Form data requires python-multipart to be installed"): the server exits
         "python-multipart",
+        # SGLang's serving benchmark (bench_serving, benchmark/serving.py) imports its dataset
+        # registry at start, whose MMMU and LongBench loaders import Hugging Face datasets at
+        # module level (every release 0.5.12-0.5.23): without it the benchmark exits at import
+        "datasets",
     )
 )
 """Names from SGLang's own ``Requires-Dist`` that every kit follows (at SGLang's pin)."""

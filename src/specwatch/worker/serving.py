@@ -30,6 +30,7 @@ from specwatch.core.protocol import EngineStarted, WorkerSpec
 from specwatch.core.record import Status
 from specwatch.rules.release_serving import ServingBenchmark, serving_benchmark_for
 from specwatch.rules.releases import running_version
+from specwatch.worker import serving_prompts
 from specwatch.worker.engine_args import engine_kwargs, fit_server_args, recorded_kwargs, rendezvous_port, server_facts
 from specwatch.worker.measure import MetricSet, flush_cache, host_load, now
 from specwatch.worker.memory_facts import memory_and_leaks
@@ -53,9 +54,14 @@ SERVER_START_LIMIT_S = 600.0
 MARGIN_S = 30.0
 """Seconds kept back from the group's time left for the leak checks and the server's shutdown."""
 
+OWN_MODEL_NOT_APPLICABLE = {
+    "lossless": "random-id prompts have no expected output (an oracle model's prompts are oracle chains)",
+}
+"""Checks a serving case of an own model does not make (an oracle model's does), and why."""
+
 NOT_APPLICABLE = {
-    "lossless": "the benchmark keeps no output token ids (random-id prompts, streamed text)",
-    "accept_length_matches_oracle": "random-id prompts are no oracle chains: acceptance is measured, not expected",
+    "accept_length_matches_oracle": "the server's average acceptance also counts the benchmark's warm-up "
+    "request: acceptance is measured, not expected",
     "parity_with_plain": "the benchmark keeps no outputs to compare with the target's",
     "output_digest": "the benchmark keeps no output token ids",
     "decode_watermark_page_aligned": "the benchmark reads /server_info during the load, which takes the "
@@ -231,9 +237,15 @@ def serve_case(group: Group, c: Case, emit, guard, lock) -> tuple[dict, bool]:
 
 def _measure(group: Group, c: Case, server: Server, guard) -> dict:
     """The benchmark's repeats on a healthy server, parsed, then the leak checks after the load."""
-    lines = [run_bench(group, c, server, r, guard) for r in range(group.spec.repeats)]
+    dataset = None if c.own_model is not None else serving_prompts.write_dataset(c, group.scratch)
+    lines = [run_bench(group, c, server, r, guard, dataset) for r in range(group.spec.repeats)]
     fallback = server_facts(server).get("avg_spec_accept_length") if c.algorithm.speculative else None
     res = parse_output(lines, c, fallback)
+    texts = [ln.get("generated_texts") for ln in lines]
+    if dataset is not None and all(isinstance(t, list) for t in texts):
+        bad = sum(serving_prompts.mismatched_tokens(c, t) for t in texts)
+        res["metrics"].put("lossless_mismatches", bad, "tokens", exact=True, higher_is_better=False)
+        res["checks"]["lossless"] = bad == 0
     if group.spec.probe:
         mem_metrics, mem_checks, details = memory_and_leaks(server, c)
     else:
@@ -251,13 +263,21 @@ class BenchFailed(RuntimeError):
     """The serving benchmark exited non-zero, ran past its time, or wrote no result."""
 
 
-def run_bench(group: Group, c: Case, server: Server, r: int, guard) -> dict:
+def run_bench(group: Group, c: Case, server: Server, r: int, guard, dataset: Optional[Path] = None) -> dict:
     """Repeat ``r`` of the benchmark as a child process (its own process group, killed past the group's
-    time left); its result line."""
+    time left) on ``dataset`` (``serving_prompts``; None: random ids); its result line."""
     out = group.scratch / f"{c.case_id}-bench-{r}.jsonl"
     log = group.scratch / f"{c.case_id}-bench-{r}.log"
     argv = bench_argv(
-        c, group.bench.module, server.port, group.target, group.tokenizer, out, seed=r, warmup=group.spec.warmup
+        c,
+        group.bench.module,
+        server.port,
+        group.target,
+        group.tokenizer,
+        out,
+        seed=r,
+        warmup=group.spec.warmup,
+        dataset=dataset,
     )
     limit = max(MARGIN_S, time_left(group.spec, guard) - MARGIN_S)
     log.write_text("$ " + " ".join(argv) + "\n")
@@ -278,11 +298,13 @@ def _case_details(group: Group, c: Case, server: Server, load_before) -> dict:
     """What a serving case's record says about the server, the benchmark and the host."""
     d = {
         "expectation": "measured",
-        "not_applicable": NOT_APPLICABLE,
+        "not_applicable": {**NOT_APPLICABLE, **(OWN_MODEL_NOT_APPLICABLE if c.own_model is not None else {})},
         "sglang_version": running_version(),
         "server_module": SERVER_MODULE,
         "serving_benchmark": group.bench.module,
-        "serving_dataset": "random-ids",
+        "serving_dataset": "random-ids"
+        if c.own_model is not None
+        else "random: oracle chains (worker.serving_prompts)",
         "serving_requests": c.serving_requests,
         "max_concurrency": c.batch_size,
         "engine_kwargs": recorded_kwargs({k: v for k, v in group.kwargs.items() if k != "skip_tokenizer_init"}),

@@ -5,12 +5,16 @@ before 0.5.15) runs as ``python -m MODULE`` against the case's server with:
 
 * ``--dataset-name random-ids --tokenize-prompt``: prompts of random token ids, sent as
   ``input_ids``, exactly ``input_len`` long (``--random-range-ratio 1``). Its ``random`` dataset
-  would draw the ids from ShareGPT conversations and download the ShareGPT file when no
+  draws the ids from ShareGPT conversations and downloads the ShareGPT file when no
   ``--dataset-path`` is given (``datasets/random.py``, ``sample_random_requests(random_sample=True)``);
-  ``random-ids`` draws them from the tokenizer's vocabulary and reads no file;
+  ``random-ids`` draws them from the tokenizer's vocabulary and reads no file. An oracle model
+  gets ``--dataset-name random --dataset-path FILE`` instead, a local file of oracle chains
+  (``worker.serving_prompts``: random ids would leave half its requests with no timed token);
 * ``--max-concurrency batch_size``, every request sent at once (``--request-rate`` left at inf),
   ``serving_requests`` requests, ``output_len`` new tokens each (``ignore_eos``, the default);
 * ``--model`` and ``--tokenizer`` the local checkpoint folder (nothing is looked up online);
+* ``--output-details``: the line also holds each request's TTFT, inter-token latencies and
+  generated text (``request_checks``);
 * ``--flush-cache`` after its warm-up requests (``--warmup-requests``: 1 with the suite's warm-up,
   else 0), ``--seed`` the repeat, ``--output-file`` a JSON-lines file in the case's scratch folder.
 
@@ -27,6 +31,7 @@ from pathlib import Path
 from typing import Optional
 
 from specwatch.core.case import Case
+from specwatch.worker import serving_prompts
 from specwatch.worker.measure import MetricSet
 
 OUTPUT_KEYS: dict[str, tuple[str, str, Optional[bool]]] = {
@@ -86,8 +91,11 @@ def bench_argv(
     warmup: bool,
     host: str = "127.0.0.1",
     ready_s: int = 60,
+    dataset: Optional[Path] = None,
 ) -> list[str]:
-    """``python -m MODULE ...``: one benchmark run of ``case`` (module docstring)."""
+    """``python -m MODULE ...``: one benchmark run of ``case`` (module docstring); ``dataset``: the
+    prompts file of ``serving_prompts.write_dataset`` (else random ids)."""
+    source = ["random-ids"] if dataset is None else [serving_prompts.DATASET_NAME, "--dataset-path", str(dataset)]
     return [
         sys.executable,
         "-m",
@@ -103,7 +111,7 @@ def bench_argv(
         "--tokenizer",
         str(tokenizer),
         "--dataset-name",
-        "random-ids",
+        *source,
         "--tokenize-prompt",
         "--num-prompts",
         str(case.serving_requests),
@@ -125,6 +133,7 @@ def bench_argv(
         str(ready_s),
         "--output-file",
         str(output_file),
+        "--output-details",
     ]
 
 
@@ -187,6 +196,24 @@ def parse_output(lines: list[dict], case: Case, fallback_accept: Optional[float]
             details["accept_length_source"] = "/server_info internal_states[0].avg_spec_accept_length after the load"
         else:
             details["accept_length_source"] = None
+    checks.update(request_checks(lines, details))
     details["serving_keys_absent"] = absent
     details["serving_runs"] = [{k: _plain(ln.get(k)) for k in DETAIL_KEYS} for ln in lines]
     return {"metrics": m, "checks": checks, "details": details}
+
+
+def request_checks(lines: list[dict], details: dict) -> dict:
+    """Checks on each request of lines written with ``--output-details``: every request that
+    completed has a first-token time. The benchmark takes it from the first non-empty text chunk;
+    a request whose tokens all stream as empty text keeps TTFT 0 and no inter-token latency, and the
+    percentiles then mix in zeros (``serving_prompts``). Counts go to
+    ``details.requests_without_first_token_time`` (one per repeat). Lines without details: no check."""
+    per_repeat = []
+    for ln in lines:
+        ttfts, errors = ln.get("ttfts"), ln.get("errors")
+        if not isinstance(ttfts, list):
+            return {}
+        errors = errors if isinstance(errors, list) and len(errors) == len(ttfts) else [""] * len(ttfts)
+        per_repeat.append(sum(1 for t, e in zip(ttfts, errors) if not e and not (_number(t) or 0) > 0))
+    details["requests_without_first_token_time"] = per_repeat
+    return {"first_token_timed_every_request": not any(per_repeat)}
