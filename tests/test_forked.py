@@ -120,3 +120,23 @@ def test_stale_caches_are_built_in_a_child_and_read_warm_after(tmp_path, monkeyp
     monkeypatch.setattr("specwatch.store.prime.Forked", lambda *calls: forks.append(calls))
     build_stale([path])  # fresh: no child
     assert forks == []
+
+
+@needs_fork
+def test_a_cache_whose_file_was_written_since_is_built_again(tmp_path, monkeypatch):
+    from contextlib import nullcontext
+
+    from specwatch.store import frame_cache
+    from specwatch.store.prime import build_stale, stamp_fresh
+
+    path = _store(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        build_stale([path])
+        assert stamp_fresh(path)
+        append_record(path, record(case(page_size=16), tps=12.0))
+        assert not stamp_fresh(path)  # the schema's stamp is the old file's
+        forks = []
+        monkeypatch.setattr("specwatch.store.prime.Forked", lambda *calls: forks.append(calls) or nullcontext())
+        build_stale([path])
+    assert len(forks) == 1 and frame_cache.cache_path(path).exists()

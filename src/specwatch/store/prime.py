@@ -4,12 +4,14 @@ when it ends, before the command reads the caches warm."""
 
 from __future__ import annotations
 
+import json
+import os
 import warnings
 from pathlib import Path
 
 from specwatch.core.forked import FORK, Forked
 from specwatch.store.frame import files_frame
-from specwatch.store.frame_cache import fresh_rows
+from specwatch.store.frame_cache import META_KEY, STAMP, cache_path, code_key, fresh_rows, stamp_of
 from specwatch.store.jsonl import Quarantine
 
 
@@ -24,7 +26,7 @@ def build_stale(paths: list[Path]) -> None:
         return
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        stale = [p for p in paths if fresh_rows(p, Quarantine(), [])[0] is None]
+        stale = [p for p in paths if not stamp_fresh(p) and fresh_rows(p, Quarantine(), [])[0] is None]
     if not stale:
         return
 
@@ -35,3 +37,16 @@ def build_stale(paths: list[Path]) -> None:
 
     with Forked(build):
         pass
+
+
+def stamp_fresh(path: Path) -> bool:
+    """Whether ``path``'s cache was built from a file of the stamp ``path`` has now (``stamp_of``)
+    by today's row code: ``frame_cache.fresh_rows``' first test, from the cache's schema alone
+    (False: the sha256 may still find the cache fresh)."""
+    import pyarrow.parquet as pq
+
+    try:
+        meta = json.loads((pq.read_schema(cache_path(path)).metadata or {})[META_KEY])
+        return meta["key"].get(STAMP) == stamp_of(os.stat(path)) and meta["key"].get("code") == code_key()
+    except (OSError, KeyError, ValueError, TypeError, AttributeError):
+        return False
