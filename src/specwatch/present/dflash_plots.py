@@ -5,17 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import pandas as pd
 
-matplotlib.use("Agg")
-
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from specwatch.core.case import Algorithm  # noqa: E402
-from specwatch.core.sglang_host import version_key  # noqa: E402
-from specwatch.present.findings import latest_records  # noqa: E402
-from specwatch.present.plots import save_figure  # noqa: E402
+from specwatch.core.case import Algorithm
+from specwatch.core.sglang_host import version_key
+from specwatch.present.findings import latest_records
+from specwatch.present.plots import pyplot, save_figure
 
 DFLASH_PLOT = "dflash"
 """File stem of the figure (``plots/dflash.png`` and ``.svg``)."""
@@ -59,7 +54,7 @@ def dflash_figure(df: pd.DataFrame, out: Path) -> list[Path]:
     d = dflash_records(df)
     if d.empty:
         return []
-    fig, axes = plt.subplots(1, len(PANELS), figsize=(6 * len(PANELS), 4.2))
+    fig, axes = pyplot().subplots(1, len(PANELS), figsize=(6 * len(PANELS), 4.2))
     for ax, panel in zip(axes, PANELS):
         _panel(ax, d, *panel)
     fig.tight_layout()

@@ -8,19 +8,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-import matplotlib
+import pandas as pd
 
-matplotlib.use("Agg")
-matplotlib.rcParams["svg.hashsalt"] = "specwatch"
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-from matplotlib.ticker import NullFormatter  # noqa: E402
-
-from specwatch.core.case import Algorithm  # noqa: E402
-from specwatch.core.sglang_host import version_key  # noqa: E402
-from specwatch.rules.memory_model import SizingInput, reference_sizing  # noqa: E402
-from specwatch.store.frame import latest_rows  # noqa: E402
-from specwatch.store.latest import LATEST_COLUMNS  # noqa: E402
+from specwatch.core.case import Algorithm
+from specwatch.core.sglang_host import version_key
+from specwatch.rules.memory_model import SizingInput, reference_sizing
+from specwatch.store.frame import latest_rows
+from specwatch.store.latest import LATEST_COLUMNS
 
 PAGES = (1, 16, 64, 256)
 TOPKS = (1, 2, 4, 8)
@@ -40,6 +34,24 @@ wider; a panel itself is never wider (its version ticks thin out instead)."""
 
 MAX_VERSION_TICKS = 40
 """Most version labels an across-versions axis shows; past it every k-th version is labelled."""
+
+
+def pyplot():
+    """matplotlib's ``pyplot`` on the Agg backend, SVG ids salted with a fixed string (the same data
+    gives the same files); imported on the first figure drawn, so a build whose figures all come
+    from the store (``part_cache``) never imports matplotlib."""
+    import matplotlib
+
+    if matplotlib.rcParams["svg.hashsalt"] != SVG_SALT:
+        matplotlib.use("Agg")
+        matplotlib.rcParams["svg.hashsalt"] = SVG_SALT
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+SVG_SALT = "specwatch"
+"""matplotlib's ``svg.hashsalt`` for the figures: fixed ids in every SVG."""
 
 
 def capped_legend(ax, limit: int = LEGEND_LIMIT, **kw):
@@ -62,7 +74,7 @@ def save_figure(fig, out: Path, name: str) -> list[Path]:
     for p in paths:  # no dates, fixed ids: regenerating the same data gives the same files
         meta = {"Date": None} if p.suffix == ".svg" else {}
         fig.savefig(p, dpi=110, bbox_inches="tight", metadata=meta)
-    plt.close(fig)
+    pyplot().close(fig)
     return paths
 
 
@@ -116,8 +128,10 @@ def memory_vs_topk(
     and points are the newest SGLang release's that the records hold."""
     # the lines are one release's rules (the row rule moved at 0.5.13 and 0.5.16): the newest
     # measured release's, with only its records as points (an older release's row is not a finding)
+    from matplotlib.ticker import NullFormatter
+
     newest, df = newest_release(df)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (ax1, ax2) = pyplot().subplots(1, 2, figsize=(11, 4.2))
     for page in PAGES:
         model = [
             reference_sizing(_line_input(page, k, steps, context_len, max_running, draft_tokens), newest) for k in TOPKS
@@ -151,7 +165,7 @@ def memory_vs_topk(
 
 
 def _by_topk(df: pd.DataFrame, metric: str, group: str, out: Path, name: str, ylabel: str, title: str) -> list[Path]:
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    fig, ax = pyplot().subplots(figsize=(6.5, 4.2))
     sub = df[df.status == "ok"].dropna(subset=[metric]) if metric in df else df.iloc[0:0]
     for key, g in sub.groupby(group):
         agg = g.groupby("topk")[metric].median()
@@ -287,7 +301,7 @@ def across_versions(df: pd.DataFrame, out: Path, metrics=VERSION_METRICS) -> lis
     width = min(FIGURE_MAX_WIDTH, max(5.0, PANEL_WIDTH_PER_VERSION * n_versions))
     cols = len(metrics) if width * len(metrics) <= FIGURE_MAX_WIDTH else 1
     rows = -(-len(metrics) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, 6 * rows), squeeze=False)
+    fig, axes = pyplot().subplots(rows, cols, figsize=(width * cols, 6 * rows), squeeze=False)
     for ax, (m, unit) in zip(axes.ravel(), metrics):
         versions, labels, common, latest = version_lines(df, m) if not df.empty else ([], [], [], df)
         if common and m in latest:

@@ -5,16 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import pandas as pd
 
-matplotlib.use("Agg")
-
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from specwatch.analysis.speedup import speedup_points  # noqa: E402
-from specwatch.core.sglang_host import version_key  # noqa: E402
-from specwatch.present.plots import save_figure  # noqa: E402
+from specwatch.analysis.speedup import speedup_points
+from specwatch.core.sglang_host import version_key
+from specwatch.present.plots import pyplot, save_figure
 
 SPEEDUP_PLOT = "speedup"
 """File stem of the figure (``plots/speedup.png`` and ``.svg``)."""
@@ -65,7 +60,7 @@ def draw_speedup(points: pd.DataFrame, out: Path) -> list[Path]:
     points = newest_of(points)
     if points.empty:
         return []
-    fig, axes = plt.subplots(1, len(AXES), figsize=(6 * len(AXES), 4.2))
+    fig, axes = pyplot().subplots(1, len(AXES), figsize=(6 * len(AXES), 4.2))
     for ax, (x, label) in zip(axes, AXES):
         _panel(ax, points, x, label)
     fig.suptitle(f"SGLang {points.sglang.iloc[0]}: {len(points)} speculative cases with a plain twin", fontsize=9)
