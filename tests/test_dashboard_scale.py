@@ -124,9 +124,9 @@ def test_across_versions_folds_lines_past_the_legend_limit_into_one_more_entry()
 
 
 def test_a_table_too_large_for_the_index_is_linked_there_and_paged_on_its_own(tmp_path, monkeypatch):
-    from specwatch.present import dashboard
+    from specwatch.present import dashboard, table_view
 
-    monkeypatch.setattr(dashboard, "INLINE_CELLS", 40)
+    monkeypatch.setattr(table_view, "INLINE_CELLS", 40)
     monkeypatch.setattr(dashboard, "PAGE_ROWS", 7)
     monkeypatch.setattr(dashboard, "CASE_PAGE_ROWS", 2)
     recs = [record(case(output_len=256 + i), sglang_version="0.5.17") for i in range(5)]

@@ -36,6 +36,11 @@ def dcp_matrix(df: pd.DataFrame, suite: str = "dcp") -> pd.DataFrame:
     return pd.DataFrame(matrix_columns(cols, len(d)))
 
 
+def dcp_tables(df: pd.DataFrame) -> dict[str, tuple[pd.DataFrame, pd.DataFrame]]:
+    """Per DCP suite (``DCP_SUITES``) with records in ``df``: (its ``dcp_summary``, its ``dcp_matrix``)."""
+    return {suite: (dcp_summary(m), m) for suite in DCP_SUITES if not (m := dcp_matrix(df, suite)).empty}
+
+
 ORDER_ONLY = ("started_at", "finished_at", "run_id")
 """``MATRIX_COLUMNS`` that only ``latest_rows`` reads: not made Python values."""
 

@@ -43,24 +43,29 @@ def dashboard(
     """Write the plots (PNG + SVG), dashboards/index.html (opening with the newest release's verdict
     against the previous one), dashboards/cases.html and dashboards/findings.md (+ .html: the measured
     findings, each with its record ids) from the stored results."""
+    from specwatch.present.part_cache import PartCache
     from specwatch.store.frame import files_frame
     from specwatch.store.frame_cache import one_pass
     from specwatch.store.jsonl import result_files
     from specwatch.store.prime import build_stale
 
     with one_pass():  # the store is read several times below: each file hashed once
+        parts = PartCache.of(results)  # the inputs as they are before the records are read
         build_stale(result_files(results))  # a cold store's build apart: its memory returned
-        _dashboard(results, out, files_frame(result_files(results)))
+        _dashboard(results, out, files_frame(result_files(results)), parts)
 
 
-def _dashboard(results: Path, out: Path, df) -> None:
-    """The dashboard of the records frame ``df`` of ``results``, written to ``out``: the timing
-    tables, the roofline, the release verdict, the findings and the figures shared with a forked
-    child (``core.forked``) while this process writes the other tables and the pages."""
+def _dashboard(results: Path, out: Path, df, cache) -> None:
+    """The dashboard of the records frame ``df`` of ``results``, written to ``out``: the case and
+    report pages, the timing tables, the roofline, the release verdict, the findings and the
+    figures shared with a forked child (``core.forked``) while this process writes the other
+    tables and the index; every part derived from the records is kept in the store between builds
+    (``cache``: a ``present.part_cache.PartCache`` made before ``df`` was read), so a build of an
+    unchanged store draws no figure again."""
     from specwatch.analysis.roofline import roofline_rows
     from specwatch.analysis.verdict import release_verdict
     from specwatch.core.forked import Forked
-    from specwatch.present.dashboard import build, check_records, clean_mask
+    from specwatch.present.dashboard import build, check_records, clean_mask, record_pages
     from specwatch.present.dflash_plots import dflash_figure
     from specwatch.present.figures import FIGURE_PARTS
     from specwatch.present.plots import metrics_across_versions
@@ -75,43 +80,50 @@ def _dashboard(results: Path, out: Path, df) -> None:
     # the figures that take longest come first, so the parts either process takes last are small
     large = (dflash_figure, metrics_across_versions)
     parts = sorted((d for d in FIGURE_PARTS if d is not speedup_figure), key=lambda d: d not in large)
-    figures = [lambda draw=draw: draw(clean, out / "plots") for draw in parts]
+    figures = [lambda d=d: cache.files(d.__name__, out / "plots", lambda folder: d(clean, folder)) for d in parts]
+    out.mkdir(parents=True, exist_ok=True)
     calls = [
-        lambda: timing_part(results, df, keep, out / "plots"),
-        lambda: roofline_rows(df[df.fault.isna() & (df.probe == True)]),  # noqa: E712
-        lambda: release_verdict(results, frame=df),
-        lambda: _findings(out, df),
+        lambda: record_pages(clean, out),
+        lambda: timing_part(results, df, keep, out / "plots", cache),
+        lambda: cache.value("roofline", lambda: roofline_rows(df[df.fault.isna() & (df.probe == True)])),  # noqa: E712
+        lambda: cache.value("verdict", lambda: release_verdict(results, frame=df)),
+        lambda: _findings(out, df, cache),
         *figures,  # the finest parts last: the ones this process takes from the back while it waits
     ]
     with Forked(*calls) as side:
 
         def tables() -> dict:
-            roof = side.result(1)
+            roof = side.result(2)
             return {
                 "Roofline, batch 1 (bound = accept_length x 4.8 TB/s / bytes per verify cycle; specwatch roofline)": (
                     roof.drop(columns=["case_id"]) if not roof.empty else roof
                 ),
                 "Sweep cost per GPU run (wall time / the cases' own time; K: engines in flight, 'overlap': "
                 "--overlap-starts)": runs_frame(results),
-                **side.result(0)[0],
+                **side.result(1)[0],
             }
 
         def drawn() -> list[Path]:  # in FIGURE_PARTS' order
-            files = {draw: side.result(4 + i) for i, draw in enumerate(parts)} | {speedup_figure: side.result(0)[1]}
+            files = {draw: side.result(5 + i) for i, draw in enumerate(parts)} | {speedup_figure: side.result(1)[1]}
             return [p for draw in FIGURE_PARTS for p in files[draw]]
 
-        index = build(df, out, tables, lambda: side.result(2), results, drawn, clean)
+        index = build(df, out, tables, lambda: side.result(3), results, drawn, clean, cache, lambda: side.result(0))
     console.print(f"wrote {index}")
 
 
-def _findings(out: Path, df) -> None:
-    """``out/findings.md`` (+ .html) of the records frame ``df``."""
-    from specwatch.present.findings import findings_markdown
-    from specwatch.present.markdown_pages import render_markdown_page
+def _findings(out: Path, df, cache) -> None:
+    """``out/findings.md`` (+ .html) of the records frame ``df`` (kept in ``cache``, a
+    ``present.part_cache.PartCache``)."""
+    from specwatch.present.markdown_pages import page_html, write_markdown_page
+
+    def pages() -> tuple[str, str]:
+        from specwatch.present.findings import findings_markdown
+
+        text = findings_markdown(df)
+        return text, page_html(out / "findings.md", text, "index.html")
 
     out.mkdir(parents=True, exist_ok=True)
-    (out / "findings.md").write_text(findings_markdown(df))
-    render_markdown_page(out / "findings.md", "index.html")
+    write_markdown_page(out / "findings.md", cache.value("findings", pages))
 
 
 def overhead(results: StoredResults = Path("results")) -> None:

@@ -51,12 +51,22 @@ def markdown_html(text: str) -> Markup:
 def render_markdown_page(md_path: Path, back: str) -> Path:
     """``md_path`` rendered to ``<same name>.html`` beside it; ``back``: the link to the dashboard."""
     html_path = md_path.with_suffix(".html")
-    html_path.write_text(
-        ENV.get_template("report.html.j2").render(
-            title=md_path.stem, body=markdown_html(md_path.read_text()), back=back, source=md_path.name
-        )
-    )
+    html_path.write_text(page_html(md_path, md_path.read_text(), back))
     return html_path
+
+
+def page_html(md_path: Path, text: str, back: str) -> str:
+    """The HTML page of the markdown ``text`` of ``md_path`` (``render_markdown_page``'s, which
+    reads only the file's name)."""
+    return ENV.get_template("report.html.j2").render(
+        title=md_path.stem, body=markdown_html(text), back=back, source=md_path.name
+    )
+
+
+def write_markdown_page(md_path: Path, pair: tuple[str, str]) -> None:
+    """``md_path`` and its HTML page beside it from (markdown, ``page_html``)."""
+    md_path.write_text(pair[0])
+    md_path.with_suffix(".html").write_text(pair[1])
 
 
 def render_reports(out: Path) -> list[Path]:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Optional
 from specwatch.analysis.changepoints import DASHBOARD_METRICS, THRESHOLD, store_changepoints
 from specwatch.analysis.floor import GOAL, store_floor
 from specwatch.analysis.speedup import point_sets, speedup_frame, speedup_table
+from specwatch.present.part_cache import NO_CACHE, PartCache
 from specwatch.present.speedup_plots import draw_speedup
 from specwatch.store.jsonl import result_files
 from specwatch.store.result_cache import cached_result
@@ -53,9 +54,17 @@ def store_steps(results: Path) -> "pd.DataFrame":
 
 
 def timing_part(
-    results: Path, df: "pd.DataFrame", keep: "pd.Series", plots: Path
+    results: Path, df: "pd.DataFrame", keep: "pd.Series", plots: Path, parts: PartCache = NO_CACHE
 ) -> tuple[dict[str, "pd.DataFrame"], list[Path]]:
     """``timing_tables`` and the speedup figure of the clean records ``df[keep]`` drawn into
-    ``plots`` (``speedup_plots.speedup_figure``), the speedup points of both found once."""
-    points, clean_points = point_sets(df, keep)
-    return timing_tables(results, df, points), draw_speedup(clean_points, plots)
+    ``plots`` (``speedup_plots.speedup_figure``), the speedup points of both found once (where
+    either is not taken from ``parts``, the store's kept dashboard parts)."""
+    found: list = []
+
+    def points() -> tuple["pd.DataFrame", "pd.DataFrame"]:
+        if not found:
+            found.append(point_sets(df, keep))
+        return found[0]
+
+    tables = parts.value("timing", lambda: timing_tables(results, df, points()[0]))
+    return tables, parts.files("speedup_figure", plots, lambda folder: draw_speedup(points()[1], folder))

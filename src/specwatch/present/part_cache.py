@@ -1,0 +1,82 @@
+"""The dashboard's parts (its tables, figures and markdown pages) kept in the results store between
+builds (``store.result_cache.cached_value``, ``RESULTS/.cache/dashboard/NAME.pkl``).
+
+A part is taken from the store while every input file of the store (``store_inputs``: the
+records, the run summaries, the noise budgets; not the caches) has the stamp it had when the
+records the part was computed from were read, no file was added or removed, and the package and
+its libraries are the same (``result_cache.code_key``); otherwise it is computed again and kept. A figure is kept as the bytes of the files it wrote, and
+written again from them. ``NO_CACHE`` computes every part (a frame that is not a store's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional, TypeVar
+
+from specwatch.store.frame_cache import SUFFIX as ROWS_SUFFIX
+from specwatch.store.result_cache import cached_value, code_key, file_stamps
+
+T = TypeVar("T")
+
+PART_DIR = "dashboard"
+"""The folder under the store's cache folder that holds the parts."""
+
+
+def store_inputs(root: Path) -> list[Path]:
+    """Every file under the results root that a part may read: all but those under a folder or of
+    a name that starts with '.' (the caches, temporary files) and the Parquet caches beside the
+    JSONL (``frame_cache``, ``picks_cache``)."""
+    root = Path(root)
+    return sorted(
+        p
+        for p in root.rglob("*")
+        if not any(part.startswith(".") for part in p.relative_to(root).parts)
+        and not p.name.endswith(ROWS_SUFFIX)
+        and p.is_file()
+    )
+
+
+@dataclass
+class PartCache:
+    """The parts of one store's dashboard: ``value`` and ``files`` compute a part or take it from
+    the store (``root`` None: always computed). Made before the records are read (``of``): a part
+    is kept under the inputs' stamps as they were then (a file written since has another)."""
+
+    root: Optional[Path] = None
+    """The results root the parts are computed from and kept in; None: nothing is kept."""
+    stamps: Optional[list[list]] = None
+    """``result_cache.file_stamps`` of the store's inputs (``store_inputs``) before the records
+    were read (None: one could not be read; then nothing is kept)."""
+
+    @classmethod
+    def of(cls, root: Path) -> "PartCache":
+        """The parts of the store at ``root``; call it before reading the records."""
+        return cls(Path(root), file_stamps(store_inputs(root)))
+
+    def value(self, name: str, compute: Callable[[], T]) -> T:
+        """``compute()``, or the value it gave while the inputs and the code were as now."""
+        if self.root is None or self.stamps is None:
+            return compute()
+        key = {"part": name, "files": self.stamps, "code": code_key()}
+        return cached_value(self.root, f"{PART_DIR}/{name}", key, compute)
+
+    def files(self, name: str, folder: Path, draw: Callable[[Path], list[Path]]) -> list[Path]:
+        """The files ``draw(folder)`` writes into ``folder`` (returned, in its order), written from
+        the bytes kept of them where the part is fresh."""
+        if self.root is None or self.stamps is None:
+            return draw(folder)
+
+        def drawn() -> list[tuple[str, bytes]]:
+            return [(p.name, p.read_bytes()) for p in draw(folder)]
+
+        kept = self.value(name, drawn)
+        if kept:
+            folder.mkdir(parents=True, exist_ok=True)
+        for file_name, data in kept:
+            (folder / file_name).write_bytes(data)
+        return [folder / file_name for file_name, _ in kept]
+
+
+NO_CACHE = PartCache()
+"""Every part computed, none kept."""
