@@ -64,6 +64,26 @@ def test_a_part_computed_while_a_file_was_written_is_not_taken_for_the_new_file(
     assert PartCache.of(tmp_path).value("n", compute) == 2
 
 
+def test_a_part_of_some_records_is_kept_across_writes_to_the_others_and_computed_again_for_its_own(tmp_path):
+    _store(tmp_path)
+    calls = []
+
+    def compute(rows) -> tuple:
+        calls.append(1)
+        return len(calls), rows.topk.tolist()
+
+    def part(pick=lambda df: df[df.topk == 4]):
+        df = files_frame(result_files(tmp_path))
+        return PartCache.of(tmp_path).rows_value("topk-4", pick(df), compute)
+
+    assert part() == (1, [4])
+    append_record(results_path(tmp_path, "m", "0.5.18", "smoke"), _record(2, hour=1))
+    assert part() == (1, [4])  # another case's record: the rows read are unchanged
+    assert part(lambda df: df[df.topk == 4].assign(accept_length=4)) == (2, [4])  # 4, not 4.0: other rows
+    append_record(results_path(tmp_path, "m", "0.5.18", "smoke"), _record(4, hour=2))
+    assert part() == (3, [4, 4])
+
+
 def test_an_unreadable_kept_part_is_computed_again(tmp_path):
     _store(tmp_path)
     compute = _counter()

@@ -41,6 +41,14 @@ def dcp_tables(df: pd.DataFrame) -> dict[str, tuple[pd.DataFrame, pd.DataFrame]]
     return {suite: (dcp_summary(m), m) for suite in DCP_SUITES if not (m := dcp_matrix(df, suite)).empty}
 
 
+def dcp_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The part of ``df`` that ``dcp_tables`` reads: the DCP suites' rows, ``MATRIX_COLUMNS``
+    (``dcp_tables`` of it is ``dcp_tables`` of ``df``)."""
+    if "suite" not in df:
+        return pd.DataFrame()
+    return df.loc[df.suite.isin(DCP_SUITES), [c for c in MATRIX_COLUMNS if c in df]]
+
+
 ORDER_ONLY = ("started_at", "finished_at", "run_id")
 """``MATRIX_COLUMNS`` that only ``latest_rows`` reads: not made Python values."""
 

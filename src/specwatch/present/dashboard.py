@@ -15,7 +15,7 @@ from typing import Callable, Optional
 
 import pandas as pd
 
-from specwatch.analysis.dcp import dcp_markdown, dcp_tables
+from specwatch.analysis.dcp import dcp_markdown, dcp_rows, dcp_tables
 from specwatch.analysis.health import fault_table, health_matrix
 from specwatch.analysis.overhead import overhead_table
 from specwatch.analysis.verdict import ReleaseVerdict
@@ -159,6 +159,14 @@ def section_tables(
     return [table_view(title, t, anchor) for title, t, anchor in titled if t is not None and not t.empty]
 
 
+def dcp_part(rows: pd.DataFrame, md: Path) -> tuple[dict, Optional[tuple[str, str]]]:
+    """The DCP tables of the records ``rows`` (``dcp_tables``) and, where there are any, their
+    page ``md``: (markdown, HTML)."""
+    dcp = dcp_tables(rows)
+    text = dcp_markdown(dcp) if dcp else None
+    return dcp, None if text is None else (text, page_html(md, text, "index.html"))
+
+
 def health_anchor(suite: str, dcp: dict) -> str:
     """Where a suite's own table is on the index page."""
     if suite in dcp:
@@ -220,13 +228,11 @@ def build(
     faults = parts.value("faults", lambda: fault_table(df))
     overhead = parts.value("overhead", lambda: overhead_table(df))
     df = clean_records(df) if clean is None else clean
-    dcp = parts.value("dcp", lambda: dcp_tables(df))
+    # the DCP tables read the DCP suites' records only: kept while those are unchanged
+    dcp, dcp_page = parts.rows_value("dcp", dcp_rows(df), lambda rows: dcp_part(rows, out / "dcp-support.md"))
     out.mkdir(parents=True, exist_ok=True)
     if dcp:
-        md = out / "dcp-support.md"
-        write_markdown_page(
-            md, parts.value("dcp-page", lambda: (text := dcp_markdown(dcp), page_html(md, text, "index.html")))
-        )
+        write_markdown_page(out / "dcp-support.md", dcp_page)
     health = parts.value("health", lambda: health_matrix(df))
     sections = section_tables(df, faults, overhead, dcp, tables() if callable(tables) else tables, health)
     table_pages(sections, out)

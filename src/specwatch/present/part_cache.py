@@ -4,18 +4,25 @@ builds (``store.result_cache.cached_value``, ``RESULTS/.cache/dashboard/NAME.pkl
 A part is taken from the store while every input file of the store (``store_inputs``: the
 records, the run summaries, the noise budgets; not the caches) has the stamp it had when the
 records the part was computed from were read, no file was added or removed, and the package and
-its libraries are the same (``result_cache.code_key``); otherwise it is computed again and kept. A figure is kept as the bytes of the files it wrote, and
+its libraries are the same (``result_cache.code_key``); otherwise it is computed again and kept.
+A part that reads only some of the records (the DCP tables: the DCP suites') is kept under those
+records themselves instead (``rows_value``). A figure is kept as the bytes of the files it wrote, and
 written again from them. ``NO_CACHE`` computes every part (a frame that is not a store's).
 """
 
 from __future__ import annotations
 
+import hashlib
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional, TypeVar
+from typing import TYPE_CHECKING, Callable, Optional, TypeVar
 
 from specwatch.store.frame_cache import SUFFIX as ROWS_SUFFIX
 from specwatch.store.result_cache import cached_value, code_key, file_stamps
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 T = TypeVar("T")
 
@@ -61,6 +68,16 @@ class PartCache:
         key = {"part": name, "files": self.stamps, "code": code_key()}
         return cached_value(self.root, f"{PART_DIR}/{name}", key, compute)
 
+    def rows_value(self, name: str, rows: "pd.DataFrame", compute: Callable[["pd.DataFrame"], T]) -> T:
+        """``compute(rows)`` (``rows`` renumbered from 0), or the value it gave for the same rows
+        (``rows_digest``) under today's code, whatever the store's other records: a part that reads
+        a few suites' records is kept across writes to the others' files."""
+        rows = rows.reset_index(drop=True)
+        if self.root is None:
+            return compute(rows)
+        key = {"part": name, "rows": rows_digest(rows), "code": code_key()}
+        return cached_value(self.root, f"{PART_DIR}/{name}", key, lambda: compute(rows))
+
     def files(self, name: str, folder: Path, draw: Callable[[Path], list[Path]]) -> list[Path]:
         """The files ``draw(folder)`` writes into ``folder`` (returned, in its order), written from
         the bytes kept of them where the part is fresh."""
@@ -76,6 +93,23 @@ class PartCache:
         for file_name, data in kept:
             (folder / file_name).write_bytes(data)
         return [folder / file_name for file_name, _ in kept]
+
+
+def rows_digest(rows: "pd.DataFrame") -> str:
+    """sha256 over a frame's length, its columns' names and dtypes and their values: a typed
+    column's bytes, a datetime column's integer stamps, an object column's values pickled (an int
+    and a float, or -0.0 and 0.0, differ)."""
+    import numpy as np
+
+    h = hashlib.sha256(pickle.dumps((len(rows), [(str(c), str(t)) for c, t in rows.dtypes.items()])))
+    for i in range(rows.shape[1]):
+        column = rows.iloc[:, i]
+        if column.dtype.kind == "M":  # datetimes: their integer stamps (the unit and zone are the dtype's)
+            h.update(np.ascontiguousarray(column.array.asi8).tobytes())
+            continue
+        values = column.to_numpy()
+        h.update(pickle.dumps(values.tolist()) if values.dtype == object else np.ascontiguousarray(values).tobytes())
+    return h.hexdigest()
 
 
 NO_CACHE = PartCache()
