@@ -4,6 +4,7 @@ of the package changes; a build from kept parts draws no figure and writes the s
 build that computes them all."""
 
 from datetime import timedelta
+from pathlib import Path
 
 from typer.testing import CliRunner
 
@@ -165,3 +166,19 @@ def test_a_build_from_kept_parts_never_imports_matplotlib(tmp_path):
     runs = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True) for _ in range(2)]
     assert [r.returncode for r in runs] == [0, 0], runs[-1].stderr
     assert [r.stdout.split()[-1] for r in runs] == ["True", "False"]  # drawn once, then kept
+
+
+def test_the_health_matrix_is_kept_only_while_the_suite_files_plan_the_same(tmp_path, monkeypatch):
+    import specwatch
+    from specwatch.present.dashboard import build
+
+    results = tmp_path / "results"
+    _store(results)
+    monkeypatch.chdir(tmp_path)  # the matrix plans the suites of ./suites: none here yet
+    df = files_frame(result_files(results))
+    build(df, tmp_path / "before", parts=PartCache.of(results))
+    (tmp_path / "suites").symlink_to(Path(specwatch.__file__).parent / "suites")  # smoke.toml plans no topk 8
+    kept = build(df, tmp_path / "kept", parts=PartCache.of(results)).read_text()
+    fresh = build(df, tmp_path / "fresh").read_text()
+    before = (tmp_path / "before" / "index.html").read_text()
+    assert kept == fresh != before and "topk 8" in before and "topk 8" not in fresh

@@ -81,14 +81,26 @@ OWN_TABLES = DCP_SUITES + ("faults",)
 """Suites the dashboard shows in tables of their own (DCP support, fault injection)."""
 
 
-def health_matrix(df: pd.DataFrame, suites_dir: Optional[Path] = Path("suites")) -> pd.DataFrame:
+def suite_plans(df: pd.DataFrame, suites_dir: Optional[Path] = Path("suites")) -> dict[str, Optional[pd.DataFrame]]:
+    """``planned_cells`` of the file under ``suites_dir`` of each suite ``health_matrix`` reads in
+    ``df`` (those with no table of their own), by name: what the matrix reads besides the records."""
+    suites = sorted(set(df.suite.dropna().tolist()) - set(OWN_TABLES)) if "suite" in df else []
+    return {s: planned_cells(suites_dir / f"{s}.toml" if suites_dir else None) for s in suites}
+
+
+def health_matrix(
+    df: pd.DataFrame,
+    suites_dir: Optional[Path] = Path("suites"),
+    plans: Optional[dict[str, Optional[pd.DataFrame]]] = None,
+) -> pd.DataFrame:
     """Every other suite's coverage and health at a glance: one row per machine, SGLang version,
     suite, model, algorithm, backend and page size, one column per topk; a cell says how many of
     the cases the suite plans there have an ok latest record, then what went wrong in the rest (a
     non-ok status, or a failed check such as ``lossless`` or ``accept_length_matches_oracle``, with
     counts). Cells the suite plans but nothing recorded say "not run" (rows without any record are
     left out); batch sizes and profiles fold. Only cases the suite file plans today count (a case
-    its validity rules now skip, or a matrix since edited, is not a gap)."""
+    its validity rules now skip, or a matrix since edited, is not a gap). ``plans``: the suites'
+    ``suite_plans``, where already made."""
     if df.empty:
         return pd.DataFrame()
     key = ["model", "algorithm", "attention_backend", "page_size"]
@@ -99,7 +111,7 @@ def health_matrix(df: pd.DataFrame, suites_dir: Optional[Path] = Path("suites"))
     clean = df.loc[~df.suite.isin(OWN_TABLES), [c for c in dict.fromkeys(used) if c in df]]
     latest = latest_rows(clean, ["machine", "sglang_version", "suite", "case_id"])
     rows = []
-    plans: dict[str, Optional[pd.DataFrame]] = {}  # each suite file planned once, not once per version
+    plans = dict(plans or {})  # each suite file planned once, not once per version
     for (machine, version, suite), g in latest.groupby(["machine", "sglang_version", "suite"], sort=True):
         if suite not in plans:
             plans[suite] = planned_cells(suites_dir / f"{suite}.toml" if suites_dir else None)

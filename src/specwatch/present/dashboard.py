@@ -16,7 +16,7 @@ from typing import Callable, Optional
 import pandas as pd
 
 from specwatch.analysis.dcp import dcp_markdown, dcp_rows, dcp_tables
-from specwatch.analysis.health import fault_table, health_matrix
+from specwatch.analysis.health import fault_table, health_matrix, suite_plans
 from specwatch.analysis.overhead import overhead_table
 from specwatch.analysis.verdict import ReleaseVerdict
 from specwatch.core.errors import SpecwatchInputError
@@ -233,7 +233,8 @@ def build(
     out.mkdir(parents=True, exist_ok=True)
     if dcp:
         write_markdown_page(out / "dcp-support.md", dcp_page)
-    health = parts.value("health", lambda: health_matrix(df))
+    plans = suite_plans(df)  # the suite files today (and the checkpoints here) decide what was planned
+    health = parts.value("health", lambda: health_matrix(df, plans=plans), reads=plans)
     sections = section_tables(df, faults, overhead, dcp, tables() if callable(tables) else tables, health)
     table_pages(sections, out)
     drawn = figures() if figures is not None else draw_figures(df, out / "plots")

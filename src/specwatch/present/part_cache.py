@@ -4,7 +4,9 @@ builds (``store.result_cache.cached_value``, ``RESULTS/.cache/dashboard/NAME.pkl
 A part is taken from the store while every input file of the store (``store_inputs``: the
 records, the run summaries, the noise budgets; not the caches) has the stamp it had when the
 records the part was computed from were read, no file was added or removed, and the package and
-its libraries are the same (``result_cache.code_key``); otherwise it is computed again and kept.
+its libraries are the same (``result_cache.code_key``), as is what it reads besides the store
+(the health matrix: the suite files' plans, ``value``'s ``reads``); otherwise it is computed again
+and kept.
 A part that reads only some of the records (the DCP tables: the DCP suites') is kept under those
 records themselves instead (``rows_value``). A figure is kept as the bytes of the files it wrote, and
 written again from them. ``NO_CACHE`` computes every part (a frame that is not a store's).
@@ -61,11 +63,17 @@ class PartCache:
         """The parts of the store at ``root``; call it before reading the records."""
         return cls(Path(root), file_stamps(store_inputs(root)))
 
-    def value(self, name: str, compute: Callable[[], T]) -> T:
-        """``compute()``, or the value it gave while the inputs and the code were as now."""
+    def value(
+        self, name: str, compute: Callable[[], T], reads: Optional[dict[str, Optional["pd.DataFrame"]]] = None
+    ) -> T:
+        """``compute()``, or the value it gave while the inputs and the code were as now; ``reads``:
+        the frames it reads besides the store (the suite files' planned cells), by name, kept
+        under their ``rows_digest``."""
         if self.root is None or self.stamps is None:
             return compute()
         key = {"part": name, "files": self.stamps, "code": code_key()}
+        if reads is not None:
+            key["reads"] = {k: None if v is None else rows_digest(v) for k, v in reads.items()}
         return cached_value(self.root, f"{PART_DIR}/{name}", key, compute)
 
     def rows_value(self, name: str, rows: "pd.DataFrame", compute: Callable[["pd.DataFrame"], T]) -> T:
