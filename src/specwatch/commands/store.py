@@ -67,6 +67,7 @@ def _dashboard(results: Path, out: Path, df, cache) -> None:
     from specwatch.core.forked import Forked
     from specwatch.present.dashboard import build, check_records, clean_mask, record_pages
     from specwatch.present.dflash_plots import dflash_figure
+    from specwatch.present.figure_reads import FIGURE_READS
     from specwatch.present.figures import FIGURE_PARTS
     from specwatch.present.plots import metrics_across_versions
     from specwatch.present.speedup_plots import speedup_figure
@@ -80,7 +81,12 @@ def _dashboard(results: Path, out: Path, df, cache) -> None:
     # the figures that take longest come first, so the parts either process takes last are small
     large = (dflash_figure, metrics_across_versions)
     parts = sorted((d for d in FIGURE_PARTS if d is not speedup_figure), key=lambda d: d not in large)
-    figures = [lambda d=d: cache.files(d.__name__, out / "plots", lambda folder: d(clean, folder)) for d in parts]
+    figures = [  # each kept under what it reads of the clean records (figure_reads), not the store's stamps
+        lambda d=d: cache.files(
+            d.__name__, out / "plots", lambda folder: d(clean, folder), lambda: FIGURE_READS[d](clean)
+        )
+        for d in parts
+    ]
     out.mkdir(parents=True, exist_ok=True)
     calls = [
         lambda: record_pages(clean, out),

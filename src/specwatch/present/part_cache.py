@@ -86,16 +86,28 @@ class PartCache:
         key = {"part": name, "rows": rows_digest(rows), "code": code_key()}
         return cached_value(self.root, f"{PART_DIR}/{name}", key, lambda: compute(rows))
 
-    def files(self, name: str, folder: Path, draw: Callable[[Path], list[Path]]) -> list[Path]:
+    def read_value(self, name: str, reads: object, compute: Callable[[], T]) -> T:
+        """``compute()``, or the value it gave for the same ``reads`` (what it reads of the records:
+        frames, and the values found from them; ``reads_digest``) under today's code, whatever the
+        store's other records."""
+        if self.root is None:
+            return compute()
+        key = {"part": name, "reads": reads_digest(reads), "code": code_key()}
+        return cached_value(self.root, f"{PART_DIR}/{name}", key, compute)
+
+    def files(
+        self, name: str, folder: Path, draw: Callable[[Path], list[Path]], reads: Optional[Callable[[], object]] = None
+    ) -> list[Path]:
         """The files ``draw(folder)`` writes into ``folder`` (returned, in its order), written from
-        the bytes kept of them where the part is fresh."""
+        the bytes kept of them where the part is fresh: under the store's stamps, or where ``reads``
+        is given, under what it returns (all the part reads of the records, ``read_value``)."""
         if self.root is None or self.stamps is None:
             return draw(folder)
 
         def drawn() -> list[tuple[str, bytes]]:
             return [(p.name, p.read_bytes()) for p in draw(folder)]
 
-        kept = self.value(name, drawn)
+        kept = self.value(name, drawn) if reads is None else self.read_value(name, reads(), drawn)
         if kept:
             folder.mkdir(parents=True, exist_ok=True)
         for file_name, data in kept:
@@ -118,6 +130,23 @@ def rows_digest(rows: "pd.DataFrame") -> str:
         values = column.to_numpy()
         h.update(pickle.dumps(values.tolist()) if values.dtype == object else np.ascontiguousarray(values).tobytes())
     return h.hexdigest()
+
+
+def reads_digest(reads: object) -> str:
+    """sha256 over a part's reads: a frame by its ``rows_digest``, a list, tuple or dict by its
+    items', any other value pickled."""
+    import pandas as pd
+
+    def plain(v: object) -> object:
+        if isinstance(v, pd.DataFrame):
+            return ("frame", rows_digest(v.reset_index(drop=True)))
+        if isinstance(v, (list, tuple)):
+            return (type(v).__name__, [plain(x) for x in v])
+        if isinstance(v, dict):
+            return ("dict", [(plain(k), plain(x)) for k, x in v.items()])
+        return v
+
+    return hashlib.sha256(pickle.dumps(plain(reads))).hexdigest()
 
 
 NO_CACHE = PartCache()

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Optional
 from specwatch.analysis.changepoints import DASHBOARD_METRICS, THRESHOLD, store_changepoints
 from specwatch.analysis.floor import GOAL, store_floor
 from specwatch.analysis.speedup import point_sets, speedup_frame, speedup_table
+from specwatch.present.figure_reads import speedup_reads
 from specwatch.present.part_cache import NO_CACHE, PartCache
 from specwatch.present.speedup_plots import draw_speedup
 from specwatch.store.jsonl import result_files
@@ -67,4 +68,7 @@ def timing_part(
         return found[0]
 
     tables = parts.value("timing", lambda: timing_tables(results, df, points()[0]))
-    return tables, parts.files("speedup_figure", plots, lambda folder: draw_speedup(points()[1], folder))
+    figure = parts.files(  # kept under the speedup points it draws
+        "speedup_figure", plots, lambda folder: draw_speedup(points()[1], folder), lambda: speedup_reads(points()[1])
+    )
+    return tables, figure
