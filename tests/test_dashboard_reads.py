@@ -10,11 +10,20 @@ from records import T0, case, prov, record
 from specwatch.cli import app
 from specwatch.core.case import ModelSize
 from specwatch.core.record import Metric
-from specwatch.present.part_cache import PART_DIR
+from specwatch.present.part_cache import PART_DIR, READS_SUFFIX
 from specwatch.store.jsonl import append_record, results_path
 from specwatch.store.result_cache import CACHE_DIR
 
-FIGURES = ("memory_vs_topk", "throughput_vs_topk", "acceptance_vs_topk", "metrics_across_versions", "speedup_figure")
+FIGURES = tuple(
+    f"{name}{READS_SUFFIX}"
+    for name in (
+        "memory_vs_topk",
+        "throughput_vs_topk",
+        "acceptance_vs_topk",
+        "metrics_across_versions",
+        "speedup_figure",
+    )
+)
 
 
 def _record(topk: int, hour: int = 0, model=ModelSize.tiny, **prov_kw):
@@ -41,7 +50,7 @@ def _recomputed(results, tmp_path, write) -> set[str]:
     return {name for name, stamp in _kept(results).items() if before.get(name) != stamp}
 
 
-def test_a_figure_is_drawn_again_only_when_a_record_it_reads_changes(tmp_path):
+def test_a_figure_or_the_change_points_are_found_again_only_when_a_record_they_read_changes(tmp_path):
     results = tmp_path / "results"
     for k in (1, 4, 8):
         append_record(results_path(results, "m", "0.5.17", "smoke"), _record(k))
@@ -52,16 +61,17 @@ def test_a_figure_is_drawn_again_only_when_a_record_it_reads_changes(tmp_path):
         append_record(results_path(results, "m", "0.5.17", "faults"), _record(4, 1, fault="accept-off-by-one"))
 
     again = _recomputed(results, tmp_path, fault_run)
-    assert "faults" in again and not again & set(FIGURES)
+    assert "faults" in again and not again & {*FIGURES, "changepoints"}
 
     def other_model() -> None:  # the by-topk figures show the tiny model only
         append_record(results_path(results, "m", "0.5.17", "eight"), _record(2, 2, model=ModelSize.llama_8b))
 
     again = _recomputed(results, tmp_path, other_model)
-    assert {"memory_vs_topk", "metrics_across_versions"} <= again
-    assert not again & {"throughput_vs_topk", "acceptance_vs_topk"}
+    assert {"memory_vs_topk.reads", "metrics_across_versions.reads"} <= again
+    assert not again & {"throughput_vs_topk.reads", "acceptance_vs_topk.reads"}
 
     def tiny_again() -> None:
         append_record(results_path(results, "m", "0.5.17", "smoke"), _record(2, 3))
 
-    assert {"throughput_vs_topk", "acceptance_vs_topk"} <= _recomputed(results, tmp_path, tiny_again)
+    again = _recomputed(results, tmp_path, tiny_again)
+    assert {"throughput_vs_topk.reads", "acceptance_vs_topk.reads", "changepoints"} <= again

@@ -182,11 +182,20 @@ def store_changepoints(
     """``changepoints`` of the results files ``paths``, read one file at a time: each file's picked
     rows (``picked_rows``) kept, the rest of its frame dropped before the next is read. The latest
     of the files' picks is the latest of their records (ties: the later file's, as read in order)."""
+    return picks_changepoints(store_picks(paths, metrics), metrics, threshold)
+
+
+def store_picks(paths: Iterable[Path], metrics: Optional[list[str]] = None) -> pd.DataFrame:
+    """The latest of the files' picked rows (``file_picks``: all ``store_changepoints`` reads of
+    them); empty where no file has any."""
     parts = [file_picks(Path(p), metrics) for p in paths]
     parts = [p for p in parts if not p.empty]
-    if not parts:
-        return pd.DataFrame()
-    return steps_table(latest_rows(pd.concat(parts, ignore_index=True, sort=False), KEY), metrics, threshold)
+    return latest_rows(pd.concat(parts, ignore_index=True, sort=False), KEY) if parts else pd.DataFrame()
+
+
+def picks_changepoints(picks: pd.DataFrame, metrics: Optional[list[str]], threshold: float = THRESHOLD) -> pd.DataFrame:
+    """``store_changepoints`` of the picks ``store_picks`` gave."""
+    return pd.DataFrame() if picks.empty else steps_table(picks, metrics, threshold)
 
 
 def changepoints(df: pd.DataFrame, metrics: Optional[list[str]] = None, threshold: float = THRESHOLD) -> pd.DataFrame:

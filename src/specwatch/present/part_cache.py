@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+READS_SUFFIX = ".reads"
+"""The name ending of a part kept under what it reads (``PartCache.read_kept``)."""
+
 PART_DIR = "dashboard"
 """The folder under the store's cache folder that holds the parts."""
 
@@ -95,19 +98,27 @@ class PartCache:
         key = {"part": name, "reads": reads_digest(reads), "code": code_key()}
         return cached_value(self.root, f"{PART_DIR}/{name}", key, compute)
 
+    def read_kept(self, name: str, reads: Callable[[], object], compute: Callable[[], T]) -> T:
+        """``compute()`` kept under the inputs' stamps (``value``: an unchanged store finds no
+        reads) and, where they changed, under ``reads()`` (``read_value``, as ``NAME.reads``): a
+        write to records the part does not read leaves it kept."""
+        if self.root is None or self.stamps is None:
+            return compute()
+        return self.value(name, lambda: self.read_value(f"{name}{READS_SUFFIX}", reads(), compute))
+
     def files(
         self, name: str, folder: Path, draw: Callable[[Path], list[Path]], reads: Optional[Callable[[], object]] = None
     ) -> list[Path]:
         """The files ``draw(folder)`` writes into ``folder`` (returned, in its order), written from
         the bytes kept of them where the part is fresh: under the store's stamps, or where ``reads``
-        is given, under what it returns (all the part reads of the records, ``read_value``)."""
+        is given, under what it returns too (all the part reads of the records, ``read_kept``)."""
         if self.root is None or self.stamps is None:
             return draw(folder)
 
         def drawn() -> list[tuple[str, bytes]]:
             return [(p.name, p.read_bytes()) for p in draw(folder)]
 
-        kept = self.value(name, drawn) if reads is None else self.read_value(name, reads(), drawn)
+        kept = self.value(name, drawn) if reads is None else self.read_kept(name, reads, drawn)
         if kept:
             folder.mkdir(parents=True, exist_ok=True)
         for file_name, data in kept:

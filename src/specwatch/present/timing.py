@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
-from specwatch.analysis.changepoints import DASHBOARD_METRICS, THRESHOLD, store_changepoints
+from specwatch.analysis.changepoints import (
+    DASHBOARD_METRICS,
+    THRESHOLD,
+    picks_changepoints,
+    store_changepoints,
+    store_picks,
+)
 from specwatch.analysis.floor import GOAL, store_floor
 from specwatch.analysis.speedup import point_sets, speedup_frame, speedup_table
 from specwatch.present.figure_reads import speedup_reads
@@ -19,12 +25,16 @@ if TYPE_CHECKING:
 
 
 def timing_tables(
-    results: Path, df: "pd.DataFrame", points: Optional["pd.DataFrame"] = None
+    results: Path,
+    df: "pd.DataFrame",
+    points: Optional["pd.DataFrame"] = None,
+    steps: Optional[Callable[[], "pd.DataFrame"]] = None,
 ) -> dict[str, "pd.DataFrame"]:
     """The dashboard's timing tables (titled, for ``dashboard.build``'s ``tables``): speedup over plain
     decoding per spec case, the detection floor per class and metric, and the change points of
     ``DASHBOARD_METRICS`` across releases; ``df``: the dashboard's records frame of ``results``;
-    ``points``: its ``speedup_points``, where already found."""
+    ``points``: its ``speedup_points``, where already found; ``steps``: the call that returns the
+    change points (default ``store_steps``)."""
 
     floor = store_floor(results)
     return {
@@ -33,7 +43,9 @@ def timing_tables(
         ),
         f"Detection floor: smallest change compare calls a regression at <= {GOAL:.0%} held-out A/A false "
         f"positives (margin {floor.margin}, {floor.clean_pairs} clean A/A pairs)": floor.frame(),
-        "Change points across SGLang releases (asv.step_detect; specwatch changepoints)": store_steps(results),
+        "Change points across SGLang releases (asv.step_detect; specwatch changepoints)": (
+            store_steps(results) if steps is None else steps()
+        ),
     }
 
 
@@ -67,7 +79,11 @@ def timing_part(
             found.append(point_sets(df, keep))
         return found[0]
 
-    tables = parts.value("timing", lambda: timing_tables(results, df, points()[0]))
+    def steps() -> "pd.DataFrame":  # kept under the picked rows they are found from
+        picks = store_picks(result_files(results), DASHBOARD_METRICS)
+        return parts.read_value("changepoints", picks, lambda: picks_changepoints(picks, DASHBOARD_METRICS))
+
+    tables = parts.value("timing", lambda: timing_tables(results, df, points()[0], steps))
     figure = parts.files(  # kept under the speedup points it draws
         "speedup_figure", plots, lambda folder: draw_speedup(points()[1], folder), lambda: speedup_reads(points()[1])
     )
