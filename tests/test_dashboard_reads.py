@@ -50,7 +50,7 @@ def _recomputed(results, tmp_path, write) -> set[str]:
     return {name for name, stamp in _kept(results).items() if before.get(name) != stamp}
 
 
-def test_a_figure_or_the_change_points_are_found_again_only_when_a_record_they_read_changes(tmp_path):
+def test_a_figure_the_change_points_or_the_health_matrix_are_found_again_only_for_a_record_they_read(tmp_path):
     results = tmp_path / "results"
     for k in (1, 4, 8):
         append_record(results_path(results, "m", "0.5.17", "smoke"), _record(k))
@@ -61,7 +61,7 @@ def test_a_figure_or_the_change_points_are_found_again_only_when_a_record_they_r
         append_record(results_path(results, "m", "0.5.17", "faults"), _record(4, 1, fault="accept-off-by-one"))
 
     again = _recomputed(results, tmp_path, fault_run)
-    assert "faults" in again and not again & {*FIGURES, "changepoints"}
+    assert "faults" in again and not again & {*FIGURES, "changepoints", "health.reads"}
 
     def other_model() -> None:  # the by-topk figures show the tiny model only
         append_record(results_path(results, "m", "0.5.17", "eight"), _record(2, 2, model=ModelSize.llama_8b))
@@ -74,4 +74,4 @@ def test_a_figure_or_the_change_points_are_found_again_only_when_a_record_they_r
         append_record(results_path(results, "m", "0.5.17", "smoke"), _record(2, 3))
 
     again = _recomputed(results, tmp_path, tiny_again)
-    assert {"throughput_vs_topk.reads", "acceptance_vs_topk.reads", "changepoints"} <= again
+    assert {"throughput_vs_topk.reads", "acceptance_vs_topk.reads", "changepoints", "health.reads"} <= again

@@ -101,15 +101,30 @@ def health_matrix(
     left out); batch sizes and profiles fold. Only cases the suite file plans today count (a case
     its validity rules now skip, or a matrix since edited, is not a gap). ``plans``: the suites'
     ``suite_plans``, where already made."""
-    if df.empty:
-        return pd.DataFrame()
-    key = ["model", "algorithm", "attention_backend", "page_size"]
+    return pd.DataFrame() if df.empty else latest_matrix(health_rows(df), suites_dir, plans)
+
+
+MATRIX_KEY = ["model", "algorithm", "attention_backend", "page_size"]
+"""The columns a health matrix row is one value of (with machine, version and suite)."""
+
+
+def health_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """All ``health_matrix`` reads of a non-empty records frame: the latest record of each case per
+    machine, version and suite (those without a table of their own), cut to the columns read."""
     checks = [c for c in df.columns if c.startswith("check.")]
     # the cells read only these columns: a narrow frame is cut per cell far faster than the whole one
-    used = ["machine", "sglang_version", "suite", "case_id", "topk", "status", *key, *checks]
+    used = ["machine", "sglang_version", "suite", "case_id", "topk", "status", *MATRIX_KEY, *checks]
     used += [c for c, _ in RELABELS.values()] + ["host_interference", "finished_at", "started_at", "run_id"]
     clean = df.loc[~df.suite.isin(OWN_TABLES), [c for c in dict.fromkeys(used) if c in df]]
-    latest = latest_rows(clean, ["machine", "sglang_version", "suite", "case_id"])
+    return latest_rows(clean, ["machine", "sglang_version", "suite", "case_id"])
+
+
+def latest_matrix(
+    latest: pd.DataFrame, suites_dir: Optional[Path] = Path("suites"), plans: Optional[dict] = None
+) -> pd.DataFrame:
+    """``health_matrix`` of the rows ``health_rows`` gave."""
+    key = MATRIX_KEY
+    checks = [c for c in latest.columns if c.startswith("check.")]
     rows = []
     plans = dict(plans or {})  # each suite file planned once, not once per version
     for (machine, version, suite), g in latest.groupby(["machine", "sglang_version", "suite"], sort=True):

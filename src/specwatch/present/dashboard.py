@@ -16,7 +16,7 @@ from typing import Callable, Optional
 import pandas as pd
 
 from specwatch.analysis.dcp import dcp_markdown, dcp_rows, dcp_tables
-from specwatch.analysis.health import fault_table, health_matrix, suite_plans
+from specwatch.analysis.health import fault_table, health_matrix, health_rows, suite_plans
 from specwatch.analysis.overhead import overhead_table
 from specwatch.analysis.verdict import ReleaseVerdict
 from specwatch.core.errors import SpecwatchInputError
@@ -167,6 +167,13 @@ def dcp_part(rows: pd.DataFrame, md: Path) -> tuple[dict, Optional[tuple[str, st
     return dcp, None if text is None else (text, page_html(md, text, "index.html"))
 
 
+def health_part(df: pd.DataFrame, plans: dict, parts: PartCache) -> pd.DataFrame:
+    """``health_matrix`` of the clean records ``df``, kept under the latest records it reads
+    (``health_rows``) and the suite files' ``plans``."""
+    reads = lambda: (health_rows(df) if not df.empty else None, plans)  # noqa: E731
+    return parts.read_kept("health", reads, lambda: health_matrix(df, plans=plans), also=plans)
+
+
 def health_anchor(suite: str, dcp: dict) -> str:
     """Where a suite's own table is on the index page."""
     if suite in dcp:
@@ -234,7 +241,7 @@ def build(
     if dcp:
         write_markdown_page(out / "dcp-support.md", dcp_page)
     plans = suite_plans(df)  # the suite files today (and the checkpoints here) decide what was planned
-    health = parts.value("health", lambda: health_matrix(df, plans=plans), reads=plans)
+    health = health_part(df, plans, parts)
     sections = section_tables(df, faults, overhead, dcp, tables() if callable(tables) else tables, health)
     table_pages(sections, out)
     drawn = figures() if figures is not None else draw_figures(df, out / "plots")

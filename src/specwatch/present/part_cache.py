@@ -98,13 +98,20 @@ class PartCache:
         key = {"part": name, "reads": reads_digest(reads), "code": code_key()}
         return cached_value(self.root, f"{PART_DIR}/{name}", key, compute)
 
-    def read_kept(self, name: str, reads: Callable[[], object], compute: Callable[[], T]) -> T:
-        """``compute()`` kept under the inputs' stamps (``value``: an unchanged store finds no
-        reads) and, where they changed, under ``reads()`` (``read_value``, as ``NAME.reads``): a
-        write to records the part does not read leaves it kept."""
+    def read_kept(
+        self,
+        name: str,
+        reads: Callable[[], object],
+        compute: Callable[[], T],
+        also: Optional[dict[str, Optional["pd.DataFrame"]]] = None,
+    ) -> T:
+        """``compute()`` kept under the inputs' stamps and ``also`` (``value``'s ``reads``: an
+        unchanged store finds no reads) and, where they changed, under ``reads()`` (``read_value``,
+        as ``NAME.reads``; ``reads()`` holds what ``also`` does): a write to records the part does
+        not read leaves it kept."""
         if self.root is None or self.stamps is None:
             return compute()
-        return self.value(name, lambda: self.read_value(f"{name}{READS_SUFFIX}", reads(), compute))
+        return self.value(name, lambda: self.read_value(f"{name}{READS_SUFFIX}", reads(), compute), reads=also)
 
     def files(
         self, name: str, folder: Path, draw: Callable[[Path], list[Path]], reads: Optional[Callable[[], object]] = None
