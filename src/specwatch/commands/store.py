@@ -120,16 +120,21 @@ def _dashboard(results: Path, out: Path, df, cache) -> None:
 def _findings(out: Path, df, cache) -> None:
     """``out/findings.md`` (+ .html) of the records frame ``df`` (kept in ``cache``, a
     ``present.part_cache.PartCache``)."""
+    from specwatch.present.findings import findings_rows, latest_markdown
     from specwatch.present.markdown_pages import page_html, write_markdown_page
 
-    def pages() -> tuple[str, str]:
-        from specwatch.present.findings import findings_markdown
+    latest: list = []  # the rows read, found once
 
-        text = findings_markdown(df)
+    def reads():
+        latest.append(findings_rows(df))
+        return latest[-1]
+
+    def pages() -> tuple[str, str]:
+        text = latest_markdown(latest[-1] if latest else findings_rows(df))
         return text, page_html(out / "findings.md", text, "index.html")
 
-    out.mkdir(parents=True, exist_ok=True)
-    write_markdown_page(out / "findings.md", cache.value("findings", pages))
+    out.mkdir(parents=True, exist_ok=True)  # kept under the latest records its sections read
+    write_markdown_page(out / "findings.md", cache.read_kept("findings", reads, pages))
 
 
 def overhead(results: StoredResults = Path("results")) -> None:

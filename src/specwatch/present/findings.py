@@ -232,8 +232,18 @@ def refusals_section(latest: pd.DataFrame) -> list[str]:
 def findings_markdown(frame: pd.DataFrame) -> str:
     """The findings page of a records frame (``store.frame.files_frame``): each section computed
     from the latest records (``latest_records``), each claim with its record ids."""
+    return latest_markdown(findings_rows(frame))
+
+
+def findings_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """All ``findings_markdown`` reads of a records frame: the latest records of the columns its
+    sections read."""
     used = {*IDENTITY, *SECTION_COLUMNS, *TREE_PAGE_REDUCED, *ROW_WIDTH_AT}
-    latest = latest_records(frame[[c for c in frame.columns if c in used or str(c).startswith("check.")]])
+    return latest_records(frame[[c for c in frame.columns if c in used or str(c).startswith("check.")]])
+
+
+def latest_markdown(latest: pd.DataFrame) -> str:
+    """``findings_markdown`` of the rows ``findings_rows`` gave."""
     lines = [
         "# Measured findings",
         "",
