@@ -8,7 +8,9 @@ its libraries are the same (``result_cache.code_key``), as is what it reads besi
 (the health matrix: the suite files' plans, ``value``'s ``reads``); otherwise it is computed again
 and kept.
 A part that reads only some of the records (the DCP tables: the DCP suites') is kept under those
-records themselves instead (``rows_value``). A figure is kept as the bytes of the files it wrote, and
+records themselves instead (``rows_value``). A part whose reads are cheap to find beside its cost
+(the figures, ``figure_reads``; the change points, the health matrix, the findings) is kept under
+the stamps and, where they moved, under what it reads of the records (``read_kept``). A figure is kept as the bytes of the files it wrote, and
 written again from them. ``NO_CACHE`` computes every part (a frame that is not a store's).
 """
 
