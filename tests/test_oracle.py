@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from specwatch.core.case import Algorithm, ModelSize, Profile
+from specwatch.core.case import Algorithm, ModelSize, Profile, Workload
 from specwatch.oracle.checkpoints import ensure_models
 from specwatch.oracle.predict import Oracle
 from specwatch.oracle.shapes import FIRST_ACTIVE, SHAPES
@@ -99,6 +99,9 @@ def test_tree_simulation_matches_committed_h200_measurements():
         and r.case.algorithm is Algorithm.EAGLE
         and r.case.profile is not Profile.random
         and r.case.own_model is None  # an own model (byo-oracle) has no closed form here: parity instead
+        # serving acceptance is the server's average over the benchmark's requests and its warm-up
+        # (details.expectation "measured"), not one prompt batch's
+        and r.case.workload is not Workload.serving
     ]
     assert any(r.case.profile is Profile.second_choice for r in recs) and len(recs) > 100
     cached: dict[tuple, tuple] = {}
