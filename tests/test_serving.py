@@ -429,8 +429,8 @@ def test_sglangs_random_dataset_sends_the_oracle_chains_of_the_prompts_file(src,
         random_sample=True,
         return_text=False,
     )
-    chains = serving_prompts.oracle_chains(c)
-    assert sorted(r.prompt for r in rows) == sorted(ch[: c.input_len] for ch in chains)
+    prompts, _ = serving_prompts.oracle_requests(c)
+    assert sorted(r.prompt for r in rows) == sorted(prompts)
     assert all(r.prompt_len == c.input_len and r.output_len == c.output_len for r in rows)
     active = range(FIRST_ACTIVE, FIRST_ACTIVE + shape.active)
     assert all(t in active for r in rows for t in r.prompt)
@@ -453,7 +453,7 @@ def test_generated_texts_are_compared_with_the_oracle_token_by_token():
 
     c = serving_case(serving_prompts=4, output_len=16)
     words = {i: w for w, i in vocabulary(SHAPES[c.model]).items()}
-    outs = [[words[t] for t in ch[c.input_len :]] for ch in serving_prompts.oracle_chains(c)]
+    outs = [[words[t] for t in out] for out in serving_prompts.oracle_requests(c)[1]]
     texts = [" " + " ".join(o) for o in reversed(outs)]  # any order, leading space as streamed
     assert serving_prompts.mismatched_tokens(c, texts) == 0
     wrong = list(outs[0])

@@ -26,6 +26,7 @@ from specwatch.oracle.predict import Oracle
 from specwatch.oracle.prompts import prompt_starts
 from specwatch.oracle.shapes import SHAPES
 from specwatch.oracle.tokenizer import vocabulary
+from specwatch.worker.measure import Prompts
 
 DATASET_NAME = "random"
 """The benchmark's dataset that samples token ids from a local ShareGPT-form file."""
@@ -38,11 +39,12 @@ def _words(case: Case) -> dict[int, str]:
     return {i: w for w, i in vocabulary(SHAPES[case.model]).items()}
 
 
-def oracle_chains(case: Case) -> list[list[int]]:
-    """Each request's prompt followed by its greedy output (``input_len + output_len`` token ids)."""
-    oracle = Oracle(SHAPES[case.model], 0, case.profile)
+def oracle_requests(case: Case) -> tuple[list[list[int]], list[list[int]]]:
+    """Each request's prompt (``input_len`` token ids) and its greedy output (``output_len``), as
+    the offline workloads cut them (``measure.Prompts``)."""
     starts = prompt_starts(case, SERVING_TAG, case.serving_requests)
-    return [oracle.chain(s, case.input_len + case.output_len) for s in starts]
+    prompts, outputs, _ = Prompts(case, Oracle(SHAPES[case.model], 0, case.profile)).from_starts(starts)
+    return prompts, outputs
 
 
 def write_dataset(case: Case, folder: Path) -> Path:
@@ -53,11 +55,11 @@ def write_dataset(case: Case, folder: Path) -> Path:
         {
             "id": f"{case.case_id}-{i}",
             "conversations": [
-                {"from": "human", "value": " ".join(words[t] for t in chain[: case.input_len])},
+                {"from": "human", "value": " ".join(words[t] for t in prompt)},
                 {"from": "gpt", "value": "answer"},
             ],
         }
-        for i, chain in enumerate(oracle_chains(case))
+        for i, prompt in enumerate(oracle_requests(case)[0])
     ]
     path = Path(folder) / f"{case.case_id}-prompts.json"
     path.write_text(json.dumps(rows))
@@ -71,8 +73,8 @@ def mismatched_tokens(case: Case, generated_texts: list) -> int:
     the benchmark's request order, which its shuffle makes differ from the file's."""
     words = _words(case)
     expected = {}
-    for chain in oracle_chains(case):
-        out = [words[t] for t in chain[case.input_len :]]
+    for output in oracle_requests(case)[1]:
+        out = [words[t] for t in output]
         expected[out[0]] = out
     claimed: Counter = Counter()
     bad = 0
