@@ -73,12 +73,12 @@ class PartCache:
     ) -> T:
         """``compute()``, or the value it gave while the inputs and the code were as now; ``reads``:
         the frames it reads besides the store (the suite files' planned cells), by name, kept
-        under their ``rows_digest``."""
+        under their ``reads_digest``."""
         if self.root is None or self.stamps is None:
             return compute()
         key = {"part": name, "files": self.stamps, "code": code_key()}
         if reads is not None:
-            key["reads"] = {k: None if v is None else rows_digest(v) for k, v in reads.items()}
+            key["reads"] = reads_digest(reads)
         return cached_value(self.root, f"{PART_DIR}/{name}", key, compute)
 
     def rows_value(self, name: str, rows: "pd.DataFrame", compute: Callable[["pd.DataFrame"], T]) -> T:
@@ -86,10 +86,7 @@ class PartCache:
         (``rows_digest``) under today's code, whatever the store's other records: a part that reads
         a few suites' records is kept across writes to the others' files."""
         rows = rows.reset_index(drop=True)
-        if self.root is None:
-            return compute(rows)
-        key = {"part": name, "rows": rows_digest(rows), "code": code_key()}
-        return cached_value(self.root, f"{PART_DIR}/{name}", key, lambda: compute(rows))
+        return self.read_value(name, rows, lambda: compute(rows))
 
     def read_value(self, name: str, reads: object, compute: Callable[[], T]) -> T:
         """``compute()``, or the value it gave for the same ``reads`` (what it reads of the records:
