@@ -16,9 +16,11 @@ export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} SPECWATCH_COMMIT=$commit P
 [ "${KEEP_LOGS:-0}" = 1 ] && export SPECWATCH_LOG_DIR=/tmp/sw-logs && mkdir -p /tmp/sw-logs
 R=${SPECWATCH_DEVICE_RESULTS:-/tmp/sw-results}
 # RUN_TIMEOUT (s): SIGTERM the runner, which kills its engines; finished cases stay recorded.
+# --foreground keeps the runner in this script's process group (timeout otherwise moves it into one
+# of its own), so a SIGTERM of the group (`device-bg.sh stop`) reaches the runner and it records its stop.
 # Line-buffered: a detached run's log, read by `device-bg.sh wait`, shows each case as it ends
 # (grep | cut buffered it in blocks: the log stayed empty until a run's summary; mawk does too).
-timeout -s TERM -k 30 "${RUN_TIMEOUT:-86400}" python3 -m specwatch.cli run "$@" --results "$R" 2>&1 \
+timeout --foreground -s TERM -k 30 "${RUN_TIMEOUT:-86400}" python3 -m specwatch.cli run "$@" --results "$R" 2>&1 \
   | grep --line-buffered -vE "^\s*$|━|Progress" | $(command -v stdbuf >/dev/null && echo stdbuf -oL) cut -c1-400
 rc=${PIPESTATUS[0]}
 if [ "${KEEP_LOGS:-0}" = 1 ]; then  # what the GPUs and processes looked like when the run ended

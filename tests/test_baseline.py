@@ -298,3 +298,38 @@ run_suite(load_suite({str(tmp_path / "b.toml")!r}), {str(tmp_path / "results")!r
     runner.send_signal(signal.SIGKILL)
     runner.wait()
     assert not _gone_within([baseline], 3), "a baseline outlived its SIGKILLed runner"
+
+
+def test_a_run_stopped_by_sigterm_during_a_baseline_appends_the_probed_records_and_counts_them(tmp_path):
+    """SIGTERM exits from its handler, where no ``finally`` runs: the probed records held for the
+    group's baseline are appended there, before the run's summary, which counts them."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from specwatch.store.jsonl import RUNS_FILE, read_runs
+
+    _suite(tmp_path)
+    pid_file = tmp_path / "baseline.pid"
+    script = f"""
+import os, sys
+sys.path.insert(0, {HERE!r})
+from specwatch.run.runner import RunOptions, run_suite
+from specwatch.suite import load_suite
+run_suite(load_suite({str(tmp_path / "b.toml")!r}), {str(tmp_path / "results")!r}, RunOptions(gpus=1,
+          worker_module="fake_worker", baseline_module="fake_baseline", baseline=True,
+          extra_env={{"PYTHONPATH": {HERE!r} + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                      "FAKE_BASELINE_HANG": {str(pid_file)!r}}}))
+"""
+    runner = subprocess.Popen([sys.executable, "-c", script])
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (pid_file.exists() and pid_file.read_text()):
+        time.sleep(0.1)
+    runner.send_signal(signal.SIGTERM)
+    runner.send_signal(signal.SIGTERM)  # as `timeout` forwards its own: acted on once
+    assert runner.wait(timeout=60) == 128 + signal.SIGTERM
+    recs = [r for f in (tmp_path / "results").rglob("*.jsonl") for r in read_records(f)]
+    assert len(recs) == 2 and all(r.status is Status.ok and OVERHEAD not in r.metrics for r in recs)
+    (run,) = read_runs(next((tmp_path / "results").rglob(RUNS_FILE)))
+    assert run.stopped_by == "SIGTERM" and run.records == {"ok": 2}

@@ -4,6 +4,7 @@ import os
 import shutil
 import subprocess
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -90,6 +91,38 @@ def test_device_bg_stop_ends_the_whole_chain_also_under_job_control(tmp_path):
         assert subprocess.run(["pgrep", "-f", f"{tmp_path}/slow.sh"], capture_output=True).returncode == 1
     finally:
         subprocess.run(f"rm -rf /tmp/{name} /tmp/{name}-repo /tmp/{name}-out /tmp/{name}.*", shell=True)
+
+
+@pytest.mark.skipif(shutil.which("setsid") is None, reason="device-bg.sh needs setsid (util-linux)")
+def test_device_bg_stop_reaches_the_runner_under_device_runs_timeout(tmp_path):
+    """device-run.sh bounds the runner with `timeout`, which by default moves the runner into a
+    process group of its own: `stop` must still reach it, so the runner records its stop."""
+    site, fake, marker = tmp_path / "site", tmp_path / "bin", tmp_path / "runner-stopped"
+    site.mkdir(), fake.mkdir()
+    (site / "env.sh").write_text("export PYTHONPATH=${PYTHONPATH:-}\n")
+    (fake / "python3").write_text(
+        "#!/usr/bin/env bash\n"
+        '[ "$2" = specwatch.cli ] || exit 0\n'
+        f"trap 'touch {marker}; exit 143' TERM\n"
+        'echo "ok case 1"; sleep 60 & wait\n'
+    )
+    (fake / "python3").chmod(0o755)
+    name = f"sw-test-{os.getpid()}-stoprunner"
+    env = dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}", SPECWATCH_SITE=str(site), OUT=str(tmp_path))
+    env.update(BG_NAME=name, SUMMARY_LINES="0")
+    script = str(ROOT / "scripts" / "device-bg.sh")
+    try:
+        subprocess.run(["bash", script, "start", "0" * 40, "suites/smoke.toml"], env=env, cwd=ROOT, check=True)
+        for _ in range(100):
+            if Path(f"/tmp/{name}.log").exists() and "ok case 1" in Path(f"/tmp/{name}.log").read_text():
+                break
+            time.sleep(0.1)
+        subprocess.run(["bash", script, "stop"], env=env, cwd=ROOT, check=True, timeout=120)
+        assert marker.exists(), "the runner never got the stop"
+    finally:
+        subprocess.run(
+            f"pkill -f {fake}/python3; rm -rf /tmp/{name} /tmp/{name}-repo /tmp/{name}-out /tmp/{name}.*", shell=True
+        )
 
 
 def test_device_run_logs_each_line_as_it_comes_and_returns_the_runs_exit_code(tmp_path):

@@ -10,8 +10,8 @@ does, so a drift of the host hits both kinds alike. The baseline runs without th
 
 The probed ok records of those cases are held until the group's last baseline run, then appended
 with ``baseline_output_throughput`` and ``overhead`` (``store.baseline``) and ``details.baseline``;
-a run stopped or failing before then appends them with the baseline runs that did finish (a
-SIGKILL of the runner loses the held records of the group in flight).
+a run stopped (SIGTERM, Ctrl-C) or failing before then appends them with the baseline runs that
+did finish (a SIGKILL of the runner loses the held records of the group in flight).
 A probed record that is not ok goes out at once, without a baseline. A baseline run that crashes,
 times out or raises leaves its reason in ``details.baseline`` of its cases: the probed record is
 appended either way.
@@ -36,7 +36,7 @@ from specwatch.core.protocol import BaselineLine, BaselineSpec
 from specwatch.core.record import CaseRecord, Status
 from specwatch.rules.crashlog import crash_cause
 from specwatch.run.engine_starts import run_engine_starts
-from specwatch.run.group import _ACTIVE_WORKERS, PROBE_DIR, GroupJob, finally_kill, run_once
+from specwatch.run.group import _ACTIVE_WORKERS, PROBE_DIR, STOP_FLUSHES, GroupJob, finally_kill, run_once
 from specwatch.run.options import RunOptions
 from specwatch.store.baseline import baseline_metrics
 
@@ -188,9 +188,9 @@ class BaselineBoard:
 
     def flush(self) -> None:
         """Append each held record with its baseline."""
-        for cid, rec in list(self.held.items()):
+        held, self.held = self.held, {}  # once, whether the group's end or a stop's handler gets here first
+        for cid, rec in held.items():
             self.emit(with_baseline(rec, self.runs.get(cid, []), self.order))
-        self.held.clear()
 
 
 def _log_path(job: GroupJob, cases: list[Case], tmp: str, k: int) -> Path:
@@ -227,13 +227,15 @@ def run_interleaved(job: GroupJob, options: RunOptions, on_event: Optional[Calla
     def after(k: int) -> None:
         board.round(k, lambda cases: launch(job, options, cases, k))
 
+    STOP_FLUSHES.append(board.flush)  # a SIGTERM exits from its handler: no finally runs then
     try:
         if starts > 1:
             run_engine_starts(probed, starts, lambda j: run_once(j, options, on_event), after)
         else:
             run_once(probed, options, on_event)
             after(0)
-    finally:  # a run stopped mid-group (SIGTERM, Ctrl-C, an error) still appends what was measured
+    finally:  # a run stopped mid-group (Ctrl-C, an error) still appends what was measured
+        STOP_FLUSHES.remove(board.flush)
         board.flush()
 
 

@@ -42,6 +42,10 @@ clock starts first and normally cuts the group; the worker's is the backstop whe
 _ACTIVE_WORKERS: set[int] = set()
 """Process groups of running workers (killed when the runner is stopped)."""
 
+STOP_FLUSHES: list[Callable[[], None]] = []
+"""What a stopped runner appends before its summary: each in-flight group's records that wait on
+a later run of the group (``run.baseline``'s held probed records), measured and otherwise lost."""
+
 
 STARTED_EVENT = Event.worker_started
 """Runner-side event: a worker process was launched."""

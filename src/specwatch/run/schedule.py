@@ -19,7 +19,7 @@ from typing import Callable, Optional
 from specwatch.core.case import Backend, Case, ModelSize
 from specwatch.core.timing_lock import ENV as TIMING_LOCK_ENV
 from specwatch.core.timing_lock import HELD_EVENT, OVERLAP_ENV, PARALLEL_ENV, WaveGate
-from specwatch.run.group import _ACTIVE_WORKERS, EXITED_EVENT, finally_kill
+from specwatch.run.group import _ACTIVE_WORKERS, EXITED_EVENT, STOP_FLUSHES, finally_kill
 from specwatch.run.options import RunOptions
 
 
@@ -117,7 +117,7 @@ def _run_waves(
             run_wave(wave, lock_path, lambda job, on_event: job.run(options, lambda ev: (count(ev), on_event(ev))))
 
 
-_HELD = {"depth": 0, "signum": None}
+_HELD = {"depth": 0, "signum": None, "stopping": False}
 """Main-thread state of ``stop_signals_held``: how deep, and the stop signal caught meanwhile."""
 
 
@@ -153,13 +153,21 @@ def _kill_workers_on_sigterm(
         return
 
     def handler(signum, frame):
+        if _HELD["stopping"]:
+            return  # a second signal (timeout forwards the one it got) while the first is acted on
         if _HELD["depth"]:
             _HELD["signum"] = signum  # raised again as the record's write ends
             return
-        if record_lock is not None:
-            record_lock.acquire(timeout=30)  # held until exit: no record lands after the summary
+        _HELD["stopping"] = True
         for pgid in list(_ACTIVE_WORKERS):
             finally_kill(pgid)
+        for flush in list(STOP_FLUSHES):  # records held for a later run of their group
+            try:
+                flush()
+            except Exception as e:  # noqa: BLE001 - the workers are dead; the summary still goes out
+                print(f"specwatch: held records not appended: {e}", file=sys.stderr)
+        if record_lock is not None:
+            record_lock.acquire(timeout=30)  # held until exit: no record lands after the summary
         if on_stop:
             try:
                 on_stop(signal.Signals(signum).name)
