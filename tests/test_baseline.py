@@ -239,6 +239,56 @@ def test_the_baseline_worker_writes_a_line_per_case_on_a_fake_engine(tmp_path, m
     assert armed == [(None, 7, 4242)]
 
 
+def test_with_windows_each_baseline_repeat_holds_min_timed_s_of_calls_until_the_ci_target(tmp_path, monkeypatch):
+    """As the probed run's repeats: calls back to back on fresh prompts until their wall time adds
+    up to ``min_timed_s``, then repeats until the CI target; a repeat's tokens/s is its tokens over
+    its calls' wall time."""
+    from specwatch.worker import baseline as worker_baseline
+    from test_engine_worker import CASE, FakeEngine
+
+    clock = {"t": 0.0, "call": 0}
+    walls = [0.3, 0.3, 0.3, 0.3, 0.5, 0.5, 0.6, 0.4, 0.4, 0.4]  # seconds per timed call
+
+    class Engine(FakeEngine):
+        def generate(self, input_ids, sampling_params):
+            outs = super().generate(input_ids, sampling_params)
+            if sampling_params.get("max_new_tokens") == self.case.output_len and clock["call"] >= 1:
+                clock["t"] += walls[(clock["call"] - 1) % len(walls)]
+            clock["call"] += 1  # the first call is the warm-up
+            return outs
+
+        def shutdown(self):
+            pass
+
+    case = CASE.model_copy(update={"batch_size": 2, "input_len": 40, "output_len": 16})
+    monkeypatch.setattr(worker_baseline, "start_engine", lambda cases, models_dir: Engine(cases[0]))
+    monkeypatch.setattr(worker_baseline.time, "perf_counter", lambda: clock["t"])
+    spec, out = tmp_path / "spec.json", tmp_path / "out.jsonl"
+    spec.write_text(
+        BaselineSpec(
+            cases=[case], repeats=2, models_dir=str(tmp_path), results=str(out), min_timed_s=1.0, ci_half_width=0.9
+        ).model_dump_json()
+    )
+    assert worker_baseline.main(str(spec)) == 0
+    (line,) = [BaselineLine.model_validate_json(x) for x in out.read_text().splitlines()]
+    assert line.ok and line.batches_per_repeat == [4, 2]  # 4 x 0.3 s, then 0.5 + 0.5 s
+    tokens = 2 * 16
+    assert line.output_throughput == pytest.approx([4 * tokens / 1.2, 2 * tokens / 1.0])
+
+
+def test_the_runner_gives_the_baseline_the_suites_windows_and_ci_target(tmp_path, monkeypatch):
+    import specwatch.run.baseline as run_baseline
+    from specwatch.run.baseline import BaselineRun, launch
+
+    suite = _suite(tmp_path, "min_timed_s = 2.0\nci_half_width = 0.01\nmax_repeats = 12")
+    seen = []
+    monkeypatch.setattr(run_baseline, "run_baseline", lambda spec, *a, **k: seen.append(spec) or BaselineRun())
+    _, jobs = plan_run(suite, None, tmp_path / "results", dict(host_facts(), gpu_count=1), _opts(baseline=True))
+    job = jobs[0]
+    launch(job, _opts(baseline=True), job.cases, 0)
+    assert (seen[0].repeats, seen[0].min_timed_s, seen[0].ci_half_width, seen[0].max_repeats) == (3, 2.0, 0.01, 12)
+
+
 @pytest.mark.gpu
 def test_the_baseline_worker_times_the_tiny_oracle_on_a_gpu(tmp_path):
     from specwatch.run.baseline import run_baseline

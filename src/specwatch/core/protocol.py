@@ -127,6 +127,14 @@ class BaselineSpec(BaseModel):
     flushed: bool = False
     """Also time each timed batch after a flush, a prefill-only batch and a second flush (the
     pattern ``scripts/timing_parity.py`` prices the flush with); the runner leaves it off."""
+    min_timed_s: Optional[float] = Field(default=None, ge=0)
+    """The suite's ``min_timed_s``: each timed repeat is ``generate`` calls back to back until their
+    wall time adds up to it (one call per repeat without it), as the probed run's windows are."""
+    ci_half_width: Optional[float] = Field(default=None, ge=0)
+    """The suite's ``ci_half_width``: repeats go on past ``repeats`` until the bootstrap 95% CI of
+    the median is within it (relative), as the probed run's do."""
+    max_repeats: Optional[int] = Field(default=None, ge=1)
+    """The suite's ``max_repeats``: the most repeats a CI target runs."""
 
 
 class BaselineLine(BaseModel):
@@ -145,9 +153,12 @@ class BaselineLine(BaseModel):
     finished_at: Optional[datetime] = None
     """UTC end of the case's loop."""
     output_throughput: list[float] = Field(default_factory=list)
-    """Output tokens/s of each timed ``generate`` call, in run order."""
+    """Output tokens/s of each timed repeat, in run order: its calls' output tokens over their
+    wall seconds (one call per repeat without ``BaselineSpec.min_timed_s``)."""
     cached_tokens: list[int] = Field(default_factory=list)
-    """Prompt tokens the radix cache served in each timed call."""
+    """Prompt tokens the radix cache served in each timed repeat."""
+    batches_per_repeat: Optional[list[int]] = None
+    """``generate`` calls of each timed repeat (with ``BaselineSpec.min_timed_s`` or a CI target)."""
     flushed_output_throughput: Optional[list[float]] = None
     """``BaselineSpec.flushed``: output tokens/s of each timed call after the flush pattern."""
     flushed_cached_tokens: Optional[list[int]] = None

@@ -137,6 +137,7 @@ def _run_entry(k: int, line: Optional[BaselineLine], error: Optional[str]) -> di
         "finished_at": line.finished_at.isoformat() if line.finished_at else None,
         "output_throughput": line.output_throughput,
         "cached_tokens": line.cached_tokens,
+        **({"batches_per_repeat": line.batches_per_repeat} if line.batches_per_repeat is not None else {}),
     }
 
 
@@ -203,7 +204,8 @@ def _log_path(job: GroupJob, cases: list[Case], tmp: str, k: int) -> Path:
 
 
 def launch(job: GroupJob, options: RunOptions, cases: list[Case], k: int) -> BaselineRun:
-    """Baseline run ``k`` of ``job``'s ``cases``: the suite's repeats, the group's time limit."""
+    """Baseline run ``k`` of ``job``'s ``cases``: the suite's repeats (and its windows and CI
+    target, as the probed run's), the group's time limit."""
     header = job.suite.spec.suite
     with tempfile.TemporaryDirectory(prefix="specwatch-baseline-") as tmp:
         spec = BaselineSpec(
@@ -211,6 +213,9 @@ def launch(job: GroupJob, options: RunOptions, cases: list[Case], k: int) -> Bas
             repeats=header.repeats,
             models_dir=str(options.models_dir),
             results=str(Path(tmp) / "out.jsonl"),
+            min_timed_s=header.min_timed_s,
+            ci_half_width=header.ci_half_width,
+            max_repeats=header.max_repeats,
         )
         env = baseline_env(options.extra_env)
         return run_baseline(

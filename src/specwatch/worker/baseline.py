@@ -3,7 +3,9 @@
 One ``sglang.Engine`` with specwatch's own engine arguments for the group (``engine_kwargs`` as
 the worker computes them: the same pool, batch size, CUDA graphs and sampling; no step-time
 recording), then per case: ``flush_cache()``, one warm-up ``generate``, then ``repeats`` timed
-``generate`` calls back to back on the worker's timed prompts. Nothing else runs between timed
+``generate`` calls back to back on the worker's timed prompts; with the suite's ``min_timed_s`` /
+``ci_half_width`` each repeat is a window of calls and repeats go on to the CI target, as the
+probed run's (``windowed``), so the two spreads measure the same thing. Nothing else runs between timed
 calls. The runner starts it without the probe on ``PYTHONPATH`` and without ``SPECWATCH_*``
 variables (``run.baseline.baseline_env``), so SGLang's processes carry no specwatch code; this
 module imports nothing of specwatch at module level, since SGLang's spawned processes import the
@@ -19,10 +21,12 @@ from pathlib import Path
 from typing import Optional
 
 
-def plain_loop(engine, case, repeats: int, flushed: bool = False) -> dict:
+def plain_loop(engine, case, repeats: int, flushed: bool = False, plan=None) -> dict:
     """The plain loop on a started engine: output tokens/s and radix-cache tokens of each timed
-    batch. ``flushed``: then the flushed pattern on the same engine (each timed batch after a
-    flush, a prefill-only batch and a second flush), as ``flushed_output_throughput``."""
+    repeat. ``plan``: a ``worker.windows.RepeatPlan`` with windows or a CI target (``windowed``);
+    without one a repeat is one timed batch. ``flushed``: then the flushed pattern on the same
+    engine (each timed batch after a flush, a prefill-only batch and a second flush), as
+    ``flushed_output_throughput``."""
     from specwatch.oracle.predict import Oracle
     from specwatch.oracle.prompts import timed_tag
     from specwatch.oracle.shapes import SHAPES
@@ -41,10 +45,13 @@ def plain_loop(engine, case, repeats: int, flushed: bool = False) -> dict:
     engine.flush_cache()
     engine.generate(input_ids=prompts.batch("warmup")[0], sampling_params=sp)
     out: dict = {"output_throughput": [], "cached_tokens": []}
-    for r in range(repeats):
-        tps, cached = timed(prompts.batch(timed_tag(r))[0])
-        out["output_throughput"].append(tps)
-        out["cached_tokens"].append(cached)
+    if plan is not None and not plan.fixed:
+        out.update(windowed(engine, prompts, sp, plan))
+    else:
+        for r in range(repeats):
+            tps, cached = timed(prompts.batch(timed_tag(r))[0])
+            out["output_throughput"].append(tps)
+            out["cached_tokens"].append(cached)
     if not flushed:
         return out
     out["flushed_output_throughput"], out["flushed_cached_tokens"] = [], []
@@ -56,6 +63,41 @@ def plain_loop(engine, case, repeats: int, flushed: bool = False) -> dict:
         out["flushed_output_throughput"].append(tps)
         out["flushed_cached_tokens"].append(cached)
     return out
+
+
+def windowed(engine, prompts, sp: dict, plan) -> dict:
+    """Repeats as the probed run makes them (``worker.windows.RepeatLoop``): each repeat timed
+    ``generate`` calls back to back, each on a batch of fresh prompts, until their wall seconds
+    reach ``plan.min_timed_s``; repeats until the CI target or ``plan.max_repeats``. Its throughput
+    is the repeat's output tokens over its calls' wall seconds."""
+    from specwatch.oracle.prompts import timed_tag
+    from specwatch.worker.windows import RepeatLoop
+
+    calls: list[tuple[int, float, int]] = []  # (output tokens, wall s, cached tokens) per call
+
+    def one_batch() -> float:
+        batch = prompts.batch(timed_tag(len(calls)))[0]
+        t = time.perf_counter()
+        outs = engine.generate(input_ids=batch, sampling_params=sp)
+        wall = time.perf_counter() - t
+        cached = sum(int(o["meta_info"].get("cached_tokens", 0)) for o in outs)
+        calls.append((sum(len(o["output_ids"]) for o in outs), wall, cached))
+        return wall
+
+    loop, tps, cached = RepeatLoop(plan), [], []
+
+    def samples() -> list[float]:
+        i = sum(loop.batches[: len(tps)])
+        for n in loop.batches[len(tps) :]:
+            w = calls[i : i + n]
+            tps.append(sum(c[0] for c in w) / sum(c[1] for c in w))
+            cached.append(sum(c[2] for c in w))
+            i += n
+        return tps
+
+    loop.run(one_batch, samples, None)
+    samples()
+    return {"output_throughput": tps, "cached_tokens": cached, "batches_per_repeat": list(loop.batches)}
 
 
 def start_engine(cases: list, models_dir: str):
@@ -85,14 +127,17 @@ def main(spec_path: str, lifeline_fd: Optional[str] = None, runner_pid: Optional
 
     if lifeline_fd is not None:
         lifeline.hold(None, int(lifeline_fd), int(runner_pid) if runner_pid else None)
+    from specwatch.worker.windows import RepeatPlan
+
     spec = BaselineSpec.model_validate_json(Path(spec_path).read_text())
+    plan = RepeatPlan(spec.repeats, spec.min_timed_s, spec.ci_half_width, spec.max_repeats)
     engine = start_engine(spec.cases, spec.models_dir)
     try:
         with open(spec.results, "a") as out:
             for case in spec.cases:
                 started = datetime.now(timezone.utc)
                 try:
-                    got = plain_loop(engine, case, spec.repeats, spec.flushed)
+                    got = plain_loop(engine, case, spec.repeats, spec.flushed, plan)
                     line = BaselineLine(case_id=case.case_id, started_at=started, **got)
                 except Exception as e:  # noqa: BLE001 - one case's loop: reported, the next case runs
                     line = BaselineLine(case_id=case.case_id, ok=False, reason=f"{type(e).__name__}: {e}"[:2000])
