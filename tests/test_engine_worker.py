@@ -860,3 +860,33 @@ def test_a_decode_watermark_left_unrecorded_is_judged_where_the_release_rounds_i
     metrics, checks, _ = memory_and_leaks(Eng(case), case)
     assert checks.get("decode_watermark_page_aligned") is verdict
     assert metrics["decode_unaligned_batches"]["value"] == unaligned
+
+
+def test_with_step_times_the_worker_reads_cpu_and_steal_around_each_timed_repeat(tmp_path, monkeypatch):
+    import json
+    import sys
+    import types
+
+    from specwatch.worker import main as worker_main
+
+    case = CASE.model_copy(update={"input_len": 256, "output_len": 64})
+
+    class Engine(FakeEngine):
+        def __init__(self, **kw):
+            super().__init__(case)
+
+        def shutdown(self):
+            pass
+
+    monkeypatch.setitem(sys.modules, "sglang", types.SimpleNamespace(Engine=Engine))
+    monkeypatch.setattr(worker_main, "case_models", lambda *a, **k: (tmp_path / "t", tmp_path / "d"))
+    out, spec = tmp_path / "out.jsonl", tmp_path / "spec.json"
+    params = {"cases": [case.params()], "repeats": 3, "warmup": True, "models_dir": str(tmp_path), "fault": None}
+    spec.write_text(json.dumps({**params, "probe": False, "results": str(out), "step_times": True}))
+    assert worker_main.main(str(spec)) == 0
+    rec = json.loads(out.read_text().splitlines()[-1])
+    assert rec["status"] == "ok", rec.get("log_tail")
+    cpu = rec["details"]["timed_cpu"]
+    assert len(cpu["repeats"]) == 3 and all(r["span_s"] >= 0 for r in cpu["repeats"])
+    if sys.platform.startswith("linux"):
+        assert all(r["host_steal_s"] is not None for r in cpu["repeats"])

@@ -384,3 +384,14 @@ def test_a_host_with_too_few_cores_records_why_it_did_not_pin():
     assert not calls and not details["pinned"] and "3 usable cores for 4 processes" in details["reason"]
     details, calls = _pin(range(8), tree=TREE[3:])
     assert not calls and "no sglang::scheduler" in details["reason"]
+
+
+def test_the_merged_record_keeps_each_engines_cpu_readings():
+    from records import record
+    from specwatch.run.engine_starts import merge_records
+
+    recs = [record(tps=t) for t in (100.0, 80.0)]
+    for r, span in zip(recs, (2.0, 2.5)):
+        r.details["timed_cpu"] = {"scheduler_pid": 1, "scheduler_cpu": 1, "repeats": [{"span_s": span}]}
+    engines = merge_records(recs, 2).details["engine_starts"]["engines"]
+    assert [e["timed_cpu"]["repeats"][0]["span_s"] for e in engines] == [2.0, 2.5]

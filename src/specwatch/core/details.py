@@ -94,8 +94,8 @@ class Details(BaseModel):
     engine_starts: Optional[dict] = Field(
         default=None,
         description="``[suite] engine_starts`` > 1: ``planned`` starts, ``ran`` (ok starts merged "
-        "into this record), and per engine its ``started_at``, ``finished_at``, ``output_digest`` and "
-        "``host_load``; a case not ok on some start has ``not_ok_on`` (1-based) instead of engines.",
+        "into this record), and per engine its ``started_at``, ``finished_at``, ``output_digest``, "
+        "``host_load`` and, with ``step_times``, its ``timed_cpu``; a case not ok on some start has ``not_ok_on`` (1-based) instead of engines.",
     )
     baseline: Optional[dict] = Field(
         default=None,
@@ -115,6 +115,13 @@ class Details(BaseModel):
         default=None,
         description="``[suite] step_times``: where SGLang recorded its step times, entries in the "
         "timed window and dropped (one per timed batch), batch sizes; or ``error`` saying why there are none.",
+    )
+    timed_cpu: Optional[dict] = Field(
+        default=None,
+        description="``[suite] step_times``: per timed repeat its ``span_s`` (wall, first timed batch "
+        "to last), SGLang's scheduler's CPU seconds (``scheduler_cpu_s``), the steal seconds on its "
+        "core (``core_steal_s``) and on the host (``host_steal_s``), and the scheduler's pid and pinned "
+        "cpu (``worker.cpu_readings``); a reading the host does not give is null.",
     )
     core_pinning: Optional[dict] = Field(
         default=None,

@@ -84,6 +84,7 @@ def merge_records(recs: list[CaseRecord], planned: int) -> CaseRecord:
                 "finished_at": r.provenance.finished_at.isoformat(),
                 "output_digest": r.details.output_digest,
                 "host_load": r.details.host_load.model_dump() if r.details.host_load else None,
+                **({"timed_cpu": r.details.timed_cpu} if r.details.timed_cpu is not None else {}),
             }
             for r in recs
         ],

@@ -189,7 +189,9 @@ class SuiteHeader(BaseModel):
     step_times: StrictBool = False
     """Record SGLang's own decode step times (``SGLANG_RECORD_STEP_TIME``, read through
     ``get_internal_state``) over each case's timed batches, beside the wall time; the scheduler logs
-    every decode step then (``decode_log_interval = 1``). Off: no step-time metrics."""
+    every decode step then (``decode_log_interval = 1``); and around each timed repeat the
+    scheduler's CPU seconds and the host's steal time (``worker.cpu_readings``). Off: no
+    step-time metrics."""
     pin_cores: StrictBool = False
     """After the engine starts, pin each SGLang process (scheduler, tokenizer, detokenizer) and the
     worker to a core of its own among the cores the worker may use (``worker.pinning``); a host

@@ -21,6 +21,7 @@ from specwatch.inject.faults import PLAN_ENV
 from specwatch.oracle.checkpoints import case_models
 from specwatch.rules.pools import pool_checks
 from specwatch.rules.releases import FaultNotInRelease, fault_plan, running_version
+from specwatch.worker.cpu_readings import CpuReader, scheduler_of
 from specwatch.worker.engine_args import (
     engine_kwargs,
     fit_server_args,
@@ -225,7 +226,10 @@ def run_one(spec: WorkerSpec, run: Engine, c: Case, lock: WorkerTimingLock) -> d
             res = run_multi_turn(run.engine, c, spec.repeats, spec.warmup)
         else:
             plan, start = RepeatPlan.of_spec(spec), window.start if window else None
-            res = run_case(run.engine, c, spec.repeats, spec.warmup, spec.probe, plan, start)
+            reader = CpuReader(*scheduler_of(run.pinning)) if spec.step_times else None
+            res = run_case(run.engine, c, spec.repeats, spec.warmup, spec.probe, plan, start, reader)
+            if reader is not None:
+                res["details"]["timed_cpu"] = reader.details()
         if spec.probe:
             mem_metrics, mem_checks, details = memory_and_leaks(run.engine, c)
         else:  # bare run: no probe in SGLang's processes, so no facts to read (timing baseline)

@@ -308,12 +308,13 @@ class CaseTally:
 
 
 def run_case(
-    engine, case: Case, repeats: int, warmup: bool, calibrate: bool = False, plan=None, before_timed=None
+    engine, case: Case, repeats: int, warmup: bool, calibrate: bool = False, plan=None, before_timed=None, reader=None
 ) -> dict:
     """One case's timed batches. ``calibrate`` (a probed near-full case): after the warm-up batch,
     resize every prompt by ``near_full_extension`` of the decode peak the probe measured on it.
     ``plan``: a ``RepeatPlan`` (windows and a CI target; default ``repeats`` single batches);
-    ``before_timed``: called right before the first timed repeat (the step-time window's start)."""
+    ``before_timed``: called right before the first timed repeat (the step-time window's start);
+    ``reader``: a ``worker.cpu_readings.CpuReader`` around each repeat."""
     oracle = Oracle(SHAPES[case.model], 0, case.profile)
     sp = greedy_sampling(case)
     prompts = Prompts(case, oracle)
@@ -344,7 +345,7 @@ def run_case(
             )
         return tally.batches[-1].timed_decode_s
 
-    loop.run(one_batch, lambda: tally.timed_samples()["tps"], tally.windows)
+    loop.run(one_batch, lambda: tally.timed_samples()["tps"], tally.windows, reader)
     details = tally.details(calibration)
     if not plan.fixed:
         details["timed_windows"] = loop.details()

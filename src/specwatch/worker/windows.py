@@ -111,15 +111,20 @@ class RepeatLoop:
             return True
         return decode_s >= self.plan.min_timed_s or batches >= MAX_BATCHES_PER_REPEAT
 
-    def run(self, one_batch, samples, windows: Optional[list[int]]) -> None:
+    def run(self, one_batch, samples, windows: Optional[list[int]], reader=None) -> None:
         """Run repeats of ``one_batch()`` calls (each returns the decode seconds its batch counts)
-        while ``more_repeats(samples())``; each repeat's batch count goes to ``windows`` too."""
+        while ``more_repeats(samples())``; each repeat's batch count goes to ``windows`` too.
+        ``reader``: its ``begin()`` and ``end()`` around each repeat (``worker.cpu_readings``)."""
         while self.more_repeats(samples()):
             n, decode_s = 0, 0.0
+            if reader is not None:
+                reader.begin()
             while True:  # one repeat: timed batches until the window holds min_timed_s of decode
                 n, decode_s = n + 1, decode_s + one_batch()
                 if self.window_full(n, decode_s):
                     break
+            if reader is not None:
+                reader.end()
             self.batches.append(n)
             if windows is not None:
                 windows.append(n)
