@@ -395,3 +395,34 @@ def test_the_merged_record_keeps_each_engines_cpu_readings():
         r.details["timed_cpu"] = {"scheduler_pid": 1, "scheduler_cpu": 1, "repeats": [{"span_s": span}]}
     engines = merge_records(recs, 2).details["engine_starts"]["engines"]
     assert [e["timed_cpu"]["repeats"][0]["span_s"] for e in engines] == [2.0, 2.5]
+
+
+def _merged_with_counts(windowed: bool, accept: tuple = (4.0, 4.0)):
+    from records import record
+    from specwatch.run.engine_starts import merge_records
+
+    recs = []
+    for unaligned, acc in zip((15748.0, 13970.0), accept):
+        r = record(tps=100.0)
+        r.metrics["decode_unaligned_batches"] = Metric(value=unaligned, unit="batches", exact=True)
+        r.metrics["accept_length"] = Metric(value=acc, unit="tokens/verify", exact=True, higher_is_better=True)
+        if windowed:
+            r.details["timed_windows"] = {"repeats": 12}
+        recs.append(r)
+    return merge_records(recs, 2)
+
+
+def test_engine_agreement_is_judged_again_without_counts_over_every_batch_where_windows_ran():
+    from specwatch.analysis.health import failed_checks
+    from specwatch.store.frame import records_frame
+
+    windowed, fixed, broken = (
+        _merged_with_counts(True),
+        _merged_with_counts(False),
+        _merged_with_counts(True, (4.0, 3.0)),
+    )
+    assert not windowed.checks[AGREE_CHECK] and not fixed.checks[AGREE_CHECK]  # the recorded verdicts stay
+    df = records_frame([windowed, fixed, broken])
+    assert df["engines_agree_now"].tolist() == [True, None, False]
+    notes = failed_checks(df).note.tolist()
+    assert "timed windows vary" in notes[0] and "timed windows vary" not in notes[1] + notes[2]

@@ -9,6 +9,7 @@ from typing import Optional
 import pandas as pd
 
 from specwatch.analysis.dcp import DCP_SUITES
+from specwatch.rules.case_totals import AGREE_CHECK as AGREE
 from specwatch.store.frame import case_cells, latest_rows
 from specwatch.store.frame_dicts import row_dicts
 
@@ -18,10 +19,14 @@ RELABELS = {
         "row_matches_model_now",
         "match today's model: the model's rule, not SGLang's row",
     ),
+    "check.exact_metrics_agree_across_engines": (
+        "engines_agree_now",
+        "agree but for counts over every batch, which timed windows vary",
+    ),
 }
 """Failed checks a later finding explains: check -> (records-frame column that is True for such a
 record, what it was). The recorded verdicts stay (``store.leak_is_unflushed_cache``,
-``store.row_matches_model_now``)."""
+``store.row_matches_model_now``, ``rules.case_totals.engines_agree_now``)."""
 
 
 def fault_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -238,12 +243,14 @@ def failed_checks(df: pd.DataFrame) -> pd.DataFrame:
     failing = df[df[checks].eq(False).any(axis=1)] if checks else df.iloc[0:0]
     rows = []
     wanted = ["case_id", "suite", "model", "attention_backend", "page_size", "topk", "batch_size"] + checks
-    wanted += [c for c in ("leak_is_unflushed_cache", "row_matches_model_now") if c in failing]
+    wanted += [c for c in ("leak_is_unflushed_cache", "row_matches_model_now", "engines_agree_now") if c in failing]
     for row in failing[wanted].to_dict("records"):  # dicts, not a Series per row: thousands at scale
         bad = [c[len("check.") :] for c in checks if row[c] == False]  # noqa: E712 (numpy bools, NaN)
         note = " (the radix cache a refused flush left, not a leak)" if row.get("leak_is_unflushed_cache") else ""
         if "req_to_token_matches_model" in bad and row.get("row_matches_model_now") is True:
             note += " (the row matches today's model: the model's rule was learned later)"
+        if AGREE in bad and row.get("engines_agree_now") is True:
+            note += " (they agree but for counts over every batch, which timed windows vary)"
         rows.append(
             {
                 "case_id": row["case_id"],

@@ -22,9 +22,7 @@ from dataclasses import replace
 from typing import Callable, Optional
 
 from specwatch.core.record import CaseRecord, Metric, Status
-
-AGREE_CHECK = "exact_metrics_agree_across_engines"
-"""The merged record's check: every exact metric took one value on every engine start."""
+from specwatch.rules.case_totals import AGREE_CHECK
 
 
 def _median(values: list[float]) -> float:

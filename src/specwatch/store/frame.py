@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Iterable, Optional
 if TYPE_CHECKING:
     import pandas as pd
 from specwatch.core.record import CaseRecord
+from specwatch.rules.case_totals import engines_agree_now
 from specwatch.rules.crashlog import host_interference
 from specwatch.store.baseline import overhead_cells, relative_spread
 from specwatch.store.jsonl import RUNS_FILE, Quarantine, read_records, read_runs
@@ -232,6 +233,7 @@ def record_row(r: CaseRecord) -> dict:
     row["leak_is_unflushed_cache"] = leak_is_unflushed_cache(r)
     row["row_matches_model_now"] = row_matches_model_now(r)
     row["host_interference"] = host_interference(r)
+    row["engines_agree_now"] = engines_agree_now(r.checks, r.metrics, r.details.timed_windows is not None)
     return row
 
 

@@ -19,6 +19,7 @@ from specwatch.core.record import Status
 from specwatch.core.timing_lock import PARALLEL_ENV, WorkerTimingLock
 from specwatch.inject.faults import PLAN_ENV
 from specwatch.oracle.checkpoints import case_models
+from specwatch.rules.case_totals import CASE_TOTALS
 from specwatch.rules.pools import pool_checks
 from specwatch.rules.releases import FaultNotInRelease, fault_plan, running_version
 from specwatch.worker.cpu_readings import CpuReader, scheduler_of
@@ -235,6 +236,9 @@ def run_one(spec: WorkerSpec, run: Engine, c: Case, lock: WorkerTimingLock) -> d
         else:  # bare run: no probe in SGLang's processes, so no facts to read (timing baseline)
             mem_metrics, mem_checks, details = {}, {"flush_cache": flush_cache(run.engine)[0]}, {"bare": True}
         metrics = MetricSet().merge(res["metrics"]).merge(mem_metrics)
+        if not RepeatPlan.of_spec(spec).fixed:  # the windows decide how many batches ran
+            for name in set(CASE_TOTALS) & set(metrics):
+                metrics[name] = {**metrics[name], "exact": False}
         if window is not None:  # after the probe's read: it alone may reset the probe's counts
             step_metrics, res["details"]["sglang_step_times"] = window.finish(len(res["details"]["prompt_starts"]))
             metrics.merge(step_metrics)
