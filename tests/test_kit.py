@@ -144,6 +144,7 @@ def index(tmp_path, monkeypatch) -> Path:
     make_wheel(d, "datasets", "4.0.0")
     make_wheel(d, "diffusers", "0.36.0")
     make_wheel(d, "dill", "0.4.1")  # not in SGLang's METADATA: carried by a release rule
+    make_wheel(d, "jsonschema", "4.26.0")  # likewise
     return d
 
 
@@ -179,6 +180,7 @@ def test_pins_follow_requires_dist_and_carry_torch_only_where_the_host_differs(i
         "sgl-deep-gemm": "0.2.0",
         "ipython": "9.18.1",
         "dill": "0.4.1",
+        "jsonschema": "4.26.0",
         "datasets": "4.0.0",
     }
     # the host's cuDNN satisfies torch's pin; filelock is the host's; diffusers is off the serving path

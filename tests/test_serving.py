@@ -319,61 +319,6 @@ def test_the_kit_carries_what_the_http_server_needs_at_import(src):
         assert "soundfile" in SERVING_PATH, src.name
 
 
-def _module_file(src: Path, module: str) -> Path | None:
-    base = src.joinpath(*module.split("."))
-    for f in (base.with_suffix(".py"), base / "__init__.py"):
-        if f.is_file():
-            return f
-    return None
-
-
-def _import_closure(src: Path, module: str) -> set[str]:
-    """The top-level packages outside sglang that ``module`` imports when it is imported: its
-    module-level imports (and those of ``if``/``try`` blocks at module level), followed through
-    the benchmark's own modules (``sglang.bench_serving``, ``sglang.benchmark.*``)."""
-    import ast
-
-    outside, seen, todo = set(), set(), [module]
-    while todo:
-        name = todo.pop()
-        path = _module_file(src, name)
-        if name in seen or path is None:
-            continue
-        seen.add(name)
-        stack = list(ast.parse(path.read_text()).body)
-        while stack:
-            node = stack.pop()
-            if isinstance(node, (ast.If, ast.Try)):
-                stack.extend(node.body + getattr(node, "orelse", []) + getattr(node, "finalbody", []))
-                continue
-            names = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-            for n in names:
-                if n.split(".")[0] == "sglang":
-                    if n.startswith(("sglang.benchmark", "sglang.bench_serving")):
-                        todo.append(n)
-                else:
-                    outside.add(n.split(".")[0])
-    return outside
-
-
-@pytest.mark.parametrize("src", _serving_sources(), ids=lambda p: p.name)
-def test_the_kit_carries_what_the_serving_benchmark_imports(src):
-    """SGLang's serving benchmark imports its dataset registry at start, whose MMMU and LongBench
-    loaders import Hugging Face ``datasets`` at module level: a kit without it serves, but its
-    benchmark exits with ModuleNotFoundError before sending a request."""
-    from specwatch.kit.releases import SERVING_PATH
-
-    bench = serving_benchmark_for(src.name)
-    imported = _import_closure(src, bench.module)
-    assert "numpy" in imported  # the closure reached the benchmark's own imports
-    if "datasets" in imported:
-        assert "datasets" in SERVING_PATH, src.name
-
-
 def _dataset_sources() -> list[Path]:
     return sorted(p for p in SOURCES.glob("0.5.*") if (p / "sglang/benchmark/datasets/random.py").is_file())
 

@@ -95,6 +95,14 @@ HOST_IMAGE_PACKAGES: dict[str, str | None] = {
     "hf-xet": None,
     "safetensors": None,
     "regex": None,
+    # what SGLang's HTTP server imports at start that the image has (the image's package list):
+    # aiohttp, uvloop and sentencepiece, and torchvision 0.26.0, built for the image's torch 2.11
+    # (SGLang imports torchvision.io at module level; docs/offline-kit.md says what a kit that
+    # carries its own torch does about it)
+    "aiohttp": None,
+    "uvloop": None,
+    "sentencepiece": None,
+    "torchvision": "0.26.0",
 }
 """Distributions of the default host image besides torch. ``None``: present, version unknown;
 such an entry serves a range (``>=``, ``<``, none) but never an exact pin (``==``): exact pins

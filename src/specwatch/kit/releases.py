@@ -52,6 +52,14 @@ SERVING_PATH = frozenset(
         # registry at start, whose MMMU and LongBench loaders import Hugging Face datasets at
         # module level (every release 0.5.12-0.5.23): without it the benchmark exits at import
         "datasets",
+        # imported when the HTTP server is imported (every release 0.5.12-0.5.23): aiohttp by
+        # sglang/__init__ (lang/backend/runtime_endpoint.py) and the serving benchmark, uvloop by
+        # http_server, sentencepiece by configs/internvl.py. The default host's image has them
+        # (host.HOST_IMAGE_PACKAGES), so its kits leave them to it, except sentencepiece where
+        # SGLang pins it exactly (==0.2.1 from 0.5.21); a kit for a host without them carries them
+        "aiohttp",
+        "uvloop",
+        "sentencepiece",
     )
 )
 """Names from SGLang's own ``Requires-Dist`` that every kit follows (at SGLang's pin)."""
@@ -109,6 +117,16 @@ RELEASE_RULES: tuple[ReleaseRule, ...] = (
         "engine start imports dill, which SGLang's METADATA does not list (0.5.20 on an H200 host: "
         "ModuleNotFoundError: No module named 'dill' at engine start)",
         requirement="==0.4.1",
+    ),
+    ReleaseRule(
+        "jsonschema",
+        SpecifierSet(">=0.5.12"),
+        "carry",
+        "the HTTP server imports it at start (entrypoints/openai/serving_chat.py: from jsonschema "
+        "import Draft202012Validator, every release 0.5.12-0.5.23), and SGLang's METADATA names it "
+        "only through outlines, which the kit does not follow (0.5.17 on an H200 host: "
+        "ModuleNotFoundError: No module named 'jsonschema' at every launch_server start)",
+        requirement="==4.26.0",
     ),
     ReleaseRule(
         "nvidia-cutlass-dsl",
