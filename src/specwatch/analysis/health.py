@@ -27,9 +27,26 @@ record, what it was). The recorded verdicts stay (``store.leak_is_unflushed_cach
 def fault_table(df: pd.DataFrame) -> pd.DataFrame:
     """One row per (fault, case) of fault-injection runs, with the clean run of the same case and
     SGLang version beside it: what flagged the fault (status, failed checks) and whether clean stayed clean."""
+    return fault_rows(fault_reads(df))
+
+
+def fault_reads(df: pd.DataFrame) -> Optional[tuple[pd.DataFrame, pd.DataFrame]]:
+    """All ``fault_table`` reads of a records frame: the fault runs cut to the columns a row reads
+    and the clean runs of their cases (case, version, status, reason, checks); None: no fault run."""
     if "fault" not in df or df.fault.isna().all():
-        return pd.DataFrame()
+        return None
     checks = [c for c in df.columns if c.startswith("check.")]
+    faulty = df.loc[df.fault.notna(), [c for c in dict.fromkeys([*FAULT_ROW_COLUMNS, *checks]) if c in df]]
+    cols = list(dict.fromkeys(["case_id", "sglang_version", "status", "reason", *checks]))
+    return faulty, df.loc[df.fault.isna() & df.case_id.isin(faulty.case_id), cols]
+
+
+def fault_rows(reads: Optional[tuple[pd.DataFrame, pd.DataFrame]]) -> pd.DataFrame:
+    """``fault_table`` of what ``fault_reads`` gave."""
+    if reads is None:
+        return pd.DataFrame()
+    faulty, clean = reads
+    checks = [c for c in faulty.columns if c.startswith("check.")]
 
     def verdict(row) -> str:
         bad = [c[len("check.") :] for c in checks if row.get(c) == False]  # noqa: E712 (numpy bools, NaN)
@@ -37,14 +54,11 @@ def fault_table(df: pd.DataFrame) -> pd.DataFrame:
             return f"{row.status}: {str(row.reason)[:140]}"
         return "failed: " + ", ".join(bad) if bad else "all checks pass"
 
-    faulty = df[df.fault.notna()]
-    clean = df[df.fault.isna() & df.case_id.isin(faulty.case_id)]
     # the last clean row of each (case, SGLang version), found once instead of per fault run
     last_clean = {key: i for i, key in enumerate(zip(clean.case_id, clean.sglang_version)) if not pd.isna(key[1])}
     rows = []
     clean_rows = row_dicts(clean[["status", "reason", *checks]])
-    read = [c for c in dict.fromkeys([*FAULT_ROW_COLUMNS, *checks]) if c in df]  # only what a row reads
-    for r in row_dicts(faulty.sort_values(["fault", "page_size", "batch_size"])[read]):
+    for r in row_dicts(faulty.sort_values(["fault", "page_size", "batch_size"])):
         r = _row(r)
         c = last_clean.get((r.case_id, r.sglang_version))
         runs = r.get("fault_code_runs")

@@ -62,8 +62,8 @@ def _dashboard(results: Path, out: Path, df, cache) -> None:
     tables and the index; every part derived from the records is kept in the store between builds
     (``cache``: a ``present.part_cache.PartCache`` made before ``df`` was read), so a build of an
     unchanged store draws no figure again."""
-    from specwatch.analysis.roofline import roofline_rows
-    from specwatch.analysis.verdict import release_verdict
+    from specwatch.analysis.roofline import roofline_of, roofline_reads
+    from specwatch.analysis.verdict import release_verdict, verdict_reads
     from specwatch.core.forked import Forked
     from specwatch.present.dashboard import build, check_records, clean_mask, record_pages
     from specwatch.present.dflash_plots import dflash_figure
@@ -91,8 +91,8 @@ def _dashboard(results: Path, out: Path, df, cache) -> None:
     calls = [
         lambda: record_pages(clean, out),
         lambda: timing_part(results, df, keep, out / "plots", cache),
-        lambda: cache.value("roofline", lambda: roofline_rows(df[df.fault.isna() & (df.probe == True)])),  # noqa: E712
-        lambda: cache.value("verdict", lambda: release_verdict(results, frame=df)),
+        lambda: cache.kept("roofline", lambda: roofline_reads(df, df.fault.isna() & (df.probe == True)), roofline_of),  # noqa: E712
+        lambda: cache.kept("verdict", lambda: verdict_reads(results, df), lambda _: release_verdict(results, frame=df)),
         lambda: _findings(out, df, cache),
         *figures,  # the finest parts last: the ones this process takes from the back while it waits
     ]

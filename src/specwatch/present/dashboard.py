@@ -16,8 +16,8 @@ from typing import Callable, Optional
 import pandas as pd
 
 from specwatch.analysis.dcp import dcp_markdown, dcp_rows, dcp_tables
-from specwatch.analysis.health import fault_table, health_matrix, health_rows, suite_plans
-from specwatch.analysis.overhead import overhead_table
+from specwatch.analysis.health import fault_reads, fault_rows, health_matrix, health_rows, suite_plans
+from specwatch.analysis.overhead import overhead_reads, overhead_rows
 from specwatch.analysis.verdict import ReleaseVerdict
 from specwatch.core.errors import SpecwatchInputError
 from specwatch.present.figures import PLOT_TITLES, draw_figures
@@ -232,8 +232,8 @@ def build(
     ``pages``: the call that writes the case pages and the reports' HTML (``record_pages`` of the
     clean records, the default), called before the index is written."""
     check_records(df, out, source)
-    faults = parts.value("faults", lambda: fault_table(df))
-    overhead = parts.value("overhead", lambda: overhead_table(df))
+    faults = parts.kept("faults", lambda: fault_reads(df), fault_rows)  # kept under the rows they read
+    overhead = parts.kept("overhead", lambda: overhead_reads(df), overhead_rows)
     df = clean_records(df) if clean is None else clean
     # the DCP tables read the DCP suites' records only: kept while those are unchanged
     dcp, dcp_page = parts.rows_value("dcp", dcp_rows(df), lambda rows: dcp_part(rows, out / "dcp-support.md"))

@@ -12,7 +12,7 @@ from specwatch.analysis.changepoints import (
     store_changepoints,
     store_picks,
 )
-from specwatch.analysis.floor import GOAL, store_floor
+from specwatch.analysis.floor import GOAL, DetectionFloor, store_floor
 from specwatch.analysis.speedup import point_sets, speedup_frame, speedup_table
 from specwatch.present.figure_reads import speedup_reads
 from specwatch.present.part_cache import NO_CACHE, PartCache
@@ -29,14 +29,15 @@ def timing_tables(
     df: "pd.DataFrame",
     points: Optional["pd.DataFrame"] = None,
     steps: Optional[Callable[[], "pd.DataFrame"]] = None,
+    floor: Optional["DetectionFloor"] = None,
 ) -> dict[str, "pd.DataFrame"]:
     """The dashboard's timing tables (titled, for ``dashboard.build``'s ``tables``): speedup over plain
     decoding per spec case, the detection floor per class and metric, and the change points of
     ``DASHBOARD_METRICS`` across releases; ``df``: the dashboard's records frame of ``results``;
     ``points``: its ``speedup_points``, where already found; ``steps``: the call that returns the
-    change points (default ``store_steps``)."""
+    change points (default ``store_steps``); ``floor``: the store's ``store_floor``, where already found."""
 
-    floor = store_floor(results)
+    floor = store_floor(results) if floor is None else floor
     return {
         "Speedup over plain decoding (spec output tokens/s / its no-speculation twin's; [suite] speedup)": (
             speedup_frame(df) if points is None else speedup_table(points)
@@ -71,7 +72,9 @@ def timing_part(
 ) -> tuple[dict[str, "pd.DataFrame"], list[Path]]:
     """``timing_tables`` and the speedup figure of the clean records ``df[keep]`` drawn into
     ``plots`` (``speedup_plots.speedup_figure``), the speedup points of both found once (where
-    either is not taken from ``parts``, the store's kept dashboard parts)."""
+    either is not taken from ``parts``, the store's kept dashboard parts). The tables are kept
+    under all they read: the speedup points, the detection floor (kept in the store under its
+    own files) and the change points' picked rows."""
     found: list = []
 
     def points() -> tuple["pd.DataFrame", "pd.DataFrame"]:
@@ -79,11 +82,15 @@ def timing_part(
             found.append(point_sets(df, keep))
         return found[0]
 
-    def steps() -> "pd.DataFrame":  # kept under the picked rows they are found from
-        picks = store_picks(result_files(results), DASHBOARD_METRICS)
-        return parts.read_value("changepoints", picks, lambda: picks_changepoints(picks, DASHBOARD_METRICS))
+    def reads() -> tuple:
+        floor = store_floor(results)
+        return points()[0], floor, store_picks(result_files(results), DASHBOARD_METRICS)
 
-    tables = parts.value("timing", lambda: timing_tables(results, df, points()[0], steps))
+    def tables(read: tuple) -> dict[str, "pd.DataFrame"]:
+        table, floor, picks = read
+        return timing_tables(results, df, table, lambda: picks_changepoints(picks, DASHBOARD_METRICS), floor)
+
+    tables = parts.kept("timing", reads, tables)
     figure = parts.files(  # kept under the speedup points it draws
         "speedup_figure", plots, lambda folder: draw_speedup(points()[1], folder), lambda: speedup_reads(points()[1])
     )

@@ -58,13 +58,15 @@ def files_frame(
 ) -> "pd.DataFrame":
     """``records_frame`` of the records of ``paths``, built file by file: records are streamed
     into rows and dropped (none kept), and with ``cache`` each file's rows are read from (or
-    written to) its Parquet cache (``frame_cache``), rebuilt whenever the JSONL changes. Over
+    written to) its Parquet cache (``frame_cache``), rebuilt whenever the JSONL changes (from the
+    appended lines alone where it grew by appends: ``frame_append``). Over
     ``PARALLEL_BYTES`` of JSONL to build, line-aligned pieces are built in a process pool. Invalid
     lines are quarantined as ``jsonl.read_records`` does (``strict``: raised, no cache).
     ``columns``: only those (of the ones a file has) are read, ``COMPARE_COLUMN`` among them when
     named; by default every column of ``records_frame``."""
     import pandas as pd
 
+    from specwatch.store.frame_append import appended_rows
     from specwatch.store.frame_cache import fresh_rows, store_rows
 
     q = quarantine if quarantine is not None else Quarantine()
@@ -75,8 +77,11 @@ def files_frame(
         hit, keys[p] = fresh_rows(p, q, columns) if cache and not strict else (None, None)
         if hit is not None:
             parts[p] = hit
-    misses = [p for p in paths if p not in parts]
-    for p, (df, entries) in _build(misses, strict).items():
+    misses = [p for p in paths if p not in parts]  # a file grown by appends: only the new lines built
+    grown = {p: g for p in misses if cache and not strict and (g := appended_rows(p, keys[p], _rows_of_span))}
+    built = _build([p for p in misses if p not in grown], strict)
+    for p in misses:
+        df, entries = grown[p] if p in grown else built[p]
         for line in entries:
             q.add(line)
         if cache and not strict:

@@ -4,14 +4,13 @@ when it ends, before the command reads the caches warm."""
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from pathlib import Path
 
 from specwatch.core.forked import FORK, Forked
 from specwatch.store.frame import files_frame
-from specwatch.store.frame_cache import META_KEY, STAMP, cache_path, code_key, fresh_rows, stamp_of
+from specwatch.store.frame_cache import STAMP, cache_meta, cache_path, code_key, fresh_rows, stamp_of
 from specwatch.store.jsonl import Quarantine
 
 
@@ -43,10 +42,12 @@ def stamp_fresh(path: Path) -> bool:
     """Whether ``path``'s cache was built from a file of the stamp ``path`` has now (``stamp_of``)
     by today's row code: ``frame_cache.fresh_rows``' first test, from the cache's schema alone
     (False: the sha256 may still find the cache fresh)."""
-    import pyarrow.parquet as pq
-
+    meta = cache_meta(cache_path(path))
     try:
-        meta = json.loads((pq.read_schema(cache_path(path)).metadata or {})[META_KEY])
-        return meta["key"].get(STAMP) == stamp_of(os.stat(path)) and meta["key"].get("code") == code_key()
-    except (OSError, KeyError, ValueError, TypeError, AttributeError):
+        return (
+            meta is not None
+            and meta["key"].get(STAMP) == stamp_of(os.stat(path))
+            and meta["key"].get("code") == code_key()
+        )
+    except OSError:
         return False
