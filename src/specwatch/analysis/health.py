@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Optional
+from typing import Callable, Optional
 
 import pandas as pd
 
@@ -134,10 +134,14 @@ def health_rows(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def latest_matrix(
-    latest: pd.DataFrame, suites_dir: Optional[Path] = Path("suites"), plans: Optional[dict] = None
+    latest: pd.DataFrame,
+    suites_dir: Optional[Path] = Path("suites"),
+    plans: Optional[dict] = None,
+    kept: Optional[Callable[[tuple, Callable[[], list[dict]]], list[dict]]] = None,
 ) -> pd.DataFrame:
-    """``health_matrix`` of the rows ``health_rows`` gave."""
-    key = MATRIX_KEY
+    """``health_matrix`` of the rows ``health_rows`` gave. ``kept(reads, compute)``: how the rows of
+    one machine, version and suite are found from all they read (``group_rows``' arguments; the
+    dashboard keeps each group's rows under those), else computed."""
     checks = [c for c in latest.columns if c.startswith("check.")]
     rows = []
     plans = dict(plans or {})  # each suite file planned once, not once per version
@@ -145,27 +149,39 @@ def latest_matrix(
         if suite not in plans:
             plans[suite] = planned_cells(suites_dir / f"{suite}.toml" if suites_dir else None)
         planned = plans[suite]
-        planned = g[key + ["topk", "case_id"]] if planned is None else planned
-        # a planned cell's records (as dicts: only the planned cases' ones), found by its key
-        recorded: dict[tuple, list[dict]] = {k: [] for k in zip(*(g[c].tolist() for c in key))}
-        for r in row_dicts(g[g.case_id.isin(planned.case_id)]):
-            recorded[tuple(r[c] for c in key)].append(r)
-        for k, plan in planned.groupby(key, sort=True):
-            row = dict(
-                zip(("machine", "sglang", "suite", "model", "algo", "backend", "page"), (machine, version, suite, *k))
-            )
-            rec = recorded.get(k)
-            for topk, want in plan.groupby("topk"):
-                wanted = set(want.case_id)
-                got = [r for r in rec or () if r["case_id"] in wanted]  # cases the suite no longer plans: out
-                row[f"topk {topk}"] = cell_text(got, len(want), checks) if got else "not run"
-            if rec is not None:  # a row with no record at all (e.g. a reduced run of an old version): left out
-                rows.append(row)
+        planned = g[MATRIX_KEY + ["topk", "case_id"]] if planned is None else planned
+        reads = (machine, version, suite, g, planned, checks)
+        rows += group_rows(*reads) if kept is None else kept(reads, lambda reads=reads: group_rows(*reads))
     out = pd.DataFrame(rows)
     if out.empty:
         return out
     topks = sorted((c for c in out.columns if c.startswith("topk ")), key=lambda c: int(c.split()[1]))
     return out[[c for c in out.columns if not c.startswith("topk ")] + topks].fillna("–")
+
+
+def group_rows(
+    machine: str, version: str, suite: str, g: pd.DataFrame, planned: pd.DataFrame, checks: list[str]
+) -> list[dict]:
+    """The health-matrix rows of one machine, version and suite: ``g`` its latest records,
+    ``planned`` the cells its suite file plans (or, without a plan, those recorded)."""
+    key = MATRIX_KEY
+    rows = []
+    # a planned cell's records (as dicts: only the planned cases' ones), found by its key
+    recorded: dict[tuple, list[dict]] = {k: [] for k in zip(*(g[c].tolist() for c in key))}
+    for r in row_dicts(g[g.case_id.isin(planned.case_id)]):
+        recorded[tuple(r[c] for c in key)].append(r)
+    for k, plan in planned.groupby(key, sort=True):
+        row = dict(
+            zip(("machine", "sglang", "suite", "model", "algo", "backend", "page"), (machine, version, suite, *k))
+        )
+        rec = recorded.get(k)
+        for topk, want in plan.groupby("topk"):
+            wanted = set(want.case_id)
+            got = [r for r in rec or () if r["case_id"] in wanted]  # cases the suite no longer plans: out
+            row[f"topk {topk}"] = cell_text(got, len(want), checks) if got else "not run"
+        if rec is not None:  # a row with no record at all (e.g. a reduced run of an old version): left out
+            rows.append(row)
+    return rows
 
 
 def planned_cells(path: Optional[Path]) -> Optional[pd.DataFrame]:

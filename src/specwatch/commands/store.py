@@ -119,22 +119,21 @@ def _dashboard(results: Path, out: Path, df, cache) -> None:
 
 def _findings(out: Path, df, cache) -> None:
     """``out/findings.md`` (+ .html) of the records frame ``df`` (kept in ``cache``, a
-    ``present.part_cache.PartCache``)."""
+    ``present.part_cache.PartCache``: each section under the latest records it reads, the HTML
+    under the markdown)."""
     from specwatch.present.findings import findings_rows, latest_markdown
     from specwatch.present.markdown_pages import page_html, write_markdown_page
 
-    latest: list = []  # the rows read, found once
-
-    def reads():
-        latest.append(findings_rows(df))
-        return latest[-1]
+    def section(draw, rows) -> list[str]:
+        return cache.read_value(f"findings-{draw.__name__}", rows, lambda: draw(rows))
 
     def pages() -> tuple[str, str]:
-        text = latest_markdown(latest[-1] if latest else findings_rows(df))
-        return text, page_html(out / "findings.md", text, "index.html")
+        text = latest_markdown(findings_rows(df), section)
+        md = out / "findings.md"
+        return text, cache.read_value("findings-html", (md.name, text), lambda: page_html(md, text, "index.html"))
 
-    out.mkdir(parents=True, exist_ok=True)  # kept under the latest records its sections read
-    write_markdown_page(out / "findings.md", cache.read_kept("findings", reads, pages))
+    out.mkdir(parents=True, exist_ok=True)
+    write_markdown_page(out / "findings.md", cache.value("findings", pages))
 
 
 def overhead(results: StoredResults = Path("results")) -> None:

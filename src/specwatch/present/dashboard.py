@@ -10,13 +10,14 @@ linked from its place on the index; ``cases.html`` runs on to ``cases-2.html`` .
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Callable, Optional
 
 import pandas as pd
 
 from specwatch.analysis.dcp import dcp_markdown, dcp_rows, dcp_tables
-from specwatch.analysis.health import fault_reads, fault_rows, health_matrix, health_rows, suite_plans
+from specwatch.analysis.health import fault_reads, fault_rows, health_matrix, health_rows, latest_matrix, suite_plans
 from specwatch.analysis.overhead import overhead_reads, overhead_rows
 from specwatch.analysis.verdict import ReleaseVerdict
 from specwatch.core.errors import SpecwatchInputError
@@ -169,9 +170,19 @@ def dcp_part(rows: pd.DataFrame, md: Path) -> tuple[dict, Optional[tuple[str, st
 
 def health_part(df: pd.DataFrame, plans: dict, parts: PartCache) -> pd.DataFrame:
     """``health_matrix`` of the clean records ``df``, kept under the latest records it reads
-    (``health_rows``) and the suite files' ``plans``."""
+    (``health_rows``) and the suite files' ``plans``, and each machine, version and suite's rows
+    under what they read (a record of one suite leaves the other suites' rows kept)."""
+
+    def group(reads: tuple, compute) -> list[dict]:
+        name = hashlib.sha256(repr(reads[:3]).encode()).hexdigest()[:24]
+        return parts.read_value(f"health-{name}", reads, compute)
+
+    def matrix(read: tuple) -> pd.DataFrame:
+        rows, plans = read
+        return pd.DataFrame() if rows is None else latest_matrix(rows, plans=plans, kept=group)
+
     reads = lambda: (health_rows(df) if not df.empty else None, plans)  # noqa: E731
-    return parts.read_kept("health", reads, lambda: health_matrix(df, plans=plans), also=plans)
+    return parts.kept("health", reads, matrix, also=plans)
 
 
 def health_anchor(suite: str, dcp: dict) -> str:

@@ -6,13 +6,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
 from specwatch.analysis.changepoints import (
+    CELL,
     DASHBOARD_METRICS,
     THRESHOLD,
+    history_picks,
     picks_changepoints,
     store_changepoints,
     store_picks,
 )
 from specwatch.analysis.floor import GOAL, DetectionFloor, store_floor
+from specwatch.analysis.picks_cache import decoded_cells
 from specwatch.analysis.speedup import point_sets, speedup_frame, speedup_table
 from specwatch.present.figure_reads import speedup_reads
 from specwatch.present.part_cache import NO_CACHE, PartCache
@@ -74,7 +77,8 @@ def timing_part(
     ``plots`` (``speedup_plots.speedup_figure``), the speedup points of both found once (where
     either is not taken from ``parts``, the store's kept dashboard parts). The tables are kept
     under all they read: the speedup points, the detection floor (kept in the store under its
-    own files) and the change points' picked rows."""
+    own files) and the picked rows the change points read (``history_picks``, their cells as
+    JSON text, decoded only where the table is computed)."""
     found: list = []
 
     def points() -> tuple["pd.DataFrame", "pd.DataFrame"]:
@@ -82,13 +86,14 @@ def timing_part(
             found.append(point_sets(df, keep))
         return found[0]
 
-    def reads() -> tuple:
-        floor = store_floor(results)
-        return points()[0], floor, store_picks(result_files(results), DASHBOARD_METRICS)
+    def reads() -> tuple:  # the change points read the picks of cases of two releases or more
+        picks = history_picks(store_picks(result_files(results), DASHBOARD_METRICS, raw=True))
+        return points()[0], store_floor(results), picks
 
     def tables(read: tuple) -> dict[str, "pd.DataFrame"]:
         table, floor, picks = read
-        return timing_tables(results, df, table, lambda: picks_changepoints(picks, DASHBOARD_METRICS), floor)
+        steps = lambda: picks_changepoints(decoded_cells(picks, CELL), DASHBOARD_METRICS)  # noqa: E731
+        return timing_tables(results, df, table, steps, floor)
 
     tables = parts.kept("timing", reads, tables)
     figure = parts.files(  # kept under the speedup points it draws
