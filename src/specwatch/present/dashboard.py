@@ -100,16 +100,37 @@ def remove_stale_pages(folder: Path, pattern: str, written: list[Path]) -> None:
             old.unlink()
 
 
-def table_pages(sections: list[TableView], out: Path) -> None:
-    """The index's tables too large for it (``TableView.own_page``) on pages of their own under
-    ``out/TABLE_DIR``, each page linking back to the table's place on the index."""
-    written = []
-    for t in sections:
-        if t.own_page:
-            back = f"../index.html#{t.anchor}"
-            written += write_pages(t.split(PAGE_ROWS), out / TABLE_DIR, t.anchor, "table.html.j2", back)
+def section_views(
+    titled: list[tuple[str, pd.DataFrame, str]], out: Path, parts: PartCache = NO_CACHE
+) -> list[TableView]:
+    """The index's tables (title, frame, anchor) as drawn there, and those too large for it
+    (``TableView.own_page``) on pages of their own under ``out/TABLE_DIR``, each page linking back
+    to the table's place on the index; a table's pages are kept in ``parts`` under its title,
+    anchor and frame (``PartCache.files``), written again from their bytes while those are
+    unchanged. A previous build's pages no table wrote are removed."""
+    views, written = [], []
+    for title, t, anchor in titled:
+        view = TableView(title, anchor, [str(c) for c in t.columns], length=len(t))  # the index's link
+        if not view.own_page:
+            views.append(table_view(title, t, anchor))
+            continue
+
+        def draw(folder: Path, title=title, t=t, anchor=anchor) -> list[Path]:
+            return write_pages(
+                table_view(title, t, anchor).split(PAGE_ROWS),
+                folder,
+                anchor,
+                "table.html.j2",
+                f"../index.html#{anchor}",
+            )
+
+        written += parts.files(
+            f"table-{anchor}", out / TABLE_DIR, draw, lambda title=title, t=t, anchor=anchor: (title, t, anchor)
+        )
+        views.append(view)
     if (out / TABLE_DIR).exists():
         remove_stale_pages(out / TABLE_DIR, "*.html", written)
+    return views
 
 
 def cases_table(df: pd.DataFrame) -> TableView:
@@ -130,10 +151,10 @@ def section_tables(
     dcp: dict,
     tables: Optional[dict[str, pd.DataFrame]],
     health: Optional[pd.DataFrame] = None,
-) -> list[TableView]:
+) -> list[tuple[str, pd.DataFrame, str]]:
     """The index's tables after the plots, in order: health matrix (``health``, where already
     made), DCP tables per DCP suite, fault injection, harness overhead, recorded counts, then
-    ``tables``; empty ones left out."""
+    ``tables``, as (title, frame, anchor); empty ones left out."""
     titled = [
         (
             "Coverage and health per suite (latest record of each case; rows with no record left out; "
@@ -157,7 +178,7 @@ def section_tables(
         ("Recorded cases per machine, SGLang version and suite", recorded_counts(df), "recorded"),
     ]
     titled += [(title, t, None) for title, t in (tables or {}).items()]
-    return [table_view(title, t, anchor) for title, t, anchor in titled if t is not None and not t.empty]
+    return [(title, t, anchor or anchor_of(title)) for title, t, anchor in titled if t is not None and not t.empty]
 
 
 def dcp_part(rows: pd.DataFrame, md: Path) -> tuple[dict, Optional[tuple[str, str]]]:
@@ -253,8 +274,8 @@ def build(
         write_markdown_page(out / "dcp-support.md", dcp_page)
     plans = suite_plans(df)  # the suite files today (and the checkpoints here) decide what was planned
     health = health_part(df, plans, parts)
-    sections = section_tables(df, faults, overhead, dcp, tables() if callable(tables) else tables, health)
-    table_pages(sections, out)
+    titled = section_tables(df, faults, overhead, dcp, tables() if callable(tables) else tables, health)
+    sections = section_views(titled, out, parts)
     drawn = figures() if figures is not None else draw_figures(df, out / "plots")
     plots = [p.stem for p in drawn if p.suffix == ".png"]
     reports = pages() if pages is not None else record_pages(df, out)

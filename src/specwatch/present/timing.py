@@ -78,7 +78,7 @@ def timing_part(
     either is not taken from ``parts``, the store's kept dashboard parts). The tables are kept
     under all they read: the speedup points, the detection floor (kept in the store under its
     own files) and the picked rows the change points read (``history_picks``, their cells as
-    JSON text, decoded only where the table is computed)."""
+    JSON text, decoded only where the table is computed); the change points under those picks."""
     found: list = []
 
     def points() -> tuple["pd.DataFrame", "pd.DataFrame"]:
@@ -92,7 +92,12 @@ def timing_part(
 
     def tables(read: tuple) -> dict[str, "pd.DataFrame"]:
         table, floor, picks = read
-        steps = lambda: picks_changepoints(decoded_cells(picks, CELL), DASHBOARD_METRICS)  # noqa: E731
+
+        def steps() -> "pd.DataFrame":  # kept under the picks alone: new speedup points leave it kept
+            return parts.read_value(
+                "changepoints", picks, lambda: picks_changepoints(decoded_cells(picks, CELL), DASHBOARD_METRICS)
+            )
+
         return timing_tables(results, df, table, steps, floor)
 
     tables = parts.kept("timing", reads, tables)
