@@ -251,6 +251,7 @@ def build(
     clean: Optional[pd.DataFrame] = None,
     parts: PartCache = NO_CACHE,
     pages: Optional[Callable[[], list[Path]]] = None,
+    dcp: Optional[Callable[[], tuple[dict, Optional[tuple[str, str]]]]] = None,
 ) -> Path:
     """Write ``out/index.html``, ``out/cases.html``, the plots and the reports' HTML; returns the index.
     ``tables``: further titled tables (roofline, sweep cost) shown last, or the call that returns
@@ -262,13 +263,16 @@ def build(
     caller's ``clean_records(df)``, where it has them; ``parts``: where the tables derived from
     the records are kept between builds (``part_cache``; ``df`` is then that store's frame);
     ``pages``: the call that writes the case pages and the reports' HTML (``record_pages`` of the
-    clean records, the default), called before the index is written."""
+    clean records, the default), called before the index is written; ``dcp``: the call that
+    returns the DCP tables and their page (``dcp_part`` of the clean records' DCP rows, kept in
+    ``parts``, the default)."""
     check_records(df, out, source)
     faults = parts.kept("faults", lambda: fault_reads(df), fault_rows)  # kept under the rows they read
     overhead = parts.kept("overhead", lambda: overhead_reads(df), overhead_rows)
     df = clean_records(df) if clean is None else clean
-    # the DCP tables read the DCP suites' records only: kept while those are unchanged
-    dcp, dcp_page = parts.rows_value("dcp", dcp_rows(df), lambda rows: dcp_part(rows, out / "dcp-support.md"))
+    if dcp is None:  # the DCP tables read the DCP suites' records only: kept while those are unchanged
+        dcp = lambda: parts.rows_value("dcp", dcp_rows(df), lambda rows: dcp_part(rows, out / "dcp-support.md"))  # noqa: E731
+    dcp, dcp_page = dcp()
     out.mkdir(parents=True, exist_ok=True)
     if dcp:
         write_markdown_page(out / "dcp-support.md", dcp_page)
