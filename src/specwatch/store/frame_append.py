@@ -59,9 +59,9 @@ def join_rows(old: "pd.DataFrame", tail: "pd.DataFrame") -> Optional["pd.DataFra
     tail holds a column ``old`` lacks (the column order of a whole build would differ)."""
     import pandas as pd
 
-    if tail.empty:
+    if not len(tail):
         return old  # no valid line appended: the rows are the cached ones
-    if old.empty or not set(tail.columns) <= set(old.columns):
+    if not len(old) or not set(tail.columns) <= set(old.columns):
         return None
     left, right = {}, {}
     for c in old.columns:
