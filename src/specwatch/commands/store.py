@@ -47,12 +47,13 @@ def dashboard(
     from specwatch.store.frame import files_frame
     from specwatch.store.frame_cache import one_pass
     from specwatch.store.jsonl import result_files
-    from specwatch.store.prime import build_stale
+    from specwatch.store.prime import start_stale
 
     with one_pass():  # the store is read several times below: each file hashed once
         parts = PartCache.of(results)  # the inputs as they are before the records are read
-        build_stale(result_files(results))  # a cold store's build apart: its memory returned
-        _dashboard(results, out, files_frame(result_files(results)), parts)
+        files = result_files(results)
+        built = start_stale(files)  # the stale caches built apart (their memory returned), the others read meanwhile
+        _dashboard(results, out, files_frame(files, pending=built), parts)
 
 
 def _dashboard(results: Path, out: Path, df, cache) -> None:
@@ -69,7 +70,7 @@ def _dashboard(results: Path, out: Path, df, cache) -> None:
     from specwatch.present.figures import FIGURE_PARTS
     from specwatch.present.plots import metrics_across_versions
     from specwatch.present.speedup_plots import speedup_figure
-    from specwatch.store.frame import runs_frame
+    from specwatch.store.runs import runs_frame
 
     check_records(df, out, results)  # before the child writes anything
     keep = clean_mask(df)
@@ -212,8 +213,9 @@ def results_cmd(
         status_counts,
         throughput_spread,
     )
-    from specwatch.store.frame import files_frame, runs_frame
+    from specwatch.store.frame import files_frame
     from specwatch.store.jsonl import Quarantine, result_files
+    from specwatch.store.runs import runs_frame
 
     quarantine = Quarantine()
     df = files_frame(result_files(root), strict=strict, quarantine=quarantine)
