@@ -61,13 +61,13 @@ def test_a_figure_the_change_points_or_the_health_matrix_are_found_again_only_fo
         append_record(results_path(results, "m", "0.5.17", "faults"), _record(4, 1, fault="accept-off-by-one"))
 
     again = _recomputed(results, tmp_path, fault_run)
-    assert "faults" in again and not again & {*FIGURES, "changepoints", "health.reads"}
+    assert "faults.reads" in again and not again & {*FIGURES, "timing.reads", "health.reads", "overhead.reads"}
 
     def bare_run() -> None:  # a bare run measures the harness: no finding reads it
         append_record(results_path(results, "m", "0.5.17", "smoke"), _record(4, 4, probe=False))
 
     again = _recomputed(results, tmp_path, bare_run)
-    assert "overhead" in again and "findings.reads" not in again
+    assert "overhead.reads" in again and not again & {"findings-versions_section", "findings-html", "roofline.reads"}
 
     def other_model() -> None:  # the by-topk figures show the tiny model only
         append_record(results_path(results, "m", "0.5.17", "eight"), _record(2, 2, model=ModelSize.llama_8b))
@@ -80,5 +80,6 @@ def test_a_figure_the_change_points_or_the_health_matrix_are_found_again_only_fo
         append_record(results_path(results, "m", "0.5.17", "smoke"), _record(2, 3))
 
     again = _recomputed(results, tmp_path, tiny_again)
-    assert {"throughput_vs_topk.reads", "acceptance_vs_topk.reads", "changepoints", "health.reads"} <= again
-    assert "findings.reads" in again
+    assert {"throughput_vs_topk.reads", "acceptance_vs_topk.reads", "health.reads"} <= again
+    assert "timing.reads" not in again  # a case of one release: no change point, no twin
+    assert {"findings-versions_section", "findings-html"} <= again and "findings-faults_section" not in again

@@ -124,7 +124,7 @@ def test_stale_caches_are_built_in_a_child_and_read_warm_after(tmp_path, monkeyp
 
 @needs_fork
 def test_a_cache_whose_file_was_written_since_is_built_again(tmp_path, monkeypatch):
-    from contextlib import nullcontext
+    from types import SimpleNamespace
 
     from specwatch.store import frame_cache
     from specwatch.store.prime import build_stale, stamp_fresh
@@ -137,6 +137,33 @@ def test_a_cache_whose_file_was_written_since_is_built_again(tmp_path, monkeypat
         append_record(path, record(case(page_size=16), tps=12.0))
         assert not stamp_fresh(path)  # the schema's stamp is the old file's
         forks = []
-        monkeypatch.setattr("specwatch.store.prime.Forked", lambda *calls: forks.append(calls) or nullcontext())
+        monkeypatch.setattr(
+            "specwatch.store.prime.Forked", lambda *calls: forks.append(calls) or SimpleNamespace(join=lambda: None)
+        )
         build_stale([path])
     assert len(forks) == 1 and frame_cache.cache_path(path).exists()
+
+
+@needs_fork
+def test_the_fresh_caches_are_read_while_a_child_builds_the_stale_ones(tmp_path, monkeypatch):
+    from specwatch.store import frame as frame_mod
+    from specwatch.store import frame_cache
+    from specwatch.store.frame import files_frame
+    from specwatch.store.prime import start_stale
+
+    fresh, stale = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    append_record(fresh, record(case(page_size=1), tps=10.0))
+    append_record(stale, record(case(page_size=16), tps=20.0))
+    files_frame([fresh, stale])
+    append_record(stale, record(case(page_size=64), tps=30.0))  # b's cache stale now
+    read, built = [], []
+    real_fresh, real_rows = frame_cache.fresh_rows, frame_mod._rows_of_span
+    monkeypatch.setattr(frame_cache, "fresh_rows", lambda p, *a: read.append(p.name) or real_fresh(p, *a))
+    with frame_cache.one_pass():
+        wait = start_stale([fresh, stale])  # the child forked now, with the built rows' spy below unset
+        monkeypatch.setattr(frame_mod, "_rows_of_span", lambda *a: built.append(a) or real_rows(*a))
+        waited = []
+        df = files_frame([fresh, stale], pending=lambda: waited.append(list(read)) or wait())
+    assert df.output_throughput.tolist() == [10.0, 20.0, 30.0]
+    assert waited == [["a.jsonl", "b.jsonl"]]  # both tried (a read) before the wait
+    assert read[-1] == "b.jsonl" and built == []  # b read again after it: built by the child, not here

@@ -151,12 +151,12 @@ def decoded(raw: list, metrics: Optional[list[str]]) -> list[dict]:
     return cells
 
 
-def file_picks(path: Path, metrics: Optional[list[str]]) -> pd.DataFrame:
+def file_picks(path: Path, metrics: Optional[list[str]], raw: bool = False) -> pd.DataFrame:
     """``picked_rows`` of one results file, from its picks cache (``picks_cache``) while the file
-    is unchanged; else picked (``_file_picks``) and cached."""
+    is unchanged; else picked (``_file_picks``) and cached. ``raw``: the cells as JSON text."""
     from specwatch.analysis.picks_cache import cached_picks
 
-    return cached_picks(path, metrics, CELL, lambda: _file_picks(path, metrics))
+    return cached_picks(path, metrics, CELL, lambda: _file_picks(path, metrics), raw)
 
 
 def _file_picks(path: Path, metrics: Optional[list[str]]) -> pd.DataFrame:
@@ -185,12 +185,20 @@ def store_changepoints(
     return picks_changepoints(store_picks(paths, metrics), metrics, threshold)
 
 
-def store_picks(paths: Iterable[Path], metrics: Optional[list[str]] = None) -> pd.DataFrame:
+def store_picks(paths: Iterable[Path], metrics: Optional[list[str]] = None, raw: bool = False) -> pd.DataFrame:
     """The latest of the files' picked rows (``file_picks``: all ``store_changepoints`` reads of
-    them); empty where no file has any."""
-    parts = [file_picks(Path(p), metrics) for p in paths]
+    them); empty where no file has any. ``raw``: the cells left as JSON text (``history_picks``)."""
+    parts = [file_picks(Path(p), metrics, raw) for p in paths]
     parts = [p for p in parts if not p.empty]
     return latest_rows(pd.concat(parts, ignore_index=True, sort=False), KEY) if parts else pd.DataFrame()
+
+
+def history_picks(picks: pd.DataFrame) -> pd.DataFrame:
+    """The picks ``steps_table`` reads: those of a case picked on its machine in two releases or
+    more (a case of one release has no step), in their order."""
+    if picks.empty:
+        return picks
+    return picks[picks.groupby(["machine", "case_id"]).sglang_version.transform("size") >= 2]
 
 
 def picks_changepoints(picks: pd.DataFrame, metrics: Optional[list[str]], threshold: float = THRESHOLD) -> pd.DataFrame:
@@ -209,7 +217,7 @@ def changepoints(df: pd.DataFrame, metrics: Optional[list[str]] = None, threshol
 def steps_table(latest: pd.DataFrame, metrics: Optional[list[str]], threshold: float) -> pd.DataFrame:
     """``changepoints``' table from the picked rows (``picked_rows``); a case measured in one
     release only is skipped, and a history seen before (same releases, same samples) reuses its steps."""
-    latest = latest[latest.groupby(["machine", "case_id"]).sglang_version.transform("size") >= 2]
+    latest = history_picks(latest)
     histories: dict[tuple, list[tuple]] = {}
     for machine, cid, version, cell in zip(latest.machine, latest.case_id, latest.sglang_version, latest[CELL]):
         histories.setdefault((machine, cid), []).append((version, cell))

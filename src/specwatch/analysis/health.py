@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Optional
+from typing import Callable, Optional
 
 import pandas as pd
 
@@ -32,9 +32,26 @@ record, what it was). The recorded verdicts stay (``store.leak_is_unflushed_cach
 def fault_table(df: pd.DataFrame) -> pd.DataFrame:
     """One row per (fault, case) of fault-injection runs, with the clean run of the same case and
     SGLang version beside it: what flagged the fault (status, failed checks) and whether clean stayed clean."""
+    return fault_rows(fault_reads(df))
+
+
+def fault_reads(df: pd.DataFrame) -> Optional[tuple[pd.DataFrame, pd.DataFrame]]:
+    """All ``fault_table`` reads of a records frame: the fault runs cut to the columns a row reads
+    and the clean runs of their cases (case, version, status, reason, checks); None: no fault run."""
     if "fault" not in df or df.fault.isna().all():
-        return pd.DataFrame()
+        return None
     checks = [c for c in df.columns if c.startswith("check.")]
+    faulty = df.loc[df.fault.notna(), [c for c in dict.fromkeys([*FAULT_ROW_COLUMNS, *checks]) if c in df]]
+    cols = list(dict.fromkeys(["case_id", "sglang_version", "status", "reason", *checks]))
+    return faulty, df.loc[df.fault.isna() & df.case_id.isin(faulty.case_id), cols]
+
+
+def fault_rows(reads: Optional[tuple[pd.DataFrame, pd.DataFrame]]) -> pd.DataFrame:
+    """``fault_table`` of what ``fault_reads`` gave."""
+    if reads is None:
+        return pd.DataFrame()
+    faulty, clean = reads
+    checks = [c for c in faulty.columns if c.startswith("check.")]
 
     def verdict(row) -> str:
         bad = [c[len("check.") :] for c in checks if row.get(c) == False]  # noqa: E712 (numpy bools, NaN)
@@ -42,14 +59,11 @@ def fault_table(df: pd.DataFrame) -> pd.DataFrame:
             return f"{row.status}: {str(row.reason)[:140]}"
         return "failed: " + ", ".join(bad) if bad else "all checks pass"
 
-    faulty = df[df.fault.notna()]
-    clean = df[df.fault.isna() & df.case_id.isin(faulty.case_id)]
     # the last clean row of each (case, SGLang version), found once instead of per fault run
     last_clean = {key: i for i, key in enumerate(zip(clean.case_id, clean.sglang_version)) if not pd.isna(key[1])}
     rows = []
     clean_rows = row_dicts(clean[["status", "reason", *checks]])
-    read = [c for c in dict.fromkeys([*FAULT_ROW_COLUMNS, *checks]) if c in df]  # only what a row reads
-    for r in row_dicts(faulty.sort_values(["fault", "page_size", "batch_size"])[read]):
+    for r in row_dicts(faulty.sort_values(["fault", "page_size", "batch_size"])):
         r = _row(r)
         c = last_clean.get((r.case_id, r.sglang_version))
         runs = r.get("fault_code_runs")
@@ -125,10 +139,14 @@ def health_rows(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def latest_matrix(
-    latest: pd.DataFrame, suites_dir: Optional[Path] = Path("suites"), plans: Optional[dict] = None
+    latest: pd.DataFrame,
+    suites_dir: Optional[Path] = Path("suites"),
+    plans: Optional[dict] = None,
+    kept: Optional[Callable[[tuple, Callable[[], list[dict]]], list[dict]]] = None,
 ) -> pd.DataFrame:
-    """``health_matrix`` of the rows ``health_rows`` gave."""
-    key = MATRIX_KEY
+    """``health_matrix`` of the rows ``health_rows`` gave. ``kept(reads, compute)``: how the rows of
+    one machine, version and suite are found from all they read (``group_rows``' arguments; the
+    dashboard keeps each group's rows under those), else computed."""
     checks = [c for c in latest.columns if c.startswith("check.")]
     rows = []
     plans = dict(plans or {})  # each suite file planned once, not once per version
@@ -136,27 +154,39 @@ def latest_matrix(
         if suite not in plans:
             plans[suite] = planned_cells(suites_dir / f"{suite}.toml" if suites_dir else None)
         planned = plans[suite]
-        planned = g[key + ["topk", "case_id"]] if planned is None else planned
-        # a planned cell's records (as dicts: only the planned cases' ones), found by its key
-        recorded: dict[tuple, list[dict]] = {k: [] for k in zip(*(g[c].tolist() for c in key))}
-        for r in row_dicts(g[g.case_id.isin(planned.case_id)]):
-            recorded[tuple(r[c] for c in key)].append(r)
-        for k, plan in planned.groupby(key, sort=True):
-            row = dict(
-                zip(("machine", "sglang", "suite", "model", "algo", "backend", "page"), (machine, version, suite, *k))
-            )
-            rec = recorded.get(k)
-            for topk, want in plan.groupby("topk"):
-                wanted = set(want.case_id)
-                got = [r for r in rec or () if r["case_id"] in wanted]  # cases the suite no longer plans: out
-                row[f"topk {topk}"] = cell_text(got, len(want), checks) if got else "not run"
-            if rec is not None:  # a row with no record at all (e.g. a reduced run of an old version): left out
-                rows.append(row)
+        planned = g[MATRIX_KEY + ["topk", "case_id"]] if planned is None else planned
+        reads = (machine, version, suite, g, planned, checks)
+        rows += group_rows(*reads) if kept is None else kept(reads, lambda reads=reads: group_rows(*reads))
     out = pd.DataFrame(rows)
     if out.empty:
         return out
     topks = sorted((c for c in out.columns if c.startswith("topk ")), key=lambda c: int(c.split()[1]))
     return out[[c for c in out.columns if not c.startswith("topk ")] + topks].fillna("–")
+
+
+def group_rows(
+    machine: str, version: str, suite: str, g: pd.DataFrame, planned: pd.DataFrame, checks: list[str]
+) -> list[dict]:
+    """The health-matrix rows of one machine, version and suite: ``g`` its latest records,
+    ``planned`` the cells its suite file plans (or, without a plan, those recorded)."""
+    key = MATRIX_KEY
+    rows = []
+    # a planned cell's records (as dicts: only the planned cases' ones), found by its key
+    recorded: dict[tuple, list[dict]] = {k: [] for k in zip(*(g[c].tolist() for c in key))}
+    for r in row_dicts(g[g.case_id.isin(planned.case_id)]):
+        recorded[tuple(r[c] for c in key)].append(r)
+    for k, plan in planned.groupby(key, sort=True):
+        row = dict(
+            zip(("machine", "sglang", "suite", "model", "algo", "backend", "page"), (machine, version, suite, *k))
+        )
+        rec = recorded.get(k)
+        for topk, want in plan.groupby("topk"):
+            wanted = set(want.case_id)
+            got = [r for r in rec or () if r["case_id"] in wanted]  # cases the suite no longer plans: out
+            row[f"topk {topk}"] = cell_text(got, len(want), checks) if got else "not run"
+        if rec is not None:  # a row with no record at all (e.g. a reduced run of an old version): left out
+            rows.append(row)
+    return rows
 
 
 def planned_cells(path: Optional[Path]) -> Optional[pd.DataFrame]:

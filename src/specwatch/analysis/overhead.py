@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import statistics
 from types import SimpleNamespace
+from typing import Optional
 
 import pandas as pd
 
@@ -35,15 +36,27 @@ def overhead_table(df: pd.DataFrame, metric: str = "output_throughput") -> pd.Da
     more than the repeats inside one run do) decides whether a gap past the 2% budget is the probe
     (``OVER_BUDGET``: past the budget and past that spread, or the spread unmeasured) or noise
     (``WITHIN_NOISE``). Interleave bare and probed runs (ABAB) to measure it."""
+    return overhead_rows(overhead_reads(df, metric), metric)
+
+
+def overhead_reads(df: pd.DataFrame, metric: str = "output_throughput") -> Optional[pd.DataFrame]:
+    """All ``overhead_table`` reads of a records frame: the ok clean runs of the cases with both a
+    probed and a bare run, cut to the columns a row reads; None: no bare run."""
     if df.empty or "probe" not in df or not (df.probe == False).any():  # noqa: E712
-        return pd.DataFrame()
+        return None
     used = ["machine", "sglang_version", "case_id", "probe", metric, "probe_time_per_batch", "step_time", "suite"]
     used += ["model", "algorithm", "attention_backend", "page_size", "topk", "batch_size"]
     keep = (df.status == "ok") & df.fault.isna() & df[metric].notna()
     ok = df.loc[keep, [c for c in dict.fromkeys(used) if c in df]]  # the groups cut only what a row reads
     # only cases with both kinds of run make a row: the rest are left out before grouping
     both = set(ok.case_id[ok.probe == False].tolist()) & set(ok.case_id[ok.probe == True].tolist())  # noqa: E712
-    ok = ok[ok.case_id.isin(both)]
+    return ok[ok.case_id.isin(both)]
+
+
+def overhead_rows(ok: Optional[pd.DataFrame], metric: str = "output_throughput") -> pd.DataFrame:
+    """``overhead_table`` of what ``overhead_reads`` gave."""
+    if ok is None:
+        return pd.DataFrame()
     rows = []
     for (machine, version, _case_id), g in ok.groupby(["machine", "sglang_version", "case_id"], sort=False):
         col = g.to_dict("list")  # the group's columns as lists: a case's few runs read in Python

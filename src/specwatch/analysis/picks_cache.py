@@ -55,33 +55,42 @@ def _key(path: Path, metrics: Optional[list[str]], cell: str) -> Optional[dict]:
 
 
 def cached_picks(
-    path: Path, metrics: Optional[list[str]], cell: str, pick: Callable[[], "pd.DataFrame"]
+    path: Path, metrics: Optional[list[str]], cell: str, pick: Callable[[], "pd.DataFrame"], raw: bool = False
 ) -> "pd.DataFrame":
     """The picks of ``path`` from its cache where that is fresh, else ``pick()`` (then cached);
-    ``cell``: the picks' column of decoded cells (stored as JSON text)."""
+    ``cell``: the picks' column of decoded cells (stored as JSON text); ``raw``: that column left
+    as the JSON text (``decoded_cells`` decodes it), as stored."""
+    import orjson
+
     key = _key(path, metrics, cell)
-    if key is not None and (hit := _read(cache_path(path), key, cell)) is not None:
+    if key is not None and (hit := _read(cache_path(path), key, cell, raw)) is not None:
         return hit
     picks = pick()
     if key is not None and key == _key(path, metrics, cell):  # the file did not change meanwhile
         _write(cache_path(path), picks, key, cell)
+    if raw and cell in picks.columns:
+        picks = picks.assign(**{cell: [orjson.dumps(v).decode() for v in picks[cell]]})
     return picks
 
 
-def _read(cache: Path, key: dict, cell: str) -> Optional["pd.DataFrame"]:
+def decoded_cells(picks: "pd.DataFrame", cell: str) -> "pd.DataFrame":
+    """Picks read ``raw`` (``cached_picks``) with their ``cell`` column decoded, as read otherwise."""
     import orjson
+
+    return picks.assign(**{cell: [orjson.loads(v) for v in picks[cell]]}) if cell in picks.columns else picks
+
+
+def _read(cache: Path, key: dict, cell: str, raw: bool = False) -> Optional["pd.DataFrame"]:
     import pyarrow.parquet as pq
 
     try:
         schema = pq.read_schema(cache)
         if json.loads((schema.metadata or {})[META_KEY]) != key:
             return None
-        df = pq.read_table(cache).to_pandas()
+        df = pq.ParquetFile(cache).read().to_pandas()
     except (OSError, KeyError, ValueError):
         return None
-    if cell in df.columns:
-        df[cell] = [orjson.loads(v) for v in df[cell]]
-    return df
+    return df if raw else decoded_cells(df, cell)
 
 
 def _write(cache: Path, picks: "pd.DataFrame", key: dict, cell: str) -> None:

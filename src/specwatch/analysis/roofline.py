@@ -131,23 +131,48 @@ def roofline_rows(df: "pd.DataFrame") -> "pd.DataFrame":
     """``roofline_frame`` from a records frame: only the rows it keeps become cases (no record is
     read). A metric the frame shows as missing counts as not recorded (``decode_throughput`` first,
     else ``output_throughput``)."""
+    return roofline_of(roofline_reads(df))
+
+
+def roofline_reads(df: "pd.DataFrame", where: Optional["pd.Series"] = None) -> Optional["pd.DataFrame"]:
+    """All ``roofline_rows`` reads of a records frame (of its rows ``where`` holds, where given):
+    its ok batch-1 EAGLE rows of an oracle model with an acceptance length and a throughput, cut
+    to the case's fields, case id, version, acceptance length and the throughput
+    (``THROUGHPUT``); None: the frame has no acceptance length."""
     import pandas as pd
 
     from specwatch.core.case import CASE_FIELDS
 
     if df.empty or "accept_length" not in df:
-        return pd.DataFrame()
+        return None
     tput = df["decode_throughput"] if "decode_throughput" in df else pd.Series(float("nan"), index=df.index)
     if "output_throughput" in df:
         tput = tput.where(tput.notna(), df["output_throughput"])
     keep = (df.status == "ok") & (df.batch_size == 1) & (df.algorithm == Algorithm.EAGLE.value)
     keep &= df.accept_length.notna() & tput.notna()
+    if where is not None:
+        keep &= where
     if "model_name" in df:  # own models: no oracle shape (``_modelled``), nor a Case the row rebuilds
         keep &= df.model_name.isna()
-    rows = []
     wanted = list(dict.fromkeys([*CASE_FIELDS, "case_id", "sglang_version", "accept_length"]))
+    return df.loc[keep, wanted].assign(**{THROUGHPUT: tput[keep]})
+
+
+THROUGHPUT = "_throughput"
+"""``roofline_reads``' column of each row's throughput (``decode_throughput``, else ``output_throughput``)."""
+
+
+def roofline_of(reads: Optional["pd.DataFrame"]) -> "pd.DataFrame":
+    """``roofline_rows`` of what ``roofline_reads`` gave."""
+    import pandas as pd
+
+    from specwatch.core.case import CASE_FIELDS
+
+    if reads is None:
+        return pd.DataFrame()
+    rows = []
     cases: dict[tuple, tuple] = {}  # a case's records (releases, repeats) build it (and its facts) once
-    for rec, t in zip(row_dicts(df.loc[keep, wanted]), tput[keep]):  # t: numpy floats (numpy rounding)
+    for rec, t in zip(row_dicts(reads.drop(columns=[THROUGHPUT])), reads[THROUGHPUT]):  # t: numpy floats
         fields = tuple(rec[f] for f in CASE_FIELDS)
         try:
             case, known = cases[fields]

@@ -199,18 +199,10 @@ def release_verdict(
 
     budgets_path = root / BUDGETS_FILE if budgets_path is None else budgets_path
     budgets = load_budgets(budgets_path)
-    df = files_frame(result_files(root)) if frame is None else frame
-    if df.empty or "sglang_version" not in df:
+    found = newest_two(files_frame(result_files(root)) if frame is None else frame)
+    if found is None:
         return None
-    # statuses and checks of overlapped runs count (only their timing is contended, and compare's
-    # own selections leave those out of the timed comparison)
-    clean = df.fault.isna() & (df.probe == True) & df.sglang_version.notna() & (df.sglang_version != "")  # noqa: E712
-    read = ["sglang_version", "suite", "case_id", *LATEST_COLUMNS, *(c for c in df.columns if c.startswith("check."))]
-    df = df.loc[clean, [c for c in dict.fromkeys(read) if c in df]]  # only what the health reads, cut once
-    versions = sorted(set(df.sglang_version.unique().tolist()), key=version_key)
-    if not versions:
-        return None
-    head, base = versions[-1], (versions[-2] if len(versions) > 1 else None)
+    df, head, base = found
     suites = {v: set(df.suite[df.sglang_version == v].unique().tolist()) for v in (head, base)}
     compared = (
         [compare_suite(s, base, head, root, budgets) for s in sorted(suites[head] & suites[base])] if base else []
@@ -224,3 +216,41 @@ def release_verdict(
         compared=compared,
         health=health,
     )
+
+
+def newest_two(df: "pd.DataFrame") -> Optional[tuple["pd.DataFrame", str, Optional[str]]]:
+    """(the clean, probed records of a records frame cut to what the verdict's health reads, the
+    newest release among them, the one before it or None); None: no such record."""
+    if df.empty or "sglang_version" not in df:
+        return None
+    # statuses and checks of overlapped runs count (only their timing is contended, and compare's
+    # own selections leave those out of the timed comparison)
+    clean = df.fault.isna() & (df.probe == True) & df.sglang_version.notna() & (df.sglang_version != "")  # noqa: E712
+    read = ["sglang_version", "suite", "case_id", *LATEST_COLUMNS, *(c for c in df.columns if c.startswith("check."))]
+    df = df.loc[clean, [c for c in dict.fromkeys(read) if c in df]]  # only what the health reads, cut once
+    versions = sorted(set(df.sglang_version.unique().tolist()), key=version_key)
+    if not versions:
+        return None
+    return df, versions[-1], (versions[-2] if len(versions) > 1 else None)
+
+
+def verdict_reads(root: Path, frame: "pd.DataFrame", budgets_path: Optional[Path] = None) -> object:
+    """All ``release_verdict(root, budgets_path, frame)`` reads: the records of the newest two
+    releases its health reads (``newest_two``) and the file-system stamps
+    (``result_cache.file_stamps``) of the budget file and of every results file a selection of
+    either release reads (``select.selected_files``: its comparisons' records)."""
+    from specwatch.store.result_cache import file_stamps
+    from specwatch.store.select import parse_terms, selected_files
+
+    budgets_path = root / BUDGETS_FILE if budgets_path is None else budgets_path
+    found = newest_two(frame)
+    if found is None:
+        return None
+    df, head, base = found
+    versions = [v for v in (base, head) if v is not None]
+    try:
+        files = selected_files(root, parse_terms(f"sglang_version={'|'.join(versions)}"))
+    except SpecwatchInputError:  # a version no selection can name: every file
+        files = result_files(root)
+    budgets = file_stamps([budgets_path]) if budgets_path.exists() else None
+    return df[df.sglang_version.isin(versions)], head, base, str(budgets_path), budgets, file_stamps(files)

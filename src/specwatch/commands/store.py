@@ -47,12 +47,13 @@ def dashboard(
     from specwatch.store.frame import files_frame
     from specwatch.store.frame_cache import one_pass
     from specwatch.store.jsonl import result_files
-    from specwatch.store.prime import build_stale
+    from specwatch.store.prime import start_stale
 
     with one_pass():  # the store is read several times below: each file hashed once
         parts = PartCache.of(results)  # the inputs as they are before the records are read
-        build_stale(result_files(results))  # a cold store's build apart: its memory returned
-        _dashboard(results, out, files_frame(result_files(results)), parts)
+        files = result_files(results)
+        built = start_stale(files)  # the stale caches built apart (their memory returned), the others read meanwhile
+        _dashboard(results, out, files_frame(files, pending=built), parts)
 
 
 def _dashboard(results: Path, out: Path, df, cache) -> None:
@@ -62,17 +63,14 @@ def _dashboard(results: Path, out: Path, df, cache) -> None:
     tables and the index; every part derived from the records is kept in the store between builds
     (``cache``: a ``present.part_cache.PartCache`` made before ``df`` was read), so a build of an
     unchanged store draws no figure again."""
-    from specwatch.analysis.roofline import roofline_rows
-    from specwatch.analysis.verdict import release_verdict
     from specwatch.core.forked import Forked
-    from specwatch.present.dashboard import build, check_records, clean_mask, record_pages
+    from specwatch.present.dashboard import build, check_records, clean_mask
     from specwatch.present.dflash_plots import dflash_figure
     from specwatch.present.figure_reads import FIGURE_READS
     from specwatch.present.figures import FIGURE_PARTS
     from specwatch.present.plots import metrics_across_versions
     from specwatch.present.speedup_plots import speedup_figure
-    from specwatch.present.timing import timing_part
-    from specwatch.store.frame import runs_frame
+    from specwatch.store.runs import runs_frame
 
     check_records(df, out, results)  # before the child writes anything
     keep = clean_mask(df)
@@ -88,53 +86,73 @@ def _dashboard(results: Path, out: Path, df, cache) -> None:
         for d in parts
     ]
     out.mkdir(parents=True, exist_ok=True)
-    calls = [
-        lambda: record_pages(clean, out),
-        lambda: timing_part(results, df, keep, out / "plots", cache),
-        lambda: cache.value("roofline", lambda: roofline_rows(df[df.fault.isna() & (df.probe == True)])),  # noqa: E712
-        lambda: cache.value("verdict", lambda: release_verdict(results, frame=df)),
-        lambda: _findings(out, df, cache),
-        *figures,  # the finest parts last: the ones this process takes from the back while it waits
-    ]
-    with Forked(*calls) as side:
+    named = _parts(results, out, df, keep, clean, cache)
+    at = {name: i for i, name in enumerate(named)}
+    # the finest parts last: the ones this process takes from the back while it waits
+    with Forked(*named.values(), *figures) as side:
 
         def tables() -> dict:
-            roof = side.result(2)
+            roof = side.result(at["roofline"])
             return {
                 "Roofline, batch 1 (bound = accept_length x 4.8 TB/s / bytes per verify cycle; specwatch roofline)": (
                     roof.drop(columns=["case_id"]) if not roof.empty else roof
                 ),
                 "Sweep cost per GPU run (wall time / the cases' own time; K: engines in flight, 'overlap': "
                 "--overlap-starts)": runs_frame(results),
-                **side.result(1)[0],
+                **side.result(at["timing"])[0],
             }
 
         def drawn() -> list[Path]:  # in FIGURE_PARTS' order
-            files = {draw: side.result(5 + i) for i, draw in enumerate(parts)} | {speedup_figure: side.result(1)[1]}
+            files = {draw: side.result(len(named) + i) for i, draw in enumerate(parts)}
+            files[speedup_figure] = side.result(at["timing"])[1]
             return [p for draw in FIGURE_PARTS for p in files[draw]]
 
-        index = build(df, out, tables, lambda: side.result(3), results, drawn, clean, cache, lambda: side.result(0))
+        result = lambda name: lambda: side.result(at[name])  # noqa: E731
+        index = build(df, out, tables, result("verdict"), results, drawn, clean, cache, result("pages"), result("dcp"))
     console.print(f"wrote {index}")
+
+
+def _parts(results: Path, out: Path, df, keep, clean, cache) -> dict:
+    """The dashboard's parts besides the figures that it shares with a forked child, by name, in
+    the order the child takes them: the DCP tables first (the index waits for them before the
+    others), the case and report pages, the timing tables, the roofline, the verdict and the
+    findings; each kept in ``cache`` under what it reads."""
+    from specwatch.analysis.dcp import dcp_rows
+    from specwatch.analysis.roofline import roofline_of, roofline_reads
+    from specwatch.analysis.verdict import release_verdict, verdict_reads
+    from specwatch.present.dashboard import dcp_part, record_pages
+    from specwatch.present.timing import timing_part
+
+    probed = df.fault.isna() & (df.probe == True)  # noqa: E712 (the roofline's records)
+    return {
+        "dcp": lambda: cache.rows_value("dcp", dcp_rows(clean), lambda rows: dcp_part(rows, out / "dcp-support.md")),
+        "pages": lambda: record_pages(clean, out),
+        "timing": lambda: timing_part(results, df, keep, out / "plots", cache),
+        "roofline": lambda: cache.kept("roofline", lambda: roofline_reads(df, probed), roofline_of),
+        "verdict": lambda: cache.kept(
+            "verdict", lambda: verdict_reads(results, df), lambda _: release_verdict(results, frame=df)
+        ),
+        "findings": lambda: _findings(out, df, cache),
+    }
 
 
 def _findings(out: Path, df, cache) -> None:
     """``out/findings.md`` (+ .html) of the records frame ``df`` (kept in ``cache``, a
-    ``present.part_cache.PartCache``)."""
+    ``present.part_cache.PartCache``: each section under the latest records it reads, the HTML
+    under the markdown)."""
     from specwatch.present.findings import findings_rows, latest_markdown
     from specwatch.present.markdown_pages import page_html, write_markdown_page
 
-    latest: list = []  # the rows read, found once
-
-    def reads():
-        latest.append(findings_rows(df))
-        return latest[-1]
+    def section(draw, rows) -> list[str]:
+        return cache.read_value(f"findings-{draw.__name__}", rows, lambda: draw(rows))
 
     def pages() -> tuple[str, str]:
-        text = latest_markdown(latest[-1] if latest else findings_rows(df))
-        return text, page_html(out / "findings.md", text, "index.html")
+        text = latest_markdown(findings_rows(df), section)
+        md = out / "findings.md"
+        return text, cache.read_value("findings-html", (md.name, text), lambda: page_html(md, text, "index.html"))
 
-    out.mkdir(parents=True, exist_ok=True)  # kept under the latest records its sections read
-    write_markdown_page(out / "findings.md", cache.read_kept("findings", reads, pages))
+    out.mkdir(parents=True, exist_ok=True)
+    write_markdown_page(out / "findings.md", cache.value("findings", pages))
 
 
 def overhead(results: StoredResults = Path("results")) -> None:
@@ -195,8 +213,9 @@ def results_cmd(
         status_counts,
         throughput_spread,
     )
-    from specwatch.store.frame import files_frame, runs_frame
+    from specwatch.store.frame import files_frame
     from specwatch.store.jsonl import Quarantine, result_files
+    from specwatch.store.runs import runs_frame
 
     quarantine = Quarantine()
     df = files_frame(result_files(root), strict=strict, quarantine=quarantine)

@@ -169,13 +169,17 @@ class Forked:
     def __enter__(self) -> "Forked":
         return self
 
+    def join(self) -> None:
+        """Wait for every call (raising the first failure, in call order) and for the child's end."""
+        try:
+            for i in range(len(self._calls)):
+                self.result(i)
+        finally:
+            self._wait()
+
     def __exit__(self, kind, exc, tb) -> None:
         if kind is None:
-            try:
-                for i in range(len(self._calls)):
-                    self.result(i)
-            finally:
-                self._wait()
+            self.join()
             return
         if self._pid:
             os.kill(self._pid, signal.SIGTERM)

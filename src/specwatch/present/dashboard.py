@@ -10,14 +10,15 @@ linked from its place on the index; ``cases.html`` runs on to ``cases-2.html`` .
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Callable, Optional
 
 import pandas as pd
 
 from specwatch.analysis.dcp import dcp_markdown, dcp_rows, dcp_tables
-from specwatch.analysis.health import fault_table, health_matrix, health_rows, suite_plans
-from specwatch.analysis.overhead import overhead_table
+from specwatch.analysis.health import fault_reads, fault_rows, health_matrix, health_rows, latest_matrix, suite_plans
+from specwatch.analysis.overhead import overhead_reads, overhead_rows
 from specwatch.analysis.verdict import ReleaseVerdict
 from specwatch.core.errors import SpecwatchInputError
 from specwatch.present.figures import PLOT_TITLES, draw_figures
@@ -99,16 +100,37 @@ def remove_stale_pages(folder: Path, pattern: str, written: list[Path]) -> None:
             old.unlink()
 
 
-def table_pages(sections: list[TableView], out: Path) -> None:
-    """The index's tables too large for it (``TableView.own_page``) on pages of their own under
-    ``out/TABLE_DIR``, each page linking back to the table's place on the index."""
-    written = []
-    for t in sections:
-        if t.own_page:
-            back = f"../index.html#{t.anchor}"
-            written += write_pages(t.split(PAGE_ROWS), out / TABLE_DIR, t.anchor, "table.html.j2", back)
+def section_views(
+    titled: list[tuple[str, pd.DataFrame, str]], out: Path, parts: PartCache = NO_CACHE
+) -> list[TableView]:
+    """The index's tables (title, frame, anchor) as drawn there, and those too large for it
+    (``TableView.own_page``) on pages of their own under ``out/TABLE_DIR``, each page linking back
+    to the table's place on the index; a table's pages are kept in ``parts`` under its title,
+    anchor and frame (``PartCache.files``), written again from their bytes while those are
+    unchanged. A previous build's pages no table wrote are removed."""
+    views, written = [], []
+    for title, t, anchor in titled:
+        view = TableView(title, anchor, [str(c) for c in t.columns], length=len(t))  # the index's link
+        if not view.own_page:
+            views.append(table_view(title, t, anchor))
+            continue
+
+        def draw(folder: Path, title=title, t=t, anchor=anchor) -> list[Path]:
+            return write_pages(
+                table_view(title, t, anchor).split(PAGE_ROWS),
+                folder,
+                anchor,
+                "table.html.j2",
+                f"../index.html#{anchor}",
+            )
+
+        written += parts.files(
+            f"table-{anchor}", out / TABLE_DIR, draw, lambda title=title, t=t, anchor=anchor: (title, t, anchor)
+        )
+        views.append(view)
     if (out / TABLE_DIR).exists():
         remove_stale_pages(out / TABLE_DIR, "*.html", written)
+    return views
 
 
 def cases_table(df: pd.DataFrame) -> TableView:
@@ -129,10 +151,10 @@ def section_tables(
     dcp: dict,
     tables: Optional[dict[str, pd.DataFrame]],
     health: Optional[pd.DataFrame] = None,
-) -> list[TableView]:
+) -> list[tuple[str, pd.DataFrame, str]]:
     """The index's tables after the plots, in order: health matrix (``health``, where already
     made), DCP tables per DCP suite, fault injection, harness overhead, recorded counts, then
-    ``tables``; empty ones left out."""
+    ``tables``, as (title, frame, anchor); empty ones left out."""
     titled = [
         (
             "Coverage and health per suite (latest record of each case; rows with no record left out; "
@@ -156,7 +178,7 @@ def section_tables(
         ("Recorded cases per machine, SGLang version and suite", recorded_counts(df), "recorded"),
     ]
     titled += [(title, t, None) for title, t in (tables or {}).items()]
-    return [table_view(title, t, anchor) for title, t, anchor in titled if t is not None and not t.empty]
+    return [(title, t, anchor or anchor_of(title)) for title, t, anchor in titled if t is not None and not t.empty]
 
 
 def dcp_part(rows: pd.DataFrame, md: Path) -> tuple[dict, Optional[tuple[str, str]]]:
@@ -169,9 +191,19 @@ def dcp_part(rows: pd.DataFrame, md: Path) -> tuple[dict, Optional[tuple[str, st
 
 def health_part(df: pd.DataFrame, plans: dict, parts: PartCache) -> pd.DataFrame:
     """``health_matrix`` of the clean records ``df``, kept under the latest records it reads
-    (``health_rows``) and the suite files' ``plans``."""
+    (``health_rows``) and the suite files' ``plans``, and each machine, version and suite's rows
+    under what they read (a record of one suite leaves the other suites' rows kept)."""
+
+    def group(reads: tuple, compute) -> list[dict]:
+        name = hashlib.sha256(repr(reads[:3]).encode()).hexdigest()[:24]
+        return parts.read_value(f"health-{name}", reads, compute)
+
+    def matrix(read: tuple) -> pd.DataFrame:
+        rows, plans = read
+        return pd.DataFrame() if rows is None else latest_matrix(rows, plans=plans, kept=group)
+
     reads = lambda: (health_rows(df) if not df.empty else None, plans)  # noqa: E731
-    return parts.read_kept("health", reads, lambda: health_matrix(df, plans=plans), also=plans)
+    return parts.kept("health", reads, matrix, also=plans)
 
 
 def health_anchor(suite: str, dcp: dict) -> str:
@@ -219,6 +251,7 @@ def build(
     clean: Optional[pd.DataFrame] = None,
     parts: PartCache = NO_CACHE,
     pages: Optional[Callable[[], list[Path]]] = None,
+    dcp: Optional[Callable[[], tuple[dict, Optional[tuple[str, str]]]]] = None,
 ) -> Path:
     """Write ``out/index.html``, ``out/cases.html``, the plots and the reports' HTML; returns the index.
     ``tables``: further titled tables (roofline, sweep cost) shown last, or the call that returns
@@ -230,20 +263,23 @@ def build(
     caller's ``clean_records(df)``, where it has them; ``parts``: where the tables derived from
     the records are kept between builds (``part_cache``; ``df`` is then that store's frame);
     ``pages``: the call that writes the case pages and the reports' HTML (``record_pages`` of the
-    clean records, the default), called before the index is written."""
+    clean records, the default), called before the index is written; ``dcp``: the call that
+    returns the DCP tables and their page (``dcp_part`` of the clean records' DCP rows, kept in
+    ``parts``, the default)."""
     check_records(df, out, source)
-    faults = parts.value("faults", lambda: fault_table(df))
-    overhead = parts.value("overhead", lambda: overhead_table(df))
+    faults = parts.kept("faults", lambda: fault_reads(df), fault_rows)  # kept under the rows they read
+    overhead = parts.kept("overhead", lambda: overhead_reads(df), overhead_rows)
     df = clean_records(df) if clean is None else clean
-    # the DCP tables read the DCP suites' records only: kept while those are unchanged
-    dcp, dcp_page = parts.rows_value("dcp", dcp_rows(df), lambda rows: dcp_part(rows, out / "dcp-support.md"))
+    if dcp is None:  # the DCP tables read the DCP suites' records only: kept while those are unchanged
+        dcp = lambda: parts.rows_value("dcp", dcp_rows(df), lambda rows: dcp_part(rows, out / "dcp-support.md"))  # noqa: E731
+    dcp, dcp_page = dcp()
     out.mkdir(parents=True, exist_ok=True)
     if dcp:
         write_markdown_page(out / "dcp-support.md", dcp_page)
     plans = suite_plans(df)  # the suite files today (and the checkpoints here) decide what was planned
     health = health_part(df, plans, parts)
-    sections = section_tables(df, faults, overhead, dcp, tables() if callable(tables) else tables, health)
-    table_pages(sections, out)
+    titled = section_tables(df, faults, overhead, dcp, tables() if callable(tables) else tables, health)
+    sections = section_views(titled, out, parts)
     drawn = figures() if figures is not None else draw_figures(df, out / "plots")
     plots = [p.stem for p in drawn if p.suffix == ".png"]
     reports = pages() if pages is not None else record_pages(df, out)

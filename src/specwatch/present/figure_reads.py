@@ -26,6 +26,9 @@ from specwatch.present.speedup_plots import AXES, newest_of
 MEMORY_COLUMNS = ("sglang_version", "page_size", "num_steps", "topk", "req_to_token_bytes", "model_req_to_token_bytes")
 """The columns the memory figure's measured points are found from."""
 
+PICKED_BY = ("model", "fault", "overlap_starts", "sglang_version")
+"""The columns ``plots.newest_tiny`` picks its records by."""
+
 
 def columns(df: pd.DataFrame, names) -> pd.DataFrame:
     """``df``'s columns ``names`` that it has, in that order."""
@@ -33,20 +36,23 @@ def columns(df: pd.DataFrame, names) -> pd.DataFrame:
 
 
 def memory_reads(df: pd.DataFrame) -> object:
-    """``plots.memory_vs_topk``: the newest release and its records' sizing columns."""
-    newest, rows = newest_release(df)
-    return newest, columns(rows, MEMORY_COLUMNS)
+    """``plots.memory_vs_topk``: the newest release and its records' sizing columns (cut first:
+    the rows are picked from those columns alone)."""
+    newest, rows = newest_release(columns(df, MEMORY_COLUMNS))
+    return newest, rows
 
 
 def by_topk_reads(metric: str, group: str, timed: bool) -> Callable[[pd.DataFrame], object]:
     """A by-topk figure's reads: the newest tiny release's label and records (``newest_tiny``), the
     columns it groups and plots."""
 
+    drawn = ["batch_size", "status", metric, group, "topk"]
+
     def reads(df: pd.DataFrame) -> object:
         if df.empty:
             return None
-        tiny, label = newest_tiny(df, timed=timed)
-        return label, columns(tiny, ["batch_size", "status", metric, group, "topk"])
+        tiny, label = newest_tiny(columns(df, [*PICKED_BY, *drawn]), timed=timed)  # the columns cut first
+        return label, columns(tiny, drawn)
 
     return reads
 

@@ -9,6 +9,7 @@ versions; fault injection per version; DFLASH per version; SGLang's refusals (sk
 from __future__ import annotations
 
 from collections import Counter
+from typing import Callable, Optional
 
 import pandas as pd
 
@@ -242,8 +243,12 @@ def findings_rows(frame: pd.DataFrame) -> pd.DataFrame:
     return latest_records(frame[[c for c in frame.columns if c in used or str(c).startswith("check.")]])
 
 
-def latest_markdown(latest: pd.DataFrame) -> str:
-    """``findings_markdown`` of the rows ``findings_rows`` gave."""
+def latest_markdown(
+    latest: pd.DataFrame, section: Optional[Callable[[Callable, pd.DataFrame], list[str]]] = None
+) -> str:
+    """``findings_markdown`` of the rows ``findings_rows`` gave; each section drawn from its own
+    reads of them (``SECTIONS``), by ``section(draw, reads)`` where given (the dashboard keeps
+    each section under its reads), else ``draw(reads)``."""
     lines = [
         "# Measured findings",
         "",
@@ -253,6 +258,42 @@ def latest_markdown(latest: pd.DataFrame) -> str:
     ]
     if latest.empty:
         return "\n".join(lines + ["No records.", ""])
-    for section in (versions_section, faults_section, dflash_section, refusals_section):
-        lines += section(latest)
+    for draw, reads in SECTIONS:
+        rows = reads(latest)
+        lines += draw(rows) if section is None else section(draw, rows)
     return "\n".join(lines)
+
+
+def versions_reads(latest: pd.DataFrame) -> pd.DataFrame:
+    """All ``versions_section`` reads of the latest rows: the clean smoke and tree-page rows and
+    those where the row width is compared (``ROW_WIDTH_AT``)."""
+    width = pd.Series(True, index=latest.index)
+    for col, v in ROW_WIDTH_AT.items():
+        width &= latest[col] == v if col in latest else False
+    return latest[latest.fault.isna() & (latest.suite.isin(["smoke", "tree-page"]) | width)]
+
+
+def faults_reads(latest: pd.DataFrame) -> pd.DataFrame:
+    """All ``faults_section`` reads of the latest rows: the fault runs and the clean runs of their cases."""
+    faulted = latest.fault.notna()
+    return latest[faulted | latest.case_id.isin(latest.case_id[faulted].unique())]
+
+
+def dflash_reads(latest: pd.DataFrame) -> pd.DataFrame:
+    """All ``dflash_section`` reads of the latest rows: the clean DFLASH ones."""
+    return latest[latest.fault.isna() & (latest.algorithm == "DFLASH")] if "algorithm" in latest else latest[:0]
+
+
+def refusals_reads(latest: pd.DataFrame) -> pd.DataFrame:
+    """All ``refusals_section`` reads of the latest rows: the skipped ones."""
+    return latest[latest.status == Status.skipped.value]
+
+
+SECTIONS = (
+    (versions_section, versions_reads),
+    (faults_section, faults_reads),
+    (dflash_section, dflash_reads),
+    (refusals_section, refusals_reads),
+)
+"""The findings' sections in order, each with what it reads of the latest rows (it draws the
+same lines from those as from all of them)."""

@@ -9,8 +9,9 @@ its libraries are the same (``result_cache.code_key``), as is what it reads besi
 and kept.
 A part that reads only some of the records (the DCP tables: the DCP suites') is kept under those
 records themselves instead (``rows_value``). A part whose reads are cheap to find beside its cost
-(the figures, ``figure_reads``; the change points, the health matrix, the findings) is kept under
-the stamps and, where they moved, under what it reads of the records (``read_kept``). A figure is kept as the bytes of the files it wrote, and
+(the figures, ``figure_reads``; the health matrix, the findings, the fault, overhead, roofline and
+timing tables, the release verdict) is kept under the stamps and, where they moved, under what it
+reads of the records (``read_kept``, ``kept``). A figure is kept as the bytes of the files it wrote, and
 written again from them. ``NO_CACHE`` computes every part (a frame that is not a store's).
 """
 
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 READS_SUFFIX = ".reads"
 """The name ending of a part kept under what it reads (``PartCache.read_kept``)."""
@@ -111,6 +113,23 @@ class PartCache:
         if self.root is None or self.stamps is None:
             return compute()
         return self.value(name, lambda: self.read_value(f"{name}{READS_SUFFIX}", reads(), compute), reads=also)
+
+    def kept(
+        self,
+        name: str,
+        reads: Callable[[], R],
+        compute: Callable[[R], T],
+        also: Optional[dict[str, Optional["pd.DataFrame"]]] = None,
+    ) -> T:
+        """``compute(reads())``, kept as ``read_kept`` keeps it: what the part reads of the records
+        found once, and the part computed from that alone."""
+        found: list = []
+
+        def read() -> R:
+            found.append(reads())
+            return found[-1]
+
+        return self.read_kept(name, read, lambda: compute(found[-1] if found else reads()), also)
 
     def files(
         self, name: str, folder: Path, draw: Callable[[Path], list[Path]], reads: Optional[Callable[[], object]] = None

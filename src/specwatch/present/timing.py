@@ -6,13 +6,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
 from specwatch.analysis.changepoints import (
+    CELL,
     DASHBOARD_METRICS,
     THRESHOLD,
+    history_picks,
     picks_changepoints,
     store_changepoints,
     store_picks,
 )
-from specwatch.analysis.floor import GOAL, store_floor
+from specwatch.analysis.floor import GOAL, DetectionFloor, store_floor
+from specwatch.analysis.picks_cache import decoded_cells
 from specwatch.analysis.speedup import point_sets, speedup_frame, speedup_table
 from specwatch.present.figure_reads import speedup_reads
 from specwatch.present.part_cache import NO_CACHE, PartCache
@@ -29,14 +32,15 @@ def timing_tables(
     df: "pd.DataFrame",
     points: Optional["pd.DataFrame"] = None,
     steps: Optional[Callable[[], "pd.DataFrame"]] = None,
+    floor: Optional["DetectionFloor"] = None,
 ) -> dict[str, "pd.DataFrame"]:
     """The dashboard's timing tables (titled, for ``dashboard.build``'s ``tables``): speedup over plain
     decoding per spec case, the detection floor per class and metric, and the change points of
     ``DASHBOARD_METRICS`` across releases; ``df``: the dashboard's records frame of ``results``;
     ``points``: its ``speedup_points``, where already found; ``steps``: the call that returns the
-    change points (default ``store_steps``)."""
+    change points (default ``store_steps``); ``floor``: the store's ``store_floor``, where already found."""
 
-    floor = store_floor(results)
+    floor = store_floor(results) if floor is None else floor
     return {
         "Speedup over plain decoding (spec output tokens/s / its no-speculation twin's; [suite] speedup)": (
             speedup_frame(df) if points is None else speedup_table(points)
@@ -71,7 +75,10 @@ def timing_part(
 ) -> tuple[dict[str, "pd.DataFrame"], list[Path]]:
     """``timing_tables`` and the speedup figure of the clean records ``df[keep]`` drawn into
     ``plots`` (``speedup_plots.speedup_figure``), the speedup points of both found once (where
-    either is not taken from ``parts``, the store's kept dashboard parts)."""
+    either is not taken from ``parts``, the store's kept dashboard parts). The tables are kept
+    under all they read: the speedup points, the detection floor (kept in the store under its
+    own files) and the picked rows the change points read (``history_picks``, their cells as
+    JSON text, decoded only where the table is computed); the change points under those picks."""
     found: list = []
 
     def points() -> tuple["pd.DataFrame", "pd.DataFrame"]:
@@ -79,11 +86,21 @@ def timing_part(
             found.append(point_sets(df, keep))
         return found[0]
 
-    def steps() -> "pd.DataFrame":  # kept under the picked rows they are found from
-        picks = store_picks(result_files(results), DASHBOARD_METRICS)
-        return parts.read_value("changepoints", picks, lambda: picks_changepoints(picks, DASHBOARD_METRICS))
+    def reads() -> tuple:  # the change points read the picks of cases of two releases or more
+        picks = history_picks(store_picks(result_files(results), DASHBOARD_METRICS, raw=True))
+        return points()[0], store_floor(results), picks
 
-    tables = parts.value("timing", lambda: timing_tables(results, df, points()[0], steps))
+    def tables(read: tuple) -> dict[str, "pd.DataFrame"]:
+        table, floor, picks = read
+
+        def steps() -> "pd.DataFrame":  # kept under the picks alone: new speedup points leave it kept
+            return parts.read_value(
+                "changepoints", picks, lambda: picks_changepoints(decoded_cells(picks, CELL), DASHBOARD_METRICS)
+            )
+
+        return timing_tables(results, df, table, steps, floor)
+
+    tables = parts.kept("timing", reads, tables)
     figure = parts.files(  # kept under the speedup points it draws
         "speedup_figure", plots, lambda folder: draw_speedup(points()[1], folder), lambda: speedup_reads(points()[1])
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Optional
+from typing import TYPE_CHECKING, Callable, Iterable, Optional
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -18,7 +18,7 @@ from specwatch.core.record import CaseRecord
 from specwatch.rules.case_totals import engines_agree_now
 from specwatch.rules.crashlog import host_interference
 from specwatch.store.baseline import overhead_cells, relative_spread
-from specwatch.store.jsonl import RUNS_FILE, Quarantine, read_records, read_runs
+from specwatch.store.jsonl import Quarantine, read_records
 from specwatch.store.latest import latest_rows  # noqa: F401  (the one latest rule, re-exported)
 
 
@@ -56,16 +56,20 @@ def files_frame(
     strict: bool = False,
     quarantine: Optional[Quarantine] = None,
     columns: Optional[list[str]] = None,
+    pending: Optional[Callable[[], None]] = None,
 ) -> "pd.DataFrame":
     """``records_frame`` of the records of ``paths``, built file by file: records are streamed
     into rows and dropped (none kept), and with ``cache`` each file's rows are read from (or
-    written to) its Parquet cache (``frame_cache``), rebuilt whenever the JSONL changes. Over
+    written to) its Parquet cache (``frame_cache``), rebuilt whenever the JSONL changes (from the
+    appended lines alone where it grew by appends: ``frame_append``). Over
     ``PARALLEL_BYTES`` of JSONL to build, line-aligned pieces are built in a process pool. Invalid
     lines are quarantined as ``jsonl.read_records`` does (``strict``: raised, no cache).
     ``columns``: only those (of the ones a file has) are read, ``COMPARE_COLUMN`` among them when
-    named; by default every column of ``records_frame``."""
+    named; by default every column of ``records_frame``. ``pending``: called once the fresh
+    caches are read, before the others are read again (their builder awaited: ``prime``)."""
     import pandas as pd
 
+    from specwatch.store.frame_append import appended_rows
     from specwatch.store.frame_cache import fresh_rows, store_rows
 
     q = quarantine if quarantine is not None else Quarantine()
@@ -76,8 +80,17 @@ def files_frame(
         hit, keys[p] = fresh_rows(p, q, columns) if cache and not strict else (None, None)
         if hit is not None:
             parts[p] = hit
-    misses = [p for p in paths if p not in parts]
-    for p, (df, entries) in _build(misses, strict).items():
+    if pending is not None and len(parts) < len(paths):  # the fresh ones read: the others' builder awaited
+        pending()
+        for p in (p for p in paths if p not in parts):
+            hit, keys[p] = fresh_rows(p, q, columns) if cache and not strict else (None, None)
+            if hit is not None:
+                parts[p] = hit
+    misses = [p for p in paths if p not in parts]  # a file grown by appends: only the new lines built
+    grown = {p: g for p in misses if cache and not strict and (g := appended_rows(p, keys[p], _rows_of_span))}
+    built = _build([p for p in misses if p not in grown], strict)
+    for p in misses:
+        df, entries = grown[p] if p in grown else built[p]
         for line in entries:
             q.add(line)
         if cache and not strict:
@@ -363,30 +376,3 @@ def row_matches_model_now(r: CaseRecord) -> Optional[bool]:
         return None
     rows = int(nbytes.value) // (int(width.value) * 4)  # int32 slots, one padding row
     return req_to_token_vs_model(r.case, rows - 1, width.value, nbytes.value, r.provenance.sglang_version)[2]
-
-
-def runs_frame(root: Path) -> "pd.DataFrame":
-    """What each GPU run cost (every ``runs.ndjson`` under ``root``), one row per run, oldest first:
-    wall time against the cases' own time (a sweep that overlaps engine starts well stays under 2)."""
-    import pandas as pd
-
-    runs = sorted((r for p in Path(root).rglob(RUNS_FILE) for r in read_runs(p)), key=lambda r: r.started_at)
-    return pd.DataFrame(
-        [
-            {
-                "started": r.started_at.strftime("%Y-%m-%d %H:%M"),
-                "machine": r.machine,
-                "sglang": r.sglang_version,
-                "suites": "+".join(r.suites),
-                "K": f"{r.parallel_starts}{' overlap' if r.overlap_starts else ''}"
-                f"{' shared lock' if r.timing_lock_shared else ''}",
-                "groups": r.engine_groups,
-                "workers": r.worker_starts,
-                "records": sum(r.records.values()),
-                "wall s": round(r.wall_s),
-                "case s": round(r.case_s),
-                "ratio": None if r.cost_ratio is None else round(r.cost_ratio, 2),
-            }
-            for r in runs
-        ]
-    )

@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
@@ -61,8 +62,24 @@ def cache_path(path: Path) -> Path:
     return Path(path).with_name(Path(path).name + SUFFIX)
 
 
-_digests: Optional[dict[tuple, str]] = None
-"""Within ``one_pass``: (path, size, mtime, ctime, inode) -> the file's sha256, hashed once."""
+_digests: Optional[dict[tuple, object]] = None
+"""Within ``one_pass``: (path, size, mtime, ctime, inode) -> the file's sha256, hashed once, and
+(that, ``cut``) -> its ``Prefix`` of ``cut`` bytes, found in the same pass."""
+
+_last_prefix: dict[tuple, "Prefix"] = {}
+"""Outside ``one_pass``: the ``Prefix`` the last hash found (keyed as in ``_digests``)."""
+
+
+@dataclass(frozen=True)
+class Prefix:
+    """The first bytes of a file, as a cache built from an earlier, shorter state of it knows them."""
+
+    sha256: str
+    """sha256 of the prefix."""
+    lines: int
+    """Newlines in the prefix: the number of the first line after it, less one."""
+    ends_line: bool
+    """Whether the prefix ends with a newline (an appended line then starts a line of its own)."""
 
 
 @contextmanager
@@ -78,24 +95,63 @@ def one_pass():
         _digests = outer
 
 
-def _sha256(path: Path, st: os.stat_result) -> str:
-    seen = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
-    if _digests is not None and seen in _digests:
-        return _digests[seen]
+def _seen(path: Path, st: os.stat_result) -> tuple:
+    return (str(Path(path).resolve()), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+
+
+def _sha256(path: Path, st: os.stat_result, cut: Optional[int] = None) -> str:
+    """The file's sha256; with ``cut`` (a byte count under its size) its ``Prefix`` of that many
+    bytes is found in the same pass and kept for ``prefix_of``."""
+    seen = _seen(path, st)
+    memo = _digests if _digests is not None else {}
+    if seen in memo and (cut is None or (seen, cut) in memo):
+        return memo[seen]
+    digest, prefix = _hash_pass(path, cut)
+    if prefix is not None:
+        memo[(seen, cut)] = prefix
+        if _digests is None:
+            _last_prefix.clear()
+            _last_prefix[(seen, cut)] = prefix
+    memo[seen] = digest
+    return digest
+
+
+def _hash_pass(path: Path, cut: Optional[int], stop_at_cut: bool = False) -> tuple[str, Optional[Prefix]]:
+    """(sha256 of the file, its ``Prefix`` of ``cut`` bytes or None where it is shorter or no
+    ``cut`` is given), read once; ``stop_at_cut``: the file is read no further than ``cut``."""
     h = hashlib.sha256()
+    done, lines, last, prefix = 0, 0, b"", None
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
+        while not (stop_at_cut and prefix is not None):
+            chunk = f.read(1 << 20 if cut is None or done >= cut else min(1 << 20, cut - done))
+            if not chunk:
+                break
             h.update(chunk)
-    if _digests is not None:
-        _digests[seen] = h.hexdigest()
-    return h.hexdigest()
+            done += len(chunk)
+            if cut is not None and done <= cut:
+                lines, last = lines + chunk.count(b"\n"), chunk[-1:]
+                if done == cut:
+                    prefix = Prefix(h.copy().hexdigest(), lines, last == b"\n")
+    return h.hexdigest(), prefix
 
 
-def source_key(path: Path) -> dict:
+def prefix_of(path: Path, cut: int) -> Optional[Prefix]:
+    """The ``Prefix`` of ``cut`` bytes of ``path`` as it is now: the one its last hash found
+    (``source_key`` with that cut), else read for it (None: shorter, or unreadable)."""
+    try:
+        seen = (_seen(path, os.stat(path)), cut)
+        found = (_digests if _digests is not None else _last_prefix).get(seen)
+        return found if found is not None else _hash_pass(path, cut, stop_at_cut=True)[1]
+    except OSError:
+        return None
+
+
+def source_key(path: Path, cut: Optional[int] = None) -> dict:
     """What a cache of ``path`` must have been built from: size, mtime, sha256, row code, and
-    (``stamp``, not compared) the file's ``stamp_of`` as hashed."""
+    (``stamp``, not compared) the file's ``stamp_of`` as hashed. ``cut``: the size of the file an
+    older cache was built from, whose ``Prefix`` the same pass finds (``prefix_of``)."""
     st = os.stat(path)
-    key = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": _sha256(path, st), "code": code_key()}
+    key = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": _sha256(path, st, cut), "code": code_key()}
     return {**key, STAMP: stamp_of(st)}
 
 
@@ -116,19 +172,22 @@ def fresh_rows(
     built under, None where the JSONL cannot be read). ``columns``: only those the cache has are
     read; None: all but the hidden ones (named with a leading ``_``). A cache whose stamp
     (``stamp_of``) is the JSONL's now, built by today's row code, is read without hashing the
-    JSONL (the file is the one it was built from); otherwise the sha256 decides."""
+    JSONL (the file is the one it was built from); otherwise the sha256 decides (the pass that
+    finds it also finds the ``Prefix`` a cache of a shorter file was built from: ``frame_append``)."""
     try:
         st = os.stat(path)
     except OSError:
         return None, None  # unreadable: the build reports it
     cache = cache_path(path)
-    if (hit := _read(cache, None, quarantine, columns, stamp_of(st))) is not None:
+    meta = cache_meta(cache)
+    if meta is not None and (hit := _read(cache, meta, None, quarantine, columns, stamp_of(st))) is not None:
         return hit, None
+    built = (meta or {}).get("key", {}).get("size")
     try:
-        key = source_key(path)
+        key = source_key(path, built if isinstance(built, int) and 0 < built < st.st_size else None)
     except OSError:
         return None, None
-    return _read(cache, key, quarantine, columns), key
+    return None if meta is None else _read(cache, meta, key, quarantine, columns), key
 
 
 def store_rows(path: Path, df: "pd.DataFrame", key: Optional[dict], quarantined: list[str]) -> None:
@@ -137,34 +196,61 @@ def store_rows(path: Path, df: "pd.DataFrame", key: Optional[dict], quarantined:
         _write(cache_path(path), df, key, quarantined)
 
 
-def _read(
-    cache: Path,
-    key: Optional[dict],
-    quarantine: Quarantine,
-    columns: Optional[list[str]] = None,
-    stamp: Optional[list[int]] = None,
-):
-    """The cached rows when built under ``key`` (its ``STAMP`` aside) or, with ``stamp`` instead,
-    from a file of that stamp by today's row code; else None."""
+def cache_meta(cache: Path) -> Optional[dict]:
+    """What a cache says of itself (its ``key``, ``json_columns`` and ``quarantined`` lines) and
+    ``columns``, the names of the columns it holds, from its schema alone; None where there is no
+    readable cache."""
     import pyarrow.parquet as pq
 
     try:
         schema = pq.read_schema(cache)
         meta = json.loads((schema.metadata or {})[META_KEY])
-        built = {k: v for k, v in meta["key"].items() if k != STAMP}
-        if stamp is not None:
-            if meta["key"].get(STAMP) != stamp or built.get("code") != code_key():
-                return None
-        elif built != {k: v for k, v in key.items() if k != STAMP}:
+        if not isinstance(meta, dict) or not isinstance(meta.get("key"), dict):
             return None
-        have = [c for c in schema.names if c != "__index_level_0__"]
-        wanted = [c for c in have if not c.startswith("_")] if columns is None else [c for c in columns if c in have]
-        df = pq.read_table(cache, columns=wanted).to_pandas()
-    except (OSError, KeyError, ValueError):
+    except (OSError, KeyError, ValueError, TypeError):
         return None
-    for col in (c for c in meta["json_columns"] if c in df.columns):
+    return {**meta, "columns": [c for c in schema.names if c != "__index_level_0__"]}
+
+
+def _read(
+    cache: Path,
+    meta: dict,
+    key: Optional[dict],
+    quarantine: Quarantine,
+    columns: Optional[list[str]] = None,
+    stamp: Optional[list[int]] = None,
+):
+    """The cached rows (``meta``: the cache's ``cache_meta``) when built under ``key`` (its
+    ``STAMP`` aside) or, with ``stamp`` instead, from a file of that stamp by today's row code;
+    else None."""
+    built = {k: v for k, v in meta["key"].items() if k != STAMP}
+    if stamp is not None:
+        if meta["key"].get(STAMP) != stamp or built.get("code") != code_key():
+            return None
+    elif built != {k: v for k, v in key.items() if k != STAMP}:
+        return None
+    return cached_frame(cache, meta, quarantine, columns)
+
+
+def cached_frame(
+    cache: Path, meta: dict, quarantine: Quarantine, columns: Optional[list[str]] = None, hidden: bool = False
+):
+    """The rows a cache holds, whatever it was built from (``meta``: its ``cache_meta``), its
+    quarantined lines added to ``quarantine``; ``columns``: as ``fresh_rows`` reads them;
+    ``hidden``: every column, the hidden ones too. None where it cannot be read."""
+    import pyarrow.parquet as pq
+
+    names = meta["columns"]
+    if not hidden:
+        names = [c for c in names if not c.startswith("_")] if columns is None else [c for c in columns if c in names]
+    try:
+        df = pq.ParquetFile(cache).read(columns=names).to_pandas()  # no dataset layer: faster per file
+        json_columns, quarantined = meta["json_columns"], meta["quarantined"]
+    except (OSError, KeyError, ValueError, TypeError):
+        return None
+    for col in (c for c in json_columns if c in df.columns):
         df[col] = pd_object([_json(v) if isinstance(v, str) else None for v in df[col].tolist()])
-    for line in meta["quarantined"]:
+    for line in quarantined:
         quarantine.add(line)
     return df
 
