@@ -1,6 +1,9 @@
 """The store's fast paths read exactly what the exact paths read: records, selections, health, roofline."""
 
 import json
+import re
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -167,3 +170,18 @@ def test_the_fast_path_takes_lines_written_with_spaces_too(monkeypatch):
     assert fast_record(line) == parse_record(json.loads(line))
     monkeypatch.setattr(jsonl, "parse_record", None)  # the exact path would now fail
     assert jsonl.fast_record(line).case_id == record().case_id
+
+
+def test_the_scale_script_prints_every_scenario_with_its_time_and_memory():
+    """``scripts/store_scale.py`` (the store's table: wall time and memory per scenario) on a 1-times store."""
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        [sys.executable, str(root / "scripts" / "store_scale.py"), "--copies", "1", "--repeats", "1"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=root,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [line for line in out.stdout.splitlines() if re.match(r"\| (dashboard|`specwatch results`)", line)]
+    assert len(rows) == 7 and all(re.search(r"\| [\d.]+ \| [\d.]+ \|$", r) for r in rows), out.stdout
