@@ -36,11 +36,8 @@ def plain_loop(engine, case, repeats: int, flushed: bool = False, plan=None) -> 
     prompts, sp = Prompts(case, Oracle(SHAPES[case.model], 0, case.profile)), greedy_sampling(case)
 
     def timed(batch) -> tuple[float, int]:
-        t = time.perf_counter()
-        outs = engine.generate(input_ids=batch, sampling_params=sp)
-        wall = time.perf_counter() - t
-        cached = sum(int(o["meta_info"].get("cached_tokens", 0)) for o in outs)
-        return sum(len(o["output_ids"]) for o in outs) / wall, cached
+        tokens, wall, cached = timed_call(engine, batch, sp)
+        return tokens / wall, cached
 
     engine.flush_cache()
     engine.generate(input_ids=prompts.batch("warmup")[0], sampling_params=sp)
@@ -65,6 +62,14 @@ def plain_loop(engine, case, repeats: int, flushed: bool = False, plan=None) -> 
     return out
 
 
+def timed_call(engine, batch, sp: dict) -> tuple[int, float, int]:
+    """One timed ``generate`` of ``batch``: its output tokens, wall seconds and radix-cache tokens."""
+    t = time.perf_counter()
+    outs = engine.generate(input_ids=batch, sampling_params=sp)
+    wall = time.perf_counter() - t
+    return sum(len(o["output_ids"]) for o in outs), wall, sum(int(o["meta_info"].get("cached_tokens", 0)) for o in outs)
+
+
 def windowed(engine, prompts, sp: dict, plan) -> dict:
     """Repeats as the probed run makes them (``worker.windows.RepeatLoop``): each repeat timed
     ``generate`` calls back to back, each on a batch of fresh prompts, until their wall seconds
@@ -76,13 +81,8 @@ def windowed(engine, prompts, sp: dict, plan) -> dict:
     calls: list[tuple[int, float, int]] = []  # (output tokens, wall s, cached tokens) per call
 
     def one_batch() -> float:
-        batch = prompts.batch(timed_tag(len(calls)))[0]
-        t = time.perf_counter()
-        outs = engine.generate(input_ids=batch, sampling_params=sp)
-        wall = time.perf_counter() - t
-        cached = sum(int(o["meta_info"].get("cached_tokens", 0)) for o in outs)
-        calls.append((sum(len(o["output_ids"]) for o in outs), wall, cached))
-        return wall
+        calls.append(timed_call(engine, prompts.batch(timed_tag(len(calls)))[0], sp))
+        return calls[-1][1]
 
     loop, tps, cached = RepeatLoop(plan), [], []
 
