@@ -321,28 +321,10 @@ def test_a_baseline_process_is_gone_within_seconds_of_its_runner_being_sigkilled
     """The baseline carries the worker's lifeline (pipe end and runner pid on its command line, its
     environment free of specwatch variables): a SIGKILLed runner leaves no engine behind."""
     import signal
-    import subprocess
-    import sys
-    import time
 
     from test_wire import _alive, _gone_within
 
-    _suite(tmp_path)
-    pid_file = tmp_path / "baseline.pid"
-    script = f"""
-import os, sys
-sys.path.insert(0, {HERE!r})
-from specwatch.run.runner import RunOptions, run_suite
-from specwatch.suite import load_suite
-run_suite(load_suite({str(tmp_path / "b.toml")!r}), {str(tmp_path / "results")!r}, RunOptions(gpus=1,
-          worker_module="fake_worker", baseline_module="fake_baseline", baseline=True, max_groups=1,
-          extra_env={{"PYTHONPATH": {HERE!r} + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                      "FAKE_BASELINE_HANG": {str(pid_file)!r}}}))
-"""
-    runner = subprocess.Popen([sys.executable, "-c", script])
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not (pid_file.exists() and pid_file.read_text()):
-        time.sleep(0.1)
+    runner, pid_file = _runner_in_a_hung_baseline(tmp_path, max_groups=1)
     baseline = int(pid_file.read_text())
     assert _alive(baseline)
     runner.send_signal(signal.SIGKILL)
@@ -354,11 +336,25 @@ def test_a_run_stopped_by_sigterm_during_a_baseline_appends_the_probed_records_a
     """SIGTERM exits from its handler, where no ``finally`` runs: the probed records held for the
     group's baseline are appended there, before the run's summary, which counts them."""
     import signal
+
+    from specwatch.store.jsonl import RUNS_FILE, read_runs
+
+    runner, _ = _runner_in_a_hung_baseline(tmp_path, max_groups=None)
+    runner.send_signal(signal.SIGTERM)
+    runner.send_signal(signal.SIGTERM)  # as `timeout` forwards its own: acted on once
+    assert runner.wait(timeout=60) == 128 + signal.SIGTERM
+    recs = [r for f in (tmp_path / "results").rglob("*.jsonl") for r in read_records(f)]
+    assert len(recs) == 2 and all(r.status is Status.ok and OVERHEAD not in r.metrics for r in recs)
+    (run,) = read_runs(next((tmp_path / "results").rglob(RUNS_FILE)))
+    assert run.stopped_by == "SIGTERM" and run.records == {"ok": 2}
+
+
+def _runner_in_a_hung_baseline(tmp_path, max_groups):
+    """A runner process on ``_suite`` with ``--baseline`` whose first baseline hangs (its lifeline
+    armed, its pid written): returned once that baseline runs, with the pid file."""
     import subprocess
     import sys
     import time
-
-    from specwatch.store.jsonl import RUNS_FILE, read_runs
 
     _suite(tmp_path)
     pid_file = tmp_path / "baseline.pid"
@@ -368,7 +364,7 @@ sys.path.insert(0, {HERE!r})
 from specwatch.run.runner import RunOptions, run_suite
 from specwatch.suite import load_suite
 run_suite(load_suite({str(tmp_path / "b.toml")!r}), {str(tmp_path / "results")!r}, RunOptions(gpus=1,
-          worker_module="fake_worker", baseline_module="fake_baseline", baseline=True,
+          worker_module="fake_worker", baseline_module="fake_baseline", baseline=True, max_groups={max_groups!r},
           extra_env={{"PYTHONPATH": {HERE!r} + os.pathsep + os.environ.get("PYTHONPATH", ""),
                       "FAKE_BASELINE_HANG": {str(pid_file)!r}}}))
 """
@@ -376,10 +372,4 @@ run_suite(load_suite({str(tmp_path / "b.toml")!r}), {str(tmp_path / "results")!r
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not (pid_file.exists() and pid_file.read_text()):
         time.sleep(0.1)
-    runner.send_signal(signal.SIGTERM)
-    runner.send_signal(signal.SIGTERM)  # as `timeout` forwards its own: acted on once
-    assert runner.wait(timeout=60) == 128 + signal.SIGTERM
-    recs = [r for f in (tmp_path / "results").rglob("*.jsonl") for r in read_records(f)]
-    assert len(recs) == 2 and all(r.status is Status.ok and OVERHEAD not in r.metrics for r in recs)
-    (run,) = read_runs(next((tmp_path / "results").rglob(RUNS_FILE)))
-    assert run.stopped_by == "SIGTERM" and run.records == {"ok": 2}
+    return runner, pid_file

@@ -862,16 +862,16 @@ def test_a_decode_watermark_left_unrecorded_is_judged_where_the_release_rounds_i
     assert metrics["decode_unaligned_batches"]["value"] == unaligned
 
 
-def test_with_step_times_the_worker_reads_cpu_and_steal_around_each_timed_repeat(tmp_path, monkeypatch):
+def _worker_record(tmp_path, monkeypatch, case, engine_base=None, **spec) -> dict:
+    """The worker's main on a fake sglang whose engine is ``engine_base`` (default ``FakeEngine``)
+    built for ``case``: its record of the case (a spec of ``spec`` over one warm-up, no fault)."""
     import json
     import sys
     import types
 
     from specwatch.worker import main as worker_main
 
-    case = CASE.model_copy(update={"input_len": 256, "output_len": 64})
-
-    class Engine(FakeEngine):
+    class Engine(engine_base or FakeEngine):
         def __init__(self, **kw):
             super().__init__(case)
 
@@ -880,12 +880,20 @@ def test_with_step_times_the_worker_reads_cpu_and_steal_around_each_timed_repeat
 
     monkeypatch.setitem(sys.modules, "sglang", types.SimpleNamespace(Engine=Engine))
     monkeypatch.setattr(worker_main, "case_models", lambda *a, **k: (tmp_path / "t", tmp_path / "d"))
-    out, spec = tmp_path / "out.jsonl", tmp_path / "spec.json"
-    params = {"cases": [case.params()], "repeats": 3, "warmup": True, "models_dir": str(tmp_path), "fault": None}
-    spec.write_text(json.dumps({**params, "probe": False, "results": str(out), "step_times": True}))
-    assert worker_main.main(str(spec)) == 0
+    out, path = tmp_path / "out.jsonl", tmp_path / "spec.json"
+    base = {"cases": [case.params()], "warmup": True, "models_dir": str(tmp_path), "fault": None, "results": str(out)}
+    path.write_text(json.dumps({**base, **spec}))
+    assert worker_main.main(str(path)) == 0
     rec = json.loads(out.read_text().splitlines()[-1])
     assert rec["status"] == "ok", rec.get("log_tail")
+    return rec
+
+
+def test_with_step_times_the_worker_reads_cpu_and_steal_around_each_timed_repeat(tmp_path, monkeypatch):
+    import sys
+
+    case = CASE.model_copy(update={"input_len": 256, "output_len": 64})
+    rec = _worker_record(tmp_path, monkeypatch, case, repeats=3, probe=False, step_times=True)
     cpu = rec["details"]["timed_cpu"]
     assert len(cpu["repeats"]) == 3 and all(r["span_s"] >= 0 for r in cpu["repeats"])
     if sys.platform.startswith("linux"):
@@ -897,36 +905,16 @@ def test_case_totals_are_exact_only_where_the_number_of_batches_is_fixed(tmp_pat
     """With timed windows the number of batches follows the timing (0.5.17 timing records: 13970
     vs 15748 unaligned decode batches across engines of one plain case), so counts over every batch
     cannot be exact there; they stay exact with fixed repeats."""
-    import json
-    import sys
-    import types
-
-    from specwatch.worker import main as worker_main
-
     case = CASE.model_copy(update={"input_len": 256, "output_len": 64, "page_size": 64})
 
-    class Engine(FakeEngine):
-        def __init__(self, **kw):
-            super().__init__(case)
-
+    class Counting(FakeEngine):
         def get_server_info(self):
             info = super().get_server_info()
             occ = {"batches": 10, "near_full": 0, "peak": 0.5, "decode_unrecorded_tail_max": 0}
             info["internal_states"][0]["specwatch"]["occupancy"] = {**occ, "decode_unaligned_batches": 0}
             return info
 
-        def shutdown(self):
-            pass
-
-    monkeypatch.setitem(sys.modules, "sglang", types.SimpleNamespace(Engine=Engine))
-    monkeypatch.setattr(worker_main, "case_models", lambda *a, **k: (tmp_path / "t", tmp_path / "d"))
-    out, spec = tmp_path / "out.jsonl", tmp_path / "spec.json"
-    params = {"cases": [case.params()], "repeats": 2, "warmup": True, "models_dir": str(tmp_path), "fault": None}
-    spec.write_text(
-        json.dumps({**params, "probe": True, "results": str(out), "min_timed_s": 0.001 if windows else None})
-    )
-    assert worker_main.main(str(spec)) == 0
-    rec = json.loads(out.read_text().splitlines()[-1])
-    assert rec["status"] == "ok", rec.get("log_tail")
+    windows_s = 0.001 if windows else None
+    rec = _worker_record(tmp_path, monkeypatch, case, Counting, repeats=2, probe=True, min_timed_s=windows_s)
     assert rec["metrics"]["decode_unaligned_batches"]["exact"] is (not windows)
     assert rec["metrics"]["accept_length"]["exact"]  # per-batch exact metrics stay exact
