@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from specwatch.core import lifeline
 from specwatch.core.case import Case
+from specwatch.core.process_group import live_members
 from specwatch.core.protocol import CaseLine, EngineFacts, Event, MalformedLine, WorkerSpec, parse_line
 from specwatch.core.record import CaseRecord, Status, utcnow
 from specwatch.core.timing_lock import ENV as TIMING_LOCK_ENV
@@ -305,7 +306,8 @@ TEARDOWN_WAIT_S = 30.0
 def teardown(pgid: int, lock_path: Optional[str]) -> None:
     """Kill what the worker left and wait until its processes are gone. Under parallel starts this
     holds the timing lock exclusively: a dying engine (CUDA context teardown, freed memory) must not
-    overlap another engine's timed batch."""
+    overlap another engine's timed batch. Zombies do not count as left (``live_members``): an
+    orphaned one where init does not reap would hold the wait to its deadline."""
     if not lock_path:
         finally_kill(pgid)
         return
@@ -314,11 +316,7 @@ def teardown(pgid: int, lock_path: Optional[str]) -> None:
     try:
         finally_kill(pgid)
         deadline = time.monotonic() + TEARDOWN_WAIT_S
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(pgid, 0)
-            except (ProcessLookupError, PermissionError):
-                break
+        while time.monotonic() < deadline and live_members(pgid):
             time.sleep(0.1)
     finally:
         lock.release()
