@@ -347,7 +347,7 @@ def test_overhead_exits_1_when_the_probe_costs_more_than_2_percent(tmp_path):
 
 
 def test_plan_leaves_out_known_cases_and_estimates_device_time(tmp_path):
-    from datetime import datetime, timezone
+    from datetime import datetime, timedelta, timezone
 
     from records import record
     from specwatch.core.record import RunSummary
@@ -408,6 +408,14 @@ def test_plan_leaves_out_known_cases_and_estimates_device_time(tmp_path):
     assert len(left) == 6 and {x["attention_backend"] for x in left} == {"flashinfer"}
     res = specwatch_cli("plan", SUITES / "smoke.toml", "--known", tmp_path)
     assert res.returncode == 2 and "--machine and --sglang-version" in res.stderr
+    # records that carry their own clock: the suite's own pace, 90 s per recorded group
+    for c in done:
+        r = record(c, machine="m", started_at=now, finished_at=now + timedelta(seconds=90))
+        append_record(tmp_path / "m" / "sglang-0.5.17" / "smoke.jsonl", r)
+    args = ["plan", str(SUITES / "smoke.toml"), "--known", str(tmp_path), "--machine", "m"]
+    res = runner.invoke(app, [*args, "--sglang-version", "0.5.17"])
+    assert res.exit_code == 0, res.stdout
+    assert "≈ 9 device minutes at smoke's own recorded pace" in res.stdout  # 6 groups x 90 s
 
 
 SMOKE = SUITES / "smoke.toml"

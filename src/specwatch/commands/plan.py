@@ -103,7 +103,12 @@ def still_to_run(
         f"{name}: {est.known} case(s) already recorded for {machine} / SGLang {sglang_version}; "
         f"{len(est.left)} left in {est.groups} engine group(s){starts}"
     )
-    if est.device_minutes is not None:
+    if est.device_minutes is not None and est.suite_spans_s is not None:
+        console.print(
+            f"≈ {est.device_minutes:.0f} device minutes at {name}'s own recorded pace (its recorded "
+            f"engine groups on {machine}, by model; first-use compiles on a fresh host come on top)"
+        )
+    elif est.device_minutes is not None:
         console.print(
             f"≈ {est.device_minutes:.0f} device minutes at the recorded pace (median "
             f"{est.per_group_s:.0f} s of wall time per engine group over {est.runs} run(s) on "

@@ -38,22 +38,53 @@ class DeviceEstimate:
     """Recorded runs the pace comes from (runs a signal stopped are left out)."""
     engine_starts: int = 1
     """Times each group runs, each on a fresh engine (``[suite] engine_starts``)."""
+    suite_spans_s: Optional[list[float]] = None
+    """Wall seconds each ``left`` group takes at the suite's own recorded pace (``suite_group_spans``:
+    a recorded group of the same model, else of any model), all its engine starts included; None
+    where the suite has no records on the machine."""
 
     @property
     def device_minutes(self) -> Optional[float]:
-        """``groups`` x ``engine_starts`` x ``per_group_s`` in minutes (first-use compiles on a fresh
-        host come on top)."""
-        if self.per_group_s is None or not self.groups:
+        """The sum of ``suite_spans_s`` where the suite has its own pace, else ``groups`` x
+        ``engine_starts`` x ``per_group_s``, in minutes (first-use compiles on a fresh host come on
+        top)."""
+        if not self.groups:
+            return None
+        if self.suite_spans_s is not None:
+            return sum(self.suite_spans_s) / 60
+        if self.per_group_s is None:
             return None
         return self.groups * self.engine_starts * self.per_group_s / 60
+
+
+def suite_group_spans(root: Path, machine: str, suite: str) -> dict[str, list[float]]:
+    """Wall seconds per recorded engine group of ``suite`` on ``machine`` (every SGLang version),
+    by model: from the first case's start to the last one's end over the group's newest records (a
+    merged record of several engine starts spans them all), plus the group's median recorded
+    engine start where one is recorded. A suite's own pace prices what its options cost (windows,
+    engine starts, baselines), which the machine-wide pace per group does not."""
+    spans: dict[str, list[float]] = {}
+    for path in sorted((Path(root) / machine).glob(f"*/{suite}.jsonl")):
+        newest = {r.case_id: r for r in read_records(path) if r.status is not Status.skipped}
+        for cases in engine_groups(r.case for r in newest.values()):
+            recs = [newest[c.case_id] for c in cases]
+            span = (
+                max(r.provenance.finished_at for r in recs) - min(r.provenance.started_at for r in recs)
+            ).total_seconds()
+            if span <= 0:
+                continue  # records without their own clock readings price nothing
+            starts = [r.metrics["engine_start_time"].value for r in recs if "engine_start_time" in r.metrics]
+            spans.setdefault(cases[0].model, []).append(span + (statistics.median(starts) if starts else 0.0))
+    return spans
 
 
 def estimate(
     suite: str, planned: list[PlannedCase], root: Path, machine: str, sglang_version: str, engine_starts: int = 1
 ) -> DeviceEstimate:
     """Leave out the planned cases recorded under ``root`` for the machine and version, and price
-    the rest's engine groups, each run ``engine_starts`` times, at the median wall time per group
-    of the machine's past runs (all SGLang versions: the pace is the host's)."""
+    the rest's engine groups at the suite's own recorded pace (``suite_group_spans``) where it has
+    one, else each run ``engine_starts`` times at the median wall time per group of the machine's
+    past runs (all SGLang versions: the pace is the host's)."""
     done = recorded_case_ids(results_path(root, machine, sglang_version, suite))
     left = [p for p in planned if p.case.case_id not in done]
     groups = engine_groups(p.case for p in left if p.skip is None and not p.duplicate)
@@ -64,8 +95,20 @@ def estimate(
         if r.engine_groups and not r.stopped_by
     ]
     per_group = statistics.median(r.wall_s / r.engine_groups for r in runs) if runs else None
+    own = suite_group_spans(root, machine, suite)
+    every = [s for spans in own.values() for s in spans]
+    suite_spans = [statistics.median(own.get(g[0].model) or every) for g in groups] if every else None
     return DeviceEstimate(
-        suite, machine, sglang_version, len(planned) - len(left), left, len(groups), per_group, len(runs), engine_starts
+        suite,
+        machine,
+        sglang_version,
+        len(planned) - len(left),
+        left,
+        len(groups),
+        per_group,
+        len(runs),
+        engine_starts,
+        suite_spans,
     )
 
 
