@@ -32,16 +32,16 @@ def test_cpu_and_steal_seconds_parse_proc_fields(tmp_path):
 def test_each_repeat_gets_its_scheduler_cpu_and_steal_deltas(tmp_path, monkeypatch):
     clock = {"t": 0.0}
     monkeypatch.setattr(cpu_readings.time, "perf_counter", lambda: clock["t"])
-    reader = CpuReader(42, 3, tmp_path)
+    reader = CpuReader(42, [3, 5], tmp_path)  # steal summed over its cores
     ticks = iter([(100, 10, 5, 7), (180, 10, 25, 40), (180, 12, 25, 41), (300, 20, 25, 42)])
 
     def batch() -> float:
         u, s, core, host = next(ticks)
-        _proc(tmp_path, 42, u, s, {"cpu": host, "cpu3": core})
+        _proc(tmp_path, 42, u, s, {"cpu": host, "cpu3": core, "cpu5": core // 5})
         clock["t"] += 1.0
         return 1.0
 
-    _proc(tmp_path, 42, 0, 0, {"cpu": 0, "cpu3": 0})
+    _proc(tmp_path, 42, 0, 0, {"cpu": 0, "cpu3": 0, "cpu5": 0})
     loop = RepeatLoop(RepeatPlan(repeats=2, min_timed_s=2.0))
     tps: list[float] = []
 
@@ -55,16 +55,18 @@ def test_each_repeat_gets_its_scheduler_cpu_and_steal_deltas(tmp_path, monkeypat
     assert loop.batches == [2, 2] and len(reader.repeats) == 2
     first, second = reader.repeats
     assert first["span_s"] == 2.0 and first["scheduler_cpu_s"] == pytest.approx(190 / TICK, abs=1e-4)
-    assert first["core_steal_s"] == pytest.approx(25 / TICK, abs=1e-4)
+    assert first["core_steal_s"] == pytest.approx((25 + 5) / TICK, abs=1e-4)
     assert first["host_steal_s"] == pytest.approx(40 / TICK, abs=1e-4)
     assert second["scheduler_cpu_s"] == pytest.approx((320 - 190) / TICK, abs=1e-4)
     assert second["core_steal_s"] == 0.0 and second["host_steal_s"] == pytest.approx(2 / TICK, abs=1e-4)
-    assert reader.details()["scheduler_pid"] == 42 and reader.details()["scheduler_cpu"] == 3
+    assert reader.details()["scheduler_pid"] == 42 and reader.details()["scheduler_cpus"] == [3, 5]
 
 
 def test_the_scheduler_comes_from_the_pinning_and_no_scheduler_reads_steal_only(tmp_path):
-    pinning = {"processes": [{"pid": 7, "role": "detokenizer", "cpu": 2}, {"pid": 9, "role": "scheduler", "cpu": 1}]}
-    assert scheduler_of(pinning) == (9, 1)
+    pinning = {
+        "processes": [{"pid": 7, "role": "detokenizer", "cpus": [2]}, {"pid": 9, "role": "scheduler", "cpus": [1, 3]}]
+    }
+    assert scheduler_of(pinning) == (9, [1, 3])
     assert scheduler_of(None) == (None, None)  # this test process has no SGLang children
     _proc(tmp_path, 1, 0, 0, {"cpu": 4})
     reader = CpuReader(None, None, tmp_path)

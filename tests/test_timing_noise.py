@@ -365,13 +365,22 @@ def test_sglangs_processes_and_the_worker_get_distinct_cores_every_thread_pinned
         (1103, {3}),
         (own, {4}),
         (own + 1000, {4}),
-    ]  # core 0 left to interrupts; the resource tracker left alone
+    ]  # core 0 left to interrupts; the resource tracker left alone; 7 cores for 4: one each
     assert details["pinned"] and [p["role"] for p in details["processes"]] == [
         "scheduler",
         "scheduler",
         "detokenizer",
         "worker",
     ]
+
+
+def test_with_cores_to_spare_each_process_gets_a_set_its_threads_share():
+    details, calls = _pin(range(16))
+    own = os.getpid()
+    assert calls[0] == (101, {1, 2}) and calls[1] == (1101, {1, 2})  # both threads, one set
+    sets = [p["cpus"] for p in details["processes"]]
+    assert sets == [[1, 2], [3, 4], [5, 6], [7, 8]] and calls[-1] == (own + 1000, {7, 8})
+    assert max(len(c) for c in sets) == pinning.CORES_PER_PROCESS
 
 
 def test_pinning_takes_one_logical_cpu_per_physical_core():

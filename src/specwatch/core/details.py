@@ -120,12 +120,12 @@ class Details(BaseModel):
         default=None,
         description="``[suite] step_times``: per timed repeat its ``span_s`` (wall, first timed batch "
         "to last), SGLang's scheduler's CPU seconds (``scheduler_cpu_s``), the steal seconds on its "
-        "core (``core_steal_s``) and on the host (``host_steal_s``), and the scheduler's pid and pinned "
-        "cpu (``worker.cpu_readings``); a reading the host does not give is null.",
+        "cores (``core_steal_s``) and on the host (``host_steal_s``), and the scheduler's pid and pinned "
+        "cpus (``worker.cpu_readings``); a reading the host does not give is null.",
     )
     core_pinning: Optional[dict] = Field(
         default=None,
-        description="``[suite] pin_cores``: ``pinned``, each process's pid, role and cpu, the cores "
+        description="``[suite] pin_cores``: ``pinned``, each process's pid, role and cpus, the cores "
         "allowed; or ``reason`` it did not pin.",
     )
 

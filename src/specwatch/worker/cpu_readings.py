@@ -6,7 +6,7 @@ for the GPU, for its other processes, or because the hypervisor ran something el
 (steal time, which a virtual machine's kernel counts in ``/proc/stat``). Each repeat's readings
 say which: its span (wall seconds from its first timed batch's start to its last's end, the
 untimed batches between included), the scheduler's CPU seconds (user + system, every thread,
-``/proc/PID/stat``), the steal seconds on the scheduler's core and on the whole host. Readings
+``/proc/PID/stat``), the steal seconds on the scheduler's cores and on the whole host. Readings
 that a host does not give (no ``/proc``, no scheduler found) are None.
 """
 
@@ -53,12 +53,12 @@ def steal_s(cpu: Optional[int] = None, proc: Path = PROC) -> Optional[float]:
     return None
 
 
-def scheduler_of(pinning: Optional[dict]) -> tuple[Optional[int], Optional[int]]:
-    """(pid, pinned cpu) of SGLang's first scheduler: from the worker's core pinning where it ran,
-    else found among the worker's children (cpu None)."""
+def scheduler_of(pinning: Optional[dict]) -> tuple[Optional[int], Optional[list[int]]]:
+    """(pid, pinned cpus) of SGLang's first scheduler: from the worker's core pinning where it ran,
+    else found among the worker's children (cpus None)."""
     for p in (pinning or {}).get("processes", []):
         if p.get("role") == "scheduler":
-            return p.get("pid"), p.get("cpu")
+            return p.get("pid"), p.get("cpus")
     try:
         found = [p for p in children(os.getpid()) if p.role == "scheduler"]
     except Exception:  # noqa: BLE001 - a reading, never a reason for the case to fail
@@ -76,15 +76,18 @@ class CpuReader:
 
     pid: Optional[int]
     """SGLang's scheduler (None: not found; only steal is read)."""
-    cpu: Optional[int] = None
-    """The core it is pinned to (None: not pinned; no per-core steal)."""
+    cpus: Optional[list[int]] = None
+    """The cores it is pinned to (None: not pinned; no per-core steal)."""
     proc: Path = PROC
     repeats: list[dict] = field(default_factory=list)
     _start: Optional[tuple] = None
 
     def _read(self) -> tuple:
         sched = process_cpu_s(self.pid, self.proc) if self.pid else None
-        core = steal_s(self.cpu, self.proc) if self.cpu is not None else None
+        core = None
+        if self.cpus:
+            each = [steal_s(c, self.proc) for c in self.cpus]
+            core = None if None in each else sum(each)
         return time.perf_counter(), sched, core, steal_s(None, self.proc)
 
     def begin(self) -> None:
@@ -106,4 +109,4 @@ class CpuReader:
 
     def details(self) -> dict:
         """``details.timed_cpu`` of the record."""
-        return {"scheduler_pid": self.pid, "scheduler_cpu": self.cpu, "repeats": list(self.repeats)}
+        return {"scheduler_pid": self.pid, "scheduler_cpus": self.cpus, "repeats": list(self.repeats)}

@@ -1,15 +1,19 @@
-"""Core pinning (the suite's ``pin_cores``): SGLang's processes and the worker each on a core of their own.
+"""Core pinning (the suite's ``pin_cores``): SGLang's processes and the worker each on cores of their own.
 
 ``sglang.Engine`` runs its tokenizer manager in the calling process (the worker) and starts one
 scheduler per TP rank (``sglang::scheduler...``) and a detokenizer (``sglang::detokenizer``) as
 children, named with ``setproctitle``. At batch 1 on a small model the decode loop is bound by
 those processes' Python, so where the OS moves them between cores, or puts two on one core, a
 timed batch slows for reasons of its own. After the engine starts the worker pins each scheduler,
-the detokenizer and itself to distinct cores among those it may use (``os.sched_getaffinity``):
-one logical CPU per physical core where the host says which CPUs are SMT siblings, the lowest
-allowed core left out when cores are to spare (it takes most interrupts). Every thread of a
-process is pinned (Linux sets affinity per thread; threads started later inherit it). A host with
-fewer usable cores than processes is not pinned, and the record says why.
+the detokenizer and itself to disjoint sets of cores among those it may use
+(``os.sched_getaffinity``): one logical CPU per physical core where the host says which CPUs are
+SMT siblings, the lowest allowed core left out when cores are to spare (it takes most interrupts),
+and up to ``CORES_PER_PROCESS`` cores per process where the host has them. Every thread of a
+process is pinned to its process's set (Linux sets affinity per thread; threads started later
+inherit it): a process's threads share its cores, and one core for all of them would make a
+thread that spins in a CUDA synchronize (CUDA's default where cores outnumber GPUs) or SGLang's
+overlap thread take time from the scheduler's loop. A host with fewer usable cores than processes
+is not pinned, and the record says why.
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Optional
+
+CORES_PER_PROCESS = 2
+"""The most cores one pinned process gets (its main thread and one for its busiest helper)."""
 
 ROLES = ("scheduler", "detokenizer")
 """SGLang child processes pinned, by the role in their title (``sglang::<role>...``)."""
@@ -103,9 +110,10 @@ def _sysfs_siblings(cpu: int) -> Optional[str]:
         return None
 
 
-def pin_plan(procs: list[Proc], cpus: list[int]) -> tuple[Optional[dict[int, int]], str]:
-    """Which CPU each SGLang process and the worker (key 0) get, from ``cpus`` (one per core);
-    (None, why) where there are too few."""
+def pin_plan(procs: list[Proc], cpus: list[int]) -> tuple[Optional[dict[int, list[int]]], str]:
+    """Which CPUs each SGLang process and the worker (key 0) get, from ``cpus`` (one per core):
+    disjoint sets of ``CORES_PER_PROCESS`` or as many as the cores allow; (None, why) where there
+    are fewer cores than processes."""
     sglang = sorted((p for p in procs if p.role), key=lambda p: (ROLES.index(p.role), p.title, p.pid))
     if not any(p.role == "scheduler" for p in sglang):
         return None, "no sglang::scheduler process among the worker's children"
@@ -113,8 +121,9 @@ def pin_plan(procs: list[Proc], cpus: list[int]) -> tuple[Optional[dict[int, int
     if len(cpus) < need:
         return None, f"{len(cpus)} usable cores for {need} processes ({len(sglang)} SGLang processes and the worker)"
     spare = cpus[1:] if len(cpus) > need else cpus  # the lowest core takes most interrupts
-    plan = {p.pid: spare[i] for i, p in enumerate(sglang)}
-    plan[0] = spare[len(sglang)]
+    per = max(1, min(CORES_PER_PROCESS, len(spare) // need))
+    plan = {p.pid: spare[i * per : (i + 1) * per] for i, p in enumerate(sglang)}
+    plan[0] = spare[len(sglang) * per : need * per]
     return plan, ""
 
 
@@ -137,13 +146,13 @@ def pin_cores(
     roles = {p.pid: p.role for p in procs}
     pinned = []
     try:
-        for pid, cpu in plan.items():
+        for pid, cpus_of in plan.items():
             for tid in tasks(pid or worker):
                 try:
-                    setaffinity(tid, {cpu})
+                    setaffinity(tid, set(cpus_of))
                 except ProcessLookupError:  # a thread that ended since it was listed
                     continue
-            pinned.append({"pid": pid or worker, "role": roles.get(pid, "worker"), "cpu": cpu})
+            pinned.append({"pid": pid or worker, "role": roles.get(pid, "worker"), "cpus": cpus_of})
     except OSError as e:
         return {"pinned": False, "reason": f"sched_setaffinity: {e}", "allowed_cpus": sorted(allowed), "done": pinned}
     return {"pinned": True, "processes": pinned, "allowed_cpus": sorted(allowed)}
