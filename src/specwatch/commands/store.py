@@ -63,6 +63,7 @@ def _dashboard(results: Path, out: Path, df, cache) -> None:
     tables and the index; every part derived from the records is kept in the store between builds
     (``cache``: a ``present.part_cache.PartCache`` made before ``df`` was read), so a build of an
     unchanged store draws no figure again."""
+    from specwatch.analysis.serving import serving_rows, serving_table
     from specwatch.core.forked import Forked
     from specwatch.present.dashboard import build, check_records, clean_mask
     from specwatch.present.dflash_plots import dflash_figure
@@ -99,6 +100,8 @@ def _dashboard(results: Path, out: Path, df, cache) -> None:
                 ),
                 "Sweep cost per GPU run (wall time / the cases' own time; K: engines in flight, 'overlap': "
                 "--overlap-starts)": runs_frame(results),
+                "Serving under load (SGLang's serving benchmark, concurrency = batch_size; TTFT where every "
+                "request's first token was timed)": cache.rows_value("serving", serving_rows(clean), serving_table),
                 **side.result(at["timing"])[0],
             }
 
