@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from specwatch.core.process_group import _stat_fields, live_members
+from specwatch.core.process_group import live_members, stat_fields
 from specwatch.run.group import TEARDOWN_WAIT_S, teardown
 
 
@@ -38,7 +38,7 @@ def _members(pgid: int) -> list[int]:
     out = []
     for p in Path("/proc").iterdir():
         try:
-            if p.name.isdigit() and int(_stat_fields((p / "stat").read_text())[2]) == pgid:
+            if p.name.isdigit() and int(stat_fields((p / "stat").read_text())[2]) == pgid:
                 out.append(int(p.name))
         except OSError:
             pass

@@ -10,8 +10,9 @@ from __future__ import annotations
 import pandas as pd
 
 from specwatch.store.latest import LATEST_COLUMNS, latest_rows, record_id
+from specwatch.store.select import FILE_FIELDS
 
-PLACE = ["machine", "sglang_version", "suite", "fault", "probe"]
+PLACE = list(FILE_FIELDS)
 """Columns that name one results file: a case's latest record is taken per file."""
 
 CASE_COLUMNS = {

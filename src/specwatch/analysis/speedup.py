@@ -16,9 +16,10 @@ from specwatch.core.case import CASE_FIELDS, OWN_PARAMS, Algorithm
 from specwatch.store.frame_dicts import row_dicts
 from specwatch.store.latest import LATEST_COLUMNS, latest_rows
 from specwatch.store.row_case import plain_twin_id
+from specwatch.store.select import FILE_FIELDS
 from specwatch.store.twins import BREAK_EVEN, SPEEDUP, STEP, THROUGHPUT
 
-PLACE = ["machine", "sglang_version", "suite", "fault", "probe"]
+PLACE = list(FILE_FIELDS)
 """Columns a spec row and its twin's row share: one results file."""
 
 

@@ -15,10 +15,10 @@ PROC = Path("/proc")
 """Where the kernel lists processes (Linux)."""
 
 
-def _stat_fields(text: str) -> list[str]:
+def stat_fields(text: str) -> list[str]:
     """The fields of a ``/proc/PID/stat`` line after the command name (which may hold spaces and
-    parentheses): state, ppid, pgrp, ..."""
-    return text[text.rindex(")") + 2 :].split()
+    parentheses): state, ppid, pgrp, ... (``IndexError`` for a line without one)."""
+    return text.rsplit(")", 1)[1].split()
 
 
 def live_members(pgid: int, proc: Path = PROC) -> list[int]:
@@ -35,8 +35,8 @@ def live_members(pgid: int, proc: Path = PROC) -> list[int]:
         if not entry.name.isdigit():
             continue
         try:
-            fields = _stat_fields((entry / "stat").read_text())
-        except (OSError, ValueError):
+            fields = stat_fields((entry / "stat").read_text())
+        except (OSError, ValueError, IndexError):
             continue  # gone between the listing and the read
         if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
             live.append(int(entry.name))

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from specwatch.core.process_group import stat_fields
 from specwatch.worker.pinning import children
 
 PROC = Path("/proc")
@@ -34,7 +35,7 @@ def _ticks() -> float:
 def process_cpu_s(pid: int, proc: Path = PROC) -> Optional[float]:
     """User + system CPU seconds of ``pid`` (all its threads); None where unreadable."""
     try:
-        fields = (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+        fields = stat_fields((proc / str(pid) / "stat").read_text())
         return (int(fields[11]) + int(fields[12])) / _ticks()  # utime, stime: fields 14 and 15
     except (OSError, ValueError, IndexError):
         return None

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
+from specwatch.core.process_group import stat_fields
+
 CORES_PER_PROCESS = 2
 """The most cores one pinned process gets (its main thread and one for its busiest helper)."""
 
@@ -65,8 +67,7 @@ def _proc_children(root: int) -> list[Proc]:
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
-                stat = (d / "stat").read_text()
-                parent[int(d.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+                parent[int(d.name)] = int(stat_fields((d / "stat").read_text())[1])
             except (OSError, ValueError, IndexError):
                 continue
     tree, frontier = [], [root]
