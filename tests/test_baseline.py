@@ -287,6 +287,47 @@ def test_the_runner_gives_the_baseline_the_suites_windows_and_ci_target(tmp_path
     job = jobs[0]
     launch(job, _opts(baseline=True), job.cases, 0)
     assert (seen[0].repeats, seen[0].min_timed_s, seen[0].ci_half_width, seen[0].max_repeats) == (3, 2.0, 0.01, 12)
+    assert seen[0].pin_cores is False
+    pinned = _suite(tmp_path, "pin_cores = true")
+    _, jobs = plan_run(pinned, None, tmp_path / "results", dict(host_facts(), gpu_count=1), _opts(baseline=True))
+    launch(jobs[0], _opts(baseline=True), jobs[0].cases, 0)
+    assert seen[1].pin_cores is True
+
+
+def test_with_pin_cores_the_baseline_pins_after_the_engine_starts_and_each_line_says_where(tmp_path, monkeypatch):
+    """The probed worker pins SGLang's processes and itself; the plain loop it is compared with
+    runs on the same layout, and its runs in ``details.baseline`` say what was pinned."""
+    from specwatch.run.baseline import _run_entry
+    from specwatch.worker import baseline as worker_baseline
+    from specwatch.worker import pinning
+    from test_engine_worker import CASE, FakeEngine
+
+    events = []
+
+    class Engine(FakeEngine):
+        def shutdown(self):
+            pass
+
+    def started(cases, models_dir):
+        events.append("engine")
+        return Engine(cases[0])
+
+    layout = {"pinned": True, "processes": [{"pid": 1, "role": "scheduler", "cpus": [1, 2]}], "allowed_cpus": [0, 1, 2]}
+    monkeypatch.setattr(worker_baseline, "start_engine", started)
+    monkeypatch.setattr(pinning, "pin_cores", lambda: events.append("pin") or layout)
+    case = CASE.model_copy(update={"batch_size": 2, "input_len": 40, "output_len": 16})
+    for pin, want in ((False, None), (True, layout)):
+        spec, out = tmp_path / f"spec{pin}.json", tmp_path / f"out{pin}.jsonl"
+        spec.write_text(
+            BaselineSpec(
+                cases=[case], repeats=2, models_dir=str(tmp_path), results=str(out), pin_cores=pin
+            ).model_dump_json()
+        )
+        events.clear()
+        assert worker_baseline.main(str(spec)) == 0
+        (line,) = [BaselineLine.model_validate_json(x) for x in out.read_text().splitlines()]
+        assert line.core_pinning == want and events == (["engine", "pin"] if pin else ["engine"])
+        assert ("core_pinning" in _run_entry(0, line, None)) is pin
 
 
 @pytest.mark.gpu

@@ -135,6 +135,10 @@ class BaselineSpec(BaseModel):
     the median is within it (relative), as the probed run's do."""
     max_repeats: Optional[int] = Field(default=None, ge=1)
     """The suite's ``max_repeats``: the most repeats a CI target runs."""
+    pin_cores: bool = False
+    """The suite's ``pin_cores``: after the engine starts, SGLang's processes and the baseline
+    process get cores of their own as the probed worker's do (``worker.pinning``), so the overhead
+    compares a pinned loop with a pinned loop."""
 
 
 class BaselineLine(BaseModel):
@@ -163,6 +167,9 @@ class BaselineLine(BaseModel):
     """``BaselineSpec.flushed``: output tokens/s of each timed call after the flush pattern."""
     flushed_cached_tokens: Optional[list[int]] = None
     """``BaselineSpec.flushed``: prompt tokens the radix cache served in each such call."""
+    core_pinning: Optional[dict] = None
+    """``BaselineSpec.pin_cores``: what was pinned where, or why nothing was (as the probed
+    record's ``details.core_pinning``)."""
 
 
 class _Line(BaseModel):

@@ -138,6 +138,7 @@ def _run_entry(k: int, line: Optional[BaselineLine], error: Optional[str]) -> di
         "output_throughput": line.output_throughput,
         "cached_tokens": line.cached_tokens,
         **({"batches_per_repeat": line.batches_per_repeat} if line.batches_per_repeat is not None else {}),
+        **({"core_pinning": line.core_pinning} if line.core_pinning is not None else {}),
     }
 
 
@@ -216,6 +217,7 @@ def launch(job: GroupJob, options: RunOptions, cases: list[Case], k: int) -> Bas
             min_timed_s=header.min_timed_s,
             ci_half_width=header.ci_half_width,
             max_repeats=header.max_repeats,
+            pin_cores=header.pin_cores,
         )
         env = baseline_env(options.extra_env)
         return run_baseline(

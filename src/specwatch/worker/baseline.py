@@ -7,7 +7,9 @@ recording), then per case: ``flush_cache()``, one warm-up ``generate``, then ``r
 ``ci_half_width`` each repeat is a window of calls and repeats go on to the CI target, as the
 probed run's (``windowed``), so the two spreads measure the same thing. Nothing else runs between timed
 calls. The runner starts it without the probe on ``PYTHONPATH`` and without ``SPECWATCH_*``
-variables (``run.baseline.baseline_env``), so SGLang's processes carry no specwatch code; this
+variables (``run.baseline.baseline_env``), so SGLang's processes carry no specwatch code; with the
+suite's ``pin_cores`` it pins them and itself after the engine starts, from the outside, as the
+worker does (``worker.pinning.pin_cores``), so both loops run on the same core layout; this
 module imports nothing of specwatch at module level, since SGLang's spawned processes import the
 main module again. One ``BaselineLine`` per case goes to the spec's ``results`` file.
 """
@@ -132,6 +134,11 @@ def main(spec_path: str, lifeline_fd: Optional[str] = None, runner_pid: Optional
     spec = BaselineSpec.model_validate_json(Path(spec_path).read_text())
     plan = RepeatPlan(spec.repeats, spec.min_timed_s, spec.ci_half_width, spec.max_repeats)
     engine = start_engine(spec.cases, spec.models_dir)
+    pinning = None
+    if spec.pin_cores:
+        from specwatch.worker.pinning import pin_cores
+
+        pinning = pin_cores()
     try:
         with open(spec.results, "a") as out:
             for case in spec.cases:
@@ -142,6 +149,7 @@ def main(spec_path: str, lifeline_fd: Optional[str] = None, runner_pid: Optional
                 except Exception as e:  # noqa: BLE001 - one case's loop: reported, the next case runs
                     line = BaselineLine(case_id=case.case_id, ok=False, reason=f"{type(e).__name__}: {e}"[:2000])
                 line.finished_at = datetime.now(timezone.utc)
+                line.core_pinning = pinning
                 out.write(line.model_dump_json() + "\n")
                 out.flush()
     finally:
