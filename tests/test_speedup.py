@@ -119,6 +119,24 @@ def test_a_where_selection_keeps_the_twins_of_the_cases_it_selects_and_no_other(
     assert len(picked) == 4  # page 64's two twins (batch 1 and 8); page 1's are left out
 
 
+def test_without_twins_a_speedup_suite_plans_its_spec_cases_alone_under_its_own_name_and_hash(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from specwatch.cli import app
+
+    _, suite = speedup_suite(tmp_path)
+    bare = suite.without_twins()
+    assert [p.case.case_id for p in bare.plan()] == [p.case.case_id for p in suite.plan() if not p.twin]
+    assert (bare.name, bare.sha256, bare.path) == (suite.name, suite.sha256, suite.path)
+    assert suite.spec.suite.speedup  # the loaded suite is left as it was
+    res = CliRunner().invoke(app, ["plan", str(suite.path), "--json", "--where", "topk=2", "--no-twins"])
+    assert res.exit_code == 0, res.output
+    algos = [json.loads(line)["algorithm"] for line in res.output.splitlines()]
+    assert algos and "NONE" not in algos
+
+
 def test_a_run_selected_by_where_records_speedup_on_every_selected_case(tmp_path):
     _, suite = speedup_suite(tmp_path)
     env = {"PYTHONPATH": HERE + os.pathsep + os.environ.get("PYTHONPATH", "")}

@@ -48,6 +48,14 @@ Where = Annotated[
         "--where", callback=check_where, help="Only cases with FIELD=V1[,V2] (repeatable), e.g. page_size=64,256."
     ),
 ]
+Twins = Annotated[
+    bool,
+    typer.Option(
+        "--twins/--no-twins",
+        help="With [suite] speedup: plan each timing case's plain-decoding twin. --no-twins leaves "
+        "them out (spec records then carry no speedup), e.g. to repeat spec cases whose twins are measured.",
+    ),
+]
 Results = Annotated[Path, typer.Option("--results", help="Results root directory.")]
 StoredResults = Annotated[Path, typer.Option("--results", exists=True, file_okay=False, help="Results root.")]
 ResultsArg = Annotated[Path, typer.Argument(exists=True, file_okay=False, help="Results root.")]
@@ -83,10 +91,12 @@ def check_output_folder(path: Optional[Path]) -> Optional[Path]:
 CsvOut = Annotated[Optional[Path], typer.Option(callback=check_output_folder, help="Also write the table as CSV.")]
 
 
-def load_suite_file(path: Path):
+def load_suite_file(path: Path, twins: bool = True):
+    """The suite at ``path``; without its plain-decoding twins when ``twins`` is False."""
     from specwatch.suite import load_suite
 
-    return load_suite(path)
+    s = load_suite(path)
+    return s if twins else s.without_twins()
 
 
 def selections(base: str, head: str, results: Path):

@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from specwatch.commands.options import Results, Where, check_gpu_ids, check_shard, load_suite_file
+from specwatch.commands.options import Results, Twins, Where, check_gpu_ids, check_shard, load_suite_file
 from specwatch.commands.output import console, print_frame
 from specwatch.core.errors import SpecwatchInputError
 from specwatch.core.placement import ExecutorKind, TimingScope
@@ -145,6 +145,7 @@ def run(
     resume: Resume = False,
     shard: ShardOpt = None,
     where: Where = [],
+    twins: Twins = True,
     fault: Faults = [],
     models_dir: ModelsDir = Path("/tmp/specwatch-models"),
     cpu_tier: CpuTier = False,
@@ -171,7 +172,7 @@ def run(
 
     if overlay is not None:
         use_overlay(overlay)
-    loaded = [load_suite_file(p) for p in suites]
+    loaded = [load_suite_file(p, twins) for p in suites]
     flt = parse_where(where)
     if cpu_tier or (executor is ExecutorKind.local and not _cuda_available()):
         bad = [cpu_tier_tables(s, flt, context_len, out, strict, announce=not cpu_tier) for s in loaded]

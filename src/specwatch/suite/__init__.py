@@ -17,7 +17,7 @@ import itertools
 import math
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Iterator, Optional
 
@@ -309,6 +309,12 @@ class Suite:
     def iter_plan(self) -> Iterator[PlannedCase]:
         """The plan one case at a time (``iter_expand``)."""
         return iter_expand(self.spec)
+
+    def without_twins(self) -> "Suite":
+        """This suite planning no plain-decoding twins (``[suite] speedup`` off), path and hash
+        kept: its spec records then carry no ``speedup``."""
+        header = self.spec.suite.model_copy(update={"speedup": False})
+        return replace(self, spec=self.spec.model_copy(update={"suite": header}))
 
 
 AXES: tuple[str, ...] = tuple(f for f in Matrix.model_fields if not f.startswith("prompt"))
