@@ -57,6 +57,14 @@ report aa-smoke-sglang-0.5.17-back-to-back "suite=smoke,sglang_version=0.5.17,ru
 # the 8b pairs (bare, probed, bare, probed, bare interleaved): the probed pair by run id
 report aa-model-8b-sglang-0.5.17 "suite=model-8b,sglang_version=0.5.17,run=20261130T135740Z-0cae65" \
   "suite=model-8b,sglang_version=0.5.17,run=20261130T140108Z-43359b"
+# the timing suite's 8b A/A pair (3 engines, 2 s windows, pinned cores) and its planted host-time
+# slowdown (500 µs per verify step: hidden by the overlap scheduler on 8b), floors from its own file
+report aa-timing-8b-sglang-0.5.17 "suite=timing,model=8b,run=20261203T074347Z-af27b8" \
+  "suite=timing,model=8b,run=20261203T075206Z-f72825" --threshold 0.02
+report fault-slow-verify-500us-timing-8b "suite=timing,model=8b,run=20261203T075943Z-784f89" \
+  "suite=timing,fault=slow-verify-500us" --threshold 0.02
+"$bin/specwatch" noise-holdout results/noise-budgets-timing.json --threshold 0.02 -o "$out/aa-holdout-timing.md" >/dev/null
+echo "$out/aa-holdout-timing.md: $(sed -n 3p "$out/aa-holdout-timing.md")"
 # every A/A pair of the budget file under the other pairs' budgets (the held-out false-positive rate)
 "$bin/specwatch" noise-holdout results/noise-budgets.json -o "$out/aa-holdout.md" >/dev/null
 echo "$out/aa-holdout.md: $(sed -n 3p "$out/aa-holdout.md")"

@@ -179,7 +179,8 @@ def test_the_cli_refuses_a_bad_combination_in_one_line_exit_2(tmp_path, monkeypa
 
 
 def _pair(tmp_path, head_overhead: bool):
-    from specwatch.analysis.compare import compare_records, markdown
+    from specwatch.analysis.compare import compare_records
+    from specwatch.analysis.compare_report import markdown
 
     def rec(tps):
         return _rec(tps, [tps - 1, tps, tps + 1])

@@ -1,10 +1,6 @@
 from records import case, record
-from specwatch.analysis.compare import (
-    Verdict,
-    compare_records,
-    has_regression,
-    markdown,
-)
+from specwatch.analysis.compare import Verdict, compare_records
+from specwatch.analysis.compare_report import has_regression, markdown
 from specwatch.core.record import Metric, Status
 
 
@@ -256,3 +252,20 @@ def test_a_timed_comparison_of_repeats_without_ties_imports_no_scipy():
     subprocess.run(
         [sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     )
+
+
+def test_a_consistent_change_inside_the_threshold_is_listed_below_the_floor_and_noise_is_not():
+    steady = [100.0 + 0.1 * i for i in range(8)]
+    slower = [x * 0.97 for x in steady]  # -3%: every repeat below every base repeat, within 5%
+    noisy = [x * (0.97 if i % 2 else 1.02) for i, x in enumerate(steady)]  # -3% or +2%: overlapping
+    base, head = [rec(A, steady), rec(B, steady)], [rec(A, slower), rec(B, noisy)]
+    rows = {(r.case_id, r.metric): r for r in compare_records(base, head)}
+    a, b = rows[(A.case_id, "output_throughput")], rows[(B.case_id, "output_throughput")]
+    assert a.verdict is Verdict.unchanged and a.below_floor and "below the floor (5.0%)" in a.note
+    assert b.verdict is Verdict.unchanged and not b.below_floor
+    text = markdown(list(rows.values()), "b", "h")
+    assert "1 timed change(s) below the floor" in text and f"`{A.case_id}`" in text and f"`{B.case_id}`" not in text
+    # past the threshold the same change is a regression, not a listing
+    rows = {(r.case_id, r.metric): r for r in compare_records(base, head, threshold=0.02)}
+    a = rows[(A.case_id, "output_throughput")]
+    assert a.verdict is Verdict.regressed and not a.below_floor

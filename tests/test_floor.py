@@ -6,7 +6,8 @@ import json
 import pytest
 
 from records import case, record
-from specwatch.analysis.compare import compare_records, markdown
+from specwatch.analysis.compare import compare_records
+from specwatch.analysis.compare_report import markdown
 from specwatch.analysis.floor import detection_floor, store_floor
 from specwatch.core.case import ModelSize
 from specwatch.core.record import Metric
@@ -123,3 +124,38 @@ def test_the_store_floor_parses_no_record_on_a_warm_cache(tmp_path, monkeypatch)
 
     monkeypatch.setattr(select_mod, "load_records", refuse)
     assert store_floor(tmp_path).floors == first.floors
+
+
+def test_a_comparison_of_one_suite_reads_that_suites_own_pairs_and_the_dashboard_shows_each_file(tmp_path):
+    from specwatch.analysis.floor import budget_file_for, store_floors
+    from specwatch.store.jsonl import append_record
+
+    for k, (b, h) in enumerate(_pairs()):
+        for side, recs in (("a", b), ("b", h)):
+            for r in recs:
+                r.provenance.run_id = f"{k}{side}"
+                append_record(tmp_path / "m" / "sglang-0.5.17" / "timing.jsonl", r)
+    shared = tmp_path / "noise-budgets.json"
+    assert budget_file_for(tmp_path, ["suite=timing,run=0a", "suite=timing"]) == shared  # no file of its own yet
+    own = tmp_path / "noise-budgets-timing.json"
+    own.write_text(json.dumps({"pairs": [{"base": f"run={k}a", "head": f"run={k}b"} for k in range(3)], "budgets": {}}))
+    assert budget_file_for(tmp_path, ["suite=timing,run=0a", "suite=timing,fault=slow-verify-500us"]) == own
+    for other in (["suite=timing", "suite=smoke"], ["suite=timing", "run=0b"], ["suite=timing", str(tmp_path / "m")]):
+        assert budget_file_for(tmp_path, other) == shared
+    floors = store_floors(tmp_path)
+    assert [f.source for f in floors] == [str(shared), str(own)]
+    assert floors[0].margin is None and floors[1].floors["tiny/bs1/output_throughput"] == pytest.approx(0.15)
+
+    from specwatch.present.timing import timing_tables
+
+    titles = [t for t in timing_tables(tmp_path, None, points=_no_points(), steps=lambda: None) if "floor" in t]
+    assert [t.split(":")[0] for t in titles] == [
+        "Detection floor (noise-budgets.json)",
+        "Detection floor (noise-budgets-timing.json)",
+    ]
+
+
+def _no_points():
+    import pandas as pd
+
+    return pd.DataFrame()

@@ -62,7 +62,8 @@ def test_the_frame_names_each_own_model_and_gives_back_the_parameters_its_id_has
 
 
 def test_compare_labels_and_classes_own_models_by_name_and_model_selects_one(tmp_path):
-    from specwatch.analysis.compare import compare_specs, markdown
+    from specwatch.analysis.compare import compare_specs
+    from specwatch.analysis.compare_report import markdown
     from specwatch.store.select import select
     from specwatch.store.select_frame import select_rows
 

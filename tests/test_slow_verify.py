@@ -1,12 +1,13 @@
-"""The planted decode slowdown (slow-verify-*): every EAGLE verify step of the installed SGLang
-spins the fault's microseconds, and nothing else changes."""
+"""The planted decode slowdowns (slow-verify-*): every EAGLE verify step of the installed SGLang
+spins the fault's microseconds of host time, or queues them as GPU time (slow-verify-gpu-*), and
+nothing else changes."""
 
 import time
 from types import SimpleNamespace
 
 import pytest
 
-from specwatch.inject import faults
+from specwatch.inject import faults, stalls
 from specwatch.rules.release_ranges import ADAPTERS
 from specwatch.rules.releases import fault_plan
 
@@ -52,7 +53,7 @@ def test_slow_verify_spins_each_verify_step_of_the_installed_sglang_and_restores
 
 def test_stall_spins_at_least_its_microseconds():
     t = time.perf_counter()
-    faults.stall(300)
+    stalls.stall(300)
     assert time.perf_counter() - t >= 300e-6
 
 
@@ -60,8 +61,71 @@ def test_every_release_edits_its_eagle_verify_step():
     """0.5.12-0.5.15 verify in ``EAGLEWorkerV2.verify``, 0.5.16 on in ``run_eagle_verify`` (the
     match text and the patcher are checked against each release's source by test_releases)."""
     for a in ADAPTERS:
-        for name, micros in faults.SLOW_VERIFY_US.items():
-            site = a.faults[name]
-            assert site.target.endswith(("EAGLEWorkerV2.verify", "run_eagle_verify")), (a.first, site.target)
-            assert f".stall({micros})" in site.replacement
+        for table, call in ((stalls.SLOW_VERIFY_US, ".stall"), (stalls.SLOW_VERIFY_GPU_US, ".gpu_stall")):
+            for name, micros in table.items():
+                site = a.faults[name]
+                assert site.target.endswith(("EAGLEWorkerV2.verify", "run_eagle_verify")), (a.first, site.target)
+                assert f"{call}({micros})" in site.replacement
     assert fault_plan("slow-verify-100us", "0.5.12").modules == ("sglang.srt.speculative.eagle_worker_v2",)
+
+
+class _FakeCuda:
+    """``torch.cuda`` as far as ``gpu_stall`` reads it: available, capturing or not, sleeps recorded."""
+
+    def __init__(self, capturing=False):
+        self.capturing, self.slept = capturing, []
+
+    def is_available(self):
+        return True
+
+    def is_current_stream_capturing(self):
+        return self.capturing
+
+    def _sleep(self, cycles):
+        self.slept.append(cycles)
+
+
+def test_the_gpu_slowdown_queues_its_microseconds_of_gpu_cycles_in_each_verify_step(monkeypatch):
+    import torch
+
+    from specwatch.core.sglang_host import _quiet_import
+
+    plan = fault_plan("slow-verify-gpu-500us")
+    assert plan.modules == ("sglang.srt.speculative.eagle_worker_common",)
+    mod = _quiet_import(plan.modules[0])  # imported with the real torch.cuda
+    cuda = _FakeCuda()
+    monkeypatch.setattr(torch, "cuda", cuda)
+    monkeypatch.setattr(stalls, "cycles_per_us", lambda: 1980.0)
+    before = faults.HITS["slow-verify-gpu-500us"]
+    with faults.applied(plan):
+        took = _verify_seconds(mod.run_eagle_verify)
+        assert faults.HITS["slow-verify-gpu-500us"] == before + 1
+    assert cuda.slept == [990_000] and took < 0.0005  # queued on the GPU: the host does not wait
+    _verify_seconds(mod.run_eagle_verify)
+    assert cuda.slept == [990_000]  # restored
+
+
+def test_the_gpu_slowdown_queues_nothing_into_a_cuda_graph_being_captured(monkeypatch):
+    import torch
+
+    cuda = _FakeCuda(capturing=True)
+    monkeypatch.setattr(torch, "cuda", cuda)
+    stalls.gpu_stall(500)
+    assert cuda.slept == []
+    cuda.capturing = False
+    monkeypatch.setattr(stalls, "cycles_per_us", lambda: 1000.0)
+    stalls.gpu_stall(500)
+    assert cuda.slept == [500_000]
+
+
+@pytest.mark.gpu
+def test_the_gpu_slowdown_takes_its_microseconds_of_gpu_time():
+    import torch
+
+    stalls.gpu_stall(100)  # calibrates
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    stalls.gpu_stall(2000)
+    end.record()
+    end.synchronize()
+    assert 1.8 <= start.elapsed_time(end) <= 2.5  # milliseconds

@@ -218,7 +218,8 @@ def _plain_and_spec(spec_tps=200.0, plain_tps=100.0, stored=True):
 
 
 def test_compare_reports_a_speedup_column_only_where_the_head_has_one():
-    from specwatch.analysis.compare import compare_records, markdown
+    from specwatch.analysis.compare import compare_records
+    from specwatch.analysis.compare_report import markdown
 
     spec, plain = _plain_and_spec()
     text = markdown(compare_records([spec, plain], [spec, plain]), "a", "b", show_unchanged=True)
@@ -230,7 +231,8 @@ def test_compare_reports_a_speedup_column_only_where_the_head_has_one():
 
 
 def test_compare_derives_the_speedup_of_a_case_whose_twin_was_recorded_after_it():
-    from specwatch.analysis.compare import compare_records, markdown
+    from specwatch.analysis.compare import compare_records
+    from specwatch.analysis.compare_report import markdown
 
     late, plain = _plain_and_spec(stored=False)  # the spec record was written before its twin
     rows = compare_records([late, plain], [late, plain])

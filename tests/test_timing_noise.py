@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from records import record
-from specwatch.analysis.compare import compare_records, compare_specs, markdown
+from specwatch.analysis.compare import compare_records, compare_specs
+from specwatch.analysis.compare_report import markdown
 from specwatch.analysis.engine_test import TimedTest
 from specwatch.core.errors import SpecwatchInputError
 from specwatch.core.record import Metric, Status

@@ -76,6 +76,9 @@ class Row:
     """The head's probed / baseline tokens/s with both spreads (``store.baseline``); None: no baseline."""
     test: Optional[TimedTest] = None
     """The test a timed metric's change gets (engine medians or repeats); None: exact, or too few samples."""
+    below_floor: bool = False
+    """A timed change the test calls (p <= ``BELOW_FLOOR_ALPHA``) but within the threshold or budget that applied:
+    real, most likely, yet smaller than the report calls (``unchanged``, listed apart)."""
 
     @property
     def ratio(self) -> Optional[float]:
@@ -84,22 +87,35 @@ class Row:
         return self.head / self.base
 
 
-def _timed_verdict(b: Metric, h: Metric, threshold: float, alpha: float) -> tuple[Verdict, str]:
+BELOW_FLOOR_ALPHA = 0.01
+"""p-value a change within its floor must reach to be listed below the floor (``Row.below_floor``):
+at compare's alpha 0.1 an A/A pair of 8b timing runs listed 5 of 38 timed metrics by chance."""
+
+
+def _timed_verdict(b: Metric, h: Metric, threshold: float, alpha: float) -> tuple[Verdict, str, bool]:
+    """The verdict and note of a timed change, and whether it is below the floor (``Row.below_floor``)."""
     rel = (h.value - b.value) / b.value if b.value else 0.0
-    if abs(rel) <= threshold:
-        return Verdict.unchanged, f"{rel:+.1%} within {threshold:.0%}"
+    within = f"{rel:+.1%} within {threshold:.0%}"
     test = timed_test(b, h)
     if test is None:
-        return Verdict.unchanged, f"{rel:+.1%}, too few samples to tell from noise"
+        return (
+            Verdict.unchanged,
+            within if abs(rel) <= threshold else f"{rel:+.1%}, too few samples to tell from noise",
+            False,
+        )
     if test is TimedTest.engine_medians:
         p = welch_p(tuple(b.engine_medians), tuple(h.engine_medians))
         on = f" (Welch t, {len(b.engine_medians)} vs {len(h.engine_medians)} engine medians)"
     else:
         p, on = mann_whitney_p(tuple(b.samples), tuple(h.samples)), ""
+    if abs(rel) <= threshold:
+        if rel and p <= min(alpha, BELOW_FLOOR_ALPHA):
+            return Verdict.unchanged, f"{rel:+.1%}, p={p:.3f}{on}: below the floor ({threshold:.1%})", True
+        return Verdict.unchanged, within, False
     if p > alpha:
-        return Verdict.unchanged, f"{rel:+.1%}, p={p:.2f} > {alpha}{on}"
+        return Verdict.unchanged, f"{rel:+.1%}, p={p:.2f} > {alpha}{on}", False
     better = (rel > 0) == bool(h.higher_is_better)
-    return (Verdict.improved if better else Verdict.regressed), f"{rel:+.1%}, p={p:.3f}{on}"
+    return (Verdict.improved if better else Verdict.regressed), f"{rel:+.1%}, p={p:.3f}{on}", False
 
 
 def _exact_verdict(b: Metric, h: Metric) -> tuple[Verdict, str]:
@@ -219,19 +235,20 @@ def metric_row(
 ) -> Row:
     """One metric both sides recorded: exact (any change counts) or timed (past its budget and p)."""
     klass = noise_class(h.case)
+    below = False
     if hm.exact:
         verdict, note = _exact_verdict(bm, hm)
         if verdict is not Verdict.unchanged and name in SIZING_EXPLAINED:
             note = "; ".join(x for x in (note, sizing_change(b, h)) if x)
     else:
-        verdict, note = _timed_verdict(bm, hm, budget_for(budgets, klass, name, threshold), alpha)
+        verdict, note, below = _timed_verdict(bm, hm, budget_for(budgets, klass, name, threshold), alpha)
         if budgets and verdict is not Verdict.unchanged and budget_key(budgets, klass, name) is None:
             # the A/A pairs behind the budgets never measured this class/metric (a new metric, a
             # new model or batch size): the plain threshold applied, say so next to the verdict
             note = f"{note}; no noise budget for {klass}/{name}: {threshold:.0%} threshold"
     test = None if hm.exact else timed_test(bm, hm)
     timed = not hm.exact and len(bm.samples) >= 2 and len(hm.samples) >= 2
-    return Row(cid, label, name, bm.value, hm.value, hm.unit, verdict, note, timed, klass, test=test)
+    return Row(cid, label, name, bm.value, hm.value, hm.unit, verdict, note, timed, klass, test=test, below_floor=below)
 
 
 @dataclass
@@ -315,66 +332,3 @@ def compare_specs(
     if b.empty or h.empty:
         raise SpecwatchInputError(None, f"empty selection: base has {len(b)} records, head {len(h)}")
     return compare_frames(b, h, threshold, alpha, budgets)
-
-
-def _fmt(v: Optional[float]) -> str:
-    if v is None:
-        return "–"
-    return f"{v:.4g}" if abs(v) < 1e6 else f"{v:.4e}"
-
-
-def markdown(
-    rows: list[Row], base_name: str, head_name: str, show_unchanged: bool = False, header: Iterable[str] = ()
-) -> str:
-    """The report; ``header``: lines after the verdict counts (the detection floor, ``analysis.floor``)."""
-    counts: dict[Verdict, int] = {}
-    for r in rows:
-        counts[r.verdict] = counts.get(r.verdict, 0) + 1
-    summary = ", ".join(f"{n} {v.value}" for v, n in sorted(counts.items(), key=lambda kv: ORDER[kv[0]]))
-    lines = [f"## specwatch: `{head_name}` vs `{base_name}`", "", summary or "no cases", "", *header]
-    if engines := sum(r.test is TimedTest.engine_medians for r in rows):
-        repeats = sum(r.test is TimedTest.repeats for r in rows)
-        lines += [
-            f"Timed metrics tested on engine medians (Welch t, both sides with >= 2 engine starts): {engines}; "
-            f"on repeats (Mann-Whitney U): {repeats}.",
-            "",
-        ]
-    shown = [r for r in rows if show_unchanged or r.verdict is not Verdict.unchanged]
-    folded = [r for r in shown if _is_benign_new(r)]
-    if main := [r for r in shown if not _is_benign_new(r)]:
-        lines += _table(main)
-    if folded:  # coverage added by the head (a sweep that grew): listed, but out of the reviewer's way
-        cases = sum(r.metric == "status" for r in folded)
-        what = f"{cases} case(s) only in head, healthy; {len(folded) - cases} metric(s) the base did not record"
-        lines += ["", f"<details><summary>{what}</summary>", ""]
-        lines += _table(folded) + ["", "</details>"]
-    return "\n".join(lines) + "\n"
-
-
-def _is_benign_new(r: Row) -> bool:
-    """A head-only case that is ok or skipped, or a metric the base did not record yet. A head-only
-    case that crashed or failed stays in the main table."""
-    return r.verdict is Verdict.new and (r.metric != "status" or r.note in (Status.ok.value, Status.skipped.value))
-
-
-def _table(rows: list[Row]) -> list[str]:
-    """The rows as a markdown table; a ``speedup`` column (the head's, over plain decoding) and an
-    ``overhead`` column (the head's probed / baseline, ``run --baseline``) where any has one."""
-    sp, oh = any(r.speedup is not None for r in rows), any(r.overhead is not None for r in rows)
-    out = [
-        f"| verdict | case | metric | base | head | ratio |{' speedup |' if sp else ''}{' overhead |' if oh else ''} note |",
-        f"|---|---|---|---|---|---|{'---|' if sp else ''}{'---|' if oh else ''}---|",
-    ]
-    for r in rows:
-        ratio = "" if r.ratio is None else f"{r.ratio:.3f}"
-        cell = (" " + ("" if r.speedup is None else f"{r.speedup:.2f}x") + " |") if sp else ""
-        cell += f" {r.overhead or ''} |" if oh else ""
-        out.append(
-            f"| {r.verdict.value} | `{r.case_id}` {r.label} | {r.metric} | {_fmt(r.base)} | "
-            f"{_fmt(r.head)} {r.unit} | {ratio} |{cell} {r.note} |"
-        )
-    return out
-
-
-def has_regression(rows: list[Row]) -> bool:
-    return any(r.verdict in BAD for r in rows)

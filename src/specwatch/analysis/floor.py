@@ -34,6 +34,31 @@ GOAL = 0.01
 BUDGET_FILE = "noise-budgets.json"
 """The A/A pairs' file under the results root that ``store_floor`` reads unless told another."""
 
+SUITE_BUDGET_FILE = "noise-budgets-{suite}.json"
+"""A suite's own A/A pairs under the results root: a timing method (engine starts, timed windows,
+pinned cores) sets its own noise, so a comparison of that suite's runs reads its file."""
+
+
+def budget_file_for(root: Path, selections: Iterable[str]) -> Path:
+    """The budget file a comparison of ``selections`` reads: ``SUITE_BUDGET_FILE`` where every
+    selection names one and the same ``suite=`` and that file exists, else ``BUDGET_FILE``."""
+    suites = set()
+    for spec in selections:
+        named = {v for k, neg, v in _terms(spec) if k == "suite" and not neg}
+        suites.add(next(iter(named)) if len(named) == 1 else None)
+    if len(suites) == 1 and (suite := suites.pop()) is not None:
+        own = Path(root) / SUITE_BUDGET_FILE.format(suite=suite)
+        if own.exists():
+            return own
+    return Path(root) / BUDGET_FILE
+
+
+def _terms(spec: str) -> list[tuple[str, bool, str]]:
+    """A selection's terms; a results file or folder has none."""
+    from specwatch.store.select import parse_terms
+
+    return [] if "=" not in spec else parse_terms(spec)
+
 
 @dataclass(frozen=True)
 class AARow:
@@ -199,6 +224,13 @@ def store_floor(
         asdict,
         lambda d: DetectionFloor(**d),
     )
+
+
+def store_floors(root: Path, threshold: float = 0.05, alpha: float = 0.1) -> tuple[DetectionFloor, ...]:
+    """``store_floor`` of ``BUDGET_FILE`` and of every suite's own file (``SUITE_BUDGET_FILE``) under
+    ``root``, in that order (the first one's pairs may be none)."""
+    own = sorted(Path(root).glob(SUITE_BUDGET_FILE.format(suite="*")))
+    return tuple(store_floor(root, f, threshold, alpha) for f in (Path(root) / BUDGET_FILE, *own))
 
 
 def _pairs_floor(pairs: list, root: Path, threshold: float, alpha: float, source: str) -> DetectionFloor:

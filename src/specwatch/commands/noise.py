@@ -30,12 +30,14 @@ def compare(
     budgets: BudgetsOpt = None,
 ) -> None:
     """Markdown report of HEAD vs BASE, opening with the detection floor of its timed metrics (from the
-    A/A pairs of --budgets, else RESULTS/noise-budgets.json); exit code 1 when anything regressed or now fails."""
-    from specwatch.analysis.compare import compare_specs, has_regression, markdown
-    from specwatch.analysis.floor import store_floor
+    A/A pairs of --budgets, else RESULTS/noise-budgets-SUITE.json where both name that suite and it
+    exists, else RESULTS/noise-budgets.json); exit code 1 when anything regressed or now fails."""
+    from specwatch.analysis.compare import compare_specs
+    from specwatch.analysis.compare_report import has_regression, markdown
+    from specwatch.analysis.floor import budget_file_for, store_floor
 
     rows = compare_specs(base, head, results, threshold=threshold, alpha=alpha, budgets=budget_values(budgets))
-    floor = store_floor(results, budgets, threshold, alpha).header(
+    floor = store_floor(results, budgets or budget_file_for(results, (base, head)), threshold, alpha).header(
         f"{r.noise_class}/{r.metric}" for r in rows if r.timed
     )
     text = markdown(rows, base, head, show_unchanged=all_rows, header=floor)

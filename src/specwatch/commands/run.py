@@ -172,8 +172,7 @@ def run(
 
     if overlay is not None:
         use_overlay(overlay)
-    loaded = [load_suite_file(p, twins) for p in suites]
-    flt = parse_where(where)
+    loaded, flt = [load_suite_file(p, twins) for p in suites], parse_where(where)
     if cpu_tier or (executor is ExecutorKind.local and not _cuda_available()):
         bad = [cpu_tier_tables(s, flt, context_len, out, strict, announce=not cpu_tier) for s in loaded]
         raise typer.Exit(1 if any(bad) else 0)

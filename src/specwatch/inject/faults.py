@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Callable, Iterator, Optional
 
+from specwatch.inject.stalls import SLOW_VERIFY_GPU_US, SLOW_VERIFY_US
+
 PLAN_ENV = "SPECWATCH_FAULT_PLAN"
 """Environment variable holding the active fault's plan (``FaultPlan.to_json``) for SGLang's processes."""
 
@@ -58,29 +60,6 @@ def hit_expression(name: str) -> str:
 
 
 _hit = hit_expression
-
-
-SLOW_VERIFY_US: dict[str, int] = {
-    "slow-verify-100us": 100,
-    "slow-verify-500us": 500,
-    "slow-verify-2000us": 2000,
-}
-"""The planted decode slowdowns, by fault name -> microseconds added to every EAGLE verify step
-(the tiny oracle's steps take about 3-8 ms on the H200, so these are about 2%, 10% and 40%)."""
-
-
-def stall(micros: int) -> None:
-    """Spin for ``micros`` microseconds on the calling thread (``time.sleep`` overshoots at this scale)."""
-    import time
-
-    end = time.perf_counter() + micros / 1e6
-    while time.perf_counter() < end:
-        pass
-
-
-def stall_expression(micros: int) -> str:
-    """The statement a slow-verify edit adds to each verify step."""
-    return f'__import__("specwatch.inject.faults", fromlist=["stall"]).stall({micros})'
 
 
 @dataclass(frozen=True)
@@ -210,6 +189,17 @@ FAULTS: dict[str, Fault] = {
                 "when the added share of a step is above the detection floor; every exact check stays clean",
             )
             for name, micros in SLOW_VERIFY_US.items()
+        ),
+        *(
+            Fault(
+                name=name,
+                recreates=f"a decode slowdown on the GPU: {micros} µs of GPU time queued before every EAGLE verify "
+                "step's kernels (a verify kernel that got slower, an extra launch on the step's stream), outputs "
+                "and acceptance unchanged; unlike host time, SGLang's overlap scheduler cannot hide it",
+                expected_flag="compare: step_time, decode_throughput and speedup regressed against the clean run "
+                "when the added share of a step is above the detection floor; every exact check stays clean",
+            )
+            for name, micros in SLOW_VERIFY_GPU_US.items()
         ),
     )
 }

@@ -22,7 +22,7 @@ ENV.filters["href"] = lambda s: quote(str(s))
 
 
 SUMMARY_LINE = re.compile(r"^<details><summary>(.*)</summary>$")
-"""The one raw-HTML construct ``analysis.compare.markdown`` writes (``</details>`` closes it)."""
+"""The one raw-HTML construct ``analysis.compare_report.markdown`` writes (``</details>`` closes it)."""
 
 
 def markdown_html(text: str) -> Markup:

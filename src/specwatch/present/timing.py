@@ -14,7 +14,7 @@ from specwatch.analysis.changepoints import (
     store_changepoints,
     store_picks,
 )
-from specwatch.analysis.floor import GOAL, DetectionFloor, store_floor
+from specwatch.analysis.floor import GOAL, DetectionFloor, store_floors
 from specwatch.analysis.picks_cache import decoded_cells
 from specwatch.analysis.speedup import point_sets, speedup_frame, speedup_table
 from specwatch.present.figure_reads import speedup_reads
@@ -32,21 +32,25 @@ def timing_tables(
     df: "pd.DataFrame",
     points: Optional["pd.DataFrame"] = None,
     steps: Optional[Callable[[], "pd.DataFrame"]] = None,
-    floor: Optional["DetectionFloor"] = None,
+    floors: Optional[tuple["DetectionFloor", ...]] = None,
 ) -> dict[str, "pd.DataFrame"]:
     """The dashboard's timing tables (titled, for ``dashboard.build``'s ``tables``): speedup over plain
     decoding per spec case, the detection floor per class and metric, and the change points of
     ``DASHBOARD_METRICS`` across releases; ``df``: the dashboard's records frame of ``results``;
     ``points``: its ``speedup_points``, where already found; ``steps``: the call that returns the
-    change points (default ``store_steps``); ``floor``: the store's ``store_floor``, where already found."""
+    change points (default ``store_steps``); ``floors``: the store's ``store_floors`` (one table
+    per budget file: the store's and each suite's own), where already found."""
 
-    floor = store_floor(results) if floor is None else floor
+    floors = store_floors(results) if floors is None else floors
     return {
         "Speedup over plain decoding (spec output tokens/s / its no-speculation twin's; [suite] speedup)": (
             speedup_frame(df) if points is None else speedup_table(points)
         ),
-        f"Detection floor: smallest change compare calls a regression at <= {GOAL:.0%} held-out A/A false "
-        f"positives (margin {floor.margin}, {floor.clean_pairs} clean A/A pairs)": floor.frame(),
+        **{
+            f"Detection floor ({Path(f.source or '').name}): smallest change compare calls a regression at "
+            f"<= {GOAL:.0%} held-out A/A false positives (margin {f.margin}, {f.clean_pairs} clean A/A pairs)": f.frame()
+            for f in floors
+        },
         "Change points across SGLang releases (asv.step_detect; specwatch changepoints)": (
             store_steps(results) if steps is None else steps()
         ),
@@ -88,17 +92,17 @@ def timing_part(
 
     def reads() -> tuple:  # the change points read the picks of cases of two releases or more
         picks = history_picks(store_picks(result_files(results), DASHBOARD_METRICS, raw=True))
-        return points()[0], store_floor(results), picks
+        return points()[0], store_floors(results), picks
 
     def tables(read: tuple) -> dict[str, "pd.DataFrame"]:
-        table, floor, picks = read
+        table, floors, picks = read
 
         def steps() -> "pd.DataFrame":  # kept under the picks alone: new speedup points leave it kept
             return parts.read_value(
                 "changepoints", picks, lambda: picks_changepoints(decoded_cells(picks, CELL), DASHBOARD_METRICS)
             )
 
-        return timing_tables(results, df, table, steps, floor)
+        return timing_tables(results, df, table, steps, floors)
 
     tables = parts.kept("timing", reads, tables)
     figure = parts.files(  # kept under the speedup points it draws

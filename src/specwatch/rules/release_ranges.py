@@ -7,7 +7,7 @@ signature and match text below against them).
 
 from __future__ import annotations
 
-from specwatch.inject.faults import SLOW_VERIFY_US, stall_expression
+from specwatch.inject.stalls import SLOW_VERIFY, stall_statement
 from specwatch.rules.release_model import (
     FaultSite,
     ReleaseAdapter,
@@ -51,16 +51,16 @@ def _off_by_one(target: str) -> FaultSite:
 
 
 def _slow_verify(target: str) -> dict[str, FaultSite]:
-    """slow-verify-*: a spin of the fault's microseconds at the top of every EAGLE verify step."""
+    """slow-verify-*: the fault's host spin or GPU sleep at the top of every EAGLE verify step."""
     module = target.rsplit(".", 2)[0] if "EAGLEWorkerV2" in target else target.rsplit(".", 1)[0]
     return {
         name: FaultSite(
             target=target,
             module=module,
             match="bs = len(batch.seq_lens)",
-            replacement="{hit}\n" + stall_expression(micros) + "\nbs = len(batch.seq_lens)",
+            replacement="{hit}\n" + stall_statement(name) + "\nbs = len(batch.seq_lens)",
         )
-        for name, micros in SLOW_VERIFY_US.items()
+        for name in SLOW_VERIFY
     }
 
 

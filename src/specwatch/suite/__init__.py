@@ -311,8 +311,7 @@ class Suite:
         return iter_expand(self.spec)
 
     def without_twins(self) -> "Suite":
-        """This suite planning no plain-decoding twins (``[suite] speedup`` off), path and hash
-        kept: its spec records then carry no ``speedup``."""
+        """This suite with ``[suite] speedup`` off (no plain twins planned), path and hash kept."""
         header = self.spec.suite.model_copy(update={"speedup": False})
         return replace(self, spec=self.spec.model_copy(update={"suite": header}))
 

@@ -1,0 +1,77 @@
+"""The planted decode slowdowns (``slow-verify-*``): a fixed cost added to every EAGLE verify step,
+outputs and acceptance unchanged, in two kinds a maintainer's change can cost.
+
+* Host time (``SLOW_VERIFY_US``): the scheduler's thread spins. Where the step is bound by the GPU
+  and SGLang's overlap scheduler runs the host ahead of it (8b on the H200), a host stall shorter
+  than the host's slack costs nothing: under ``slow-verify-500us`` 8b's batch-1 step took 7.886 ms
+  (``da5dc8f2c251@20261203T075650Z``), clean 7.883 ms (``da5dc8f2c251@20261203T074546Z``).
+* GPU time (``SLOW_VERIFY_GPU_US``): ``torch.cuda._sleep`` queued on the verify step's stream, so
+  the step's kernels wait for it however far ahead the host runs.
+"""
+
+from __future__ import annotations
+
+import functools
+
+SLOW_VERIFY_US: dict[str, int] = {
+    "slow-verify-100us": 100,
+    "slow-verify-500us": 500,
+    "slow-verify-2000us": 2000,
+}
+"""Host-time slowdowns, by fault name -> microseconds the scheduler spins per EAGLE verify step
+(the tiny oracle's steps take about 3-8 ms on the H200, so these are about 2%, 10% and 40%)."""
+
+SLOW_VERIFY_GPU_US: dict[str, int] = {
+    "slow-verify-gpu-100us": 100,
+    "slow-verify-gpu-500us": 500,
+    "slow-verify-gpu-2000us": 2000,
+}
+"""GPU-time slowdowns, by fault name -> microseconds of GPU time queued per EAGLE verify step
+(8b's steps take 7.9 ms at batch 1 and 9.8 ms at batch 8 on the H200: 500 µs is 6.3% and 5.1%)."""
+
+CALIBRATION_CYCLES = 2_000_000
+"""GPU clock cycles slept once per process to learn cycles per microsecond (about 1 ms)."""
+
+
+def stall(micros: int) -> None:
+    """Spin for ``micros`` microseconds on the calling thread (``time.sleep`` overshoots at this scale)."""
+    import time
+
+    end = time.perf_counter() + micros / 1e6
+    while time.perf_counter() < end:
+        pass
+
+
+def gpu_stall(micros: int) -> None:
+    """Queue ``micros`` microseconds of GPU time on the current CUDA stream (the host does not wait);
+    nothing while that stream is being captured into a CUDA graph or without CUDA."""
+    import torch
+
+    if not torch.cuda.is_available() or torch.cuda.is_current_stream_capturing():
+        return
+    torch.cuda._sleep(max(1, round(micros * cycles_per_us())))
+
+
+@functools.cache
+def cycles_per_us() -> float:
+    """The current GPU's ``torch.cuda._sleep`` cycles per microsecond, timed once with CUDA events."""
+    import torch
+
+    torch.cuda._sleep(CALIBRATION_CYCLES // 10)  # the first launch loads the kernel
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(CALIBRATION_CYCLES)
+    end.record()
+    end.synchronize()
+    return CALIBRATION_CYCLES / (start.elapsed_time(end) * 1000.0)
+
+
+def stall_statement(name: str) -> str:
+    """The statement a ``slow-verify-*`` edit adds to each verify step (host spin or GPU sleep)."""
+    if name in SLOW_VERIFY_GPU_US:
+        return f'__import__("specwatch.inject.stalls", fromlist=["gpu_stall"]).gpu_stall({SLOW_VERIFY_GPU_US[name]})'
+    return f'__import__("specwatch.inject.stalls", fromlist=["stall"]).stall({SLOW_VERIFY_US[name]})'
+
+
+SLOW_VERIFY: tuple[str, ...] = (*SLOW_VERIFY_US, *SLOW_VERIFY_GPU_US)
+"""Every planted slowdown's fault name."""
