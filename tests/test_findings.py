@@ -84,6 +84,15 @@ def test_faults_section_counts_catches_misses_unrun_code_and_twins():
     assert "clean twins: 0/0" in revert
 
 
+def test_a_planted_slowdown_is_said_to_be_judged_by_compare_and_a_check_fault_is_not():
+    rs, _ = _store()
+    slow = _at(record(case(page_size=64)), "timing", 40, fault="slow-verify-gpu-500us")
+    text = findings_markdown(records_frame([*rs, slow]))
+    part = text[text.index("**slow-verify-gpu-500us**") : text.index("**unaligned-watermark**")]
+    assert "no check catches it by design" in part and "`fault=slow-verify-gpu-500us`" in part
+    assert "no check catches it" not in text[text.index("**unaligned-watermark**") :]
+
+
 def test_dflash_section_names_the_watermark_failures_and_refusals_their_example():
     rs, df = _store()
     text = findings_markdown(df)

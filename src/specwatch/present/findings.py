@@ -14,6 +14,7 @@ from typing import Callable, Optional
 import pandas as pd
 
 from specwatch.core.record import Status
+from specwatch.inject.stalls import SLOW_VERIFY
 from specwatch.store.latest import latest_rows, record_id
 
 IDENTITY = ["machine", "sglang_version", "suite", "case_id", "fault"]
@@ -129,6 +130,11 @@ def faults_section(latest: pd.DataFrame) -> list[str]:
         for fault in sorted(faulty[faulty.sglang_version == v].fault.unique()):
             rows = faulty[(faulty.sglang_version == v) & (faulty.fault == fault)]
             out += [f"- **{fault}**: {len(rows)} records", *_fault_lines(rows, latest)]
+            if fault in SLOW_VERIFY:
+                out.append(
+                    "  - a planted slowdown: no check catches it by design; `specwatch compare` of a clean run "
+                    f"against `fault={fault}` judges its timed metrics against the class's floor"
+                )
         out.append("")
     return out
 
