@@ -67,31 +67,36 @@ def test_no_budget_file_says_the_rate_is_unmeasured(tmp_path):
     assert f.margin is None and "no A/A pairs" in f.header()[0] and "5%" in f.header()[0]
 
 
-def test_the_store_floor_reads_the_pairs_of_the_budget_file(tmp_path):
+def _store_pairs(root, suite="smoke", dirty=None):
+    """``_pairs`` stored as runs ``Ka``/``Kb`` of ``suite``; run ``dirty`` started 8 engines at
+    once (its pair no A/A)."""
     from specwatch.store.jsonl import append_record
 
     for k, (b, h) in enumerate(_pairs()):
         for side, recs in (("a", b), ("b", h)):
             for r in recs:
                 r.provenance.run_id = f"{k}{side}"
-                append_record(tmp_path / "m" / "sglang-0.5.17" / "smoke.jsonl", r)
+                r.details.parallel_starts = 8 if f"{k}{side}" == dirty else 1
+                append_record(root / "m" / "sglang-0.5.17" / f"{suite}.jsonl", r)
+
+
+def _list_pairs(path):
+    """A budget file at ``path`` listing the three stored pairs."""
     pairs = [{"base": f"run={k}a", "head": f"run={k}b"} for k in range(3)]
-    (tmp_path / "noise-budgets.json").write_text(json.dumps({"pairs": pairs, "budgets": {}}))
+    path.write_text(json.dumps({"pairs": pairs, "budgets": {}}))
+    return path
+
+
+def test_the_store_floor_reads_the_pairs_of_the_budget_file(tmp_path):
+    _store_pairs(tmp_path)
+    _list_pairs(tmp_path / "noise-budgets.json")
     f = store_floor(tmp_path)
     assert f.pairs == 3 and f.floors["tiny/bs1/output_throughput"] == pytest.approx(0.15)
 
 
 def _floor_store(tmp_path):
-    from specwatch.store.jsonl import append_record
-
-    for k, (b, h) in enumerate(_pairs()):
-        for side, recs in (("a", b), ("b", h)):
-            for r in recs:
-                r.provenance.run_id = f"{k}{side}"
-                r.details.parallel_starts = 8 if (k, side) == (2, "b") else 1  # pair 2 is no A/A
-                append_record(tmp_path / "m" / "sglang-0.5.17" / "smoke.jsonl", r)
-    pairs = [{"base": f"run={k}a", "head": f"run={k}b"} for k in range(3)]
-    (tmp_path / "noise-budgets.json").write_text(json.dumps({"pairs": pairs, "budgets": {}}))
+    _store_pairs(tmp_path, dirty="2b")  # pair 2 is no A/A
+    _list_pairs(tmp_path / "noise-budgets.json")
 
 
 def test_the_store_floor_equals_the_floor_of_the_pairs_records(tmp_path):
@@ -128,17 +133,11 @@ def test_the_store_floor_parses_no_record_on_a_warm_cache(tmp_path, monkeypatch)
 
 def test_a_comparison_of_one_suite_reads_that_suites_own_pairs_and_the_dashboard_shows_each_file(tmp_path):
     from specwatch.analysis.floor import budget_file_for, store_floors
-    from specwatch.store.jsonl import append_record
 
-    for k, (b, h) in enumerate(_pairs()):
-        for side, recs in (("a", b), ("b", h)):
-            for r in recs:
-                r.provenance.run_id = f"{k}{side}"
-                append_record(tmp_path / "m" / "sglang-0.5.17" / "timing.jsonl", r)
+    _store_pairs(tmp_path, "timing")
     shared = tmp_path / "noise-budgets.json"
     assert budget_file_for(tmp_path, ["suite=timing,run=0a", "suite=timing"]) == shared  # no file of its own yet
-    own = tmp_path / "noise-budgets-timing.json"
-    own.write_text(json.dumps({"pairs": [{"base": f"run={k}a", "head": f"run={k}b"} for k in range(3)], "budgets": {}}))
+    own = _list_pairs(tmp_path / "noise-budgets-timing.json")
     assert budget_file_for(tmp_path, ["suite=timing,run=0a", "suite=timing,fault=slow-verify-500us"]) == own
     for other in (["suite=timing", "suite=smoke"], ["suite=timing", "run=0b"], ["suite=timing", str(tmp_path / "m")]):
         assert budget_file_for(tmp_path, other) == shared
