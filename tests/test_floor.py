@@ -144,6 +144,9 @@ def test_a_comparison_of_one_suite_reads_that_suites_own_pairs_and_the_dashboard
     floors = store_floors(tmp_path)
     assert [f.source for f in floors] == [str(shared), str(own)]
     assert floors[0].margin is None and floors[1].floors["tiny/bs1/output_throughput"] == pytest.approx(0.15)
+    assert floors[1].floors["8b/bs8/output_throughput"] == 0.05  # never below compare's threshold
+    own.write_text(json.dumps({**json.loads(own.read_text()), "threshold": 0.02}))
+    assert store_floors(tmp_path)[1].floors["8b/bs8/output_throughput"] == pytest.approx(0.02)  # the file's own
 
     from specwatch.present.timing import timing_tables
 

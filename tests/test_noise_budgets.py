@@ -30,6 +30,16 @@ def test_single_pair_file_reads_as_one_pair_and_merges_the_larger_budget(tmp_pat
     ]
 
 
+def test_a_budget_file_keeps_the_smaller_threshold_its_pairs_were_measured_at(tmp_path):
+    pair = AAPair(base="a", head="b")
+    f = BudgetFile(pairs=[pair], budgets={}).merged(pair, {}, 0.02)
+    assert f.threshold == 0.02 and f.merged(pair, {}, 0.05).threshold == 0.02
+    assert BudgetFile(pairs=[], budgets={}).merged(pair, {}).threshold is None
+    f.save(tmp_path / "t.json")
+    assert BudgetFile.load(tmp_path / "t.json").threshold == 0.02
+    assert "threshold" not in BudgetFile.load(COMMITTED).model_dump(exclude_none=True)
+
+
 @pytest.mark.parametrize("text", ["[]", "{", '{"budgets": {"x": "big"}}'])
 def test_not_a_budget_file_is_one_line_naming_it(tmp_path, text):
     bad = tmp_path / "bad.json"

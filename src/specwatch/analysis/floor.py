@@ -228,9 +228,11 @@ def store_floor(
 
 def store_floors(root: Path, threshold: float = 0.05, alpha: float = 0.1) -> tuple[DetectionFloor, ...]:
     """``store_floor`` of ``BUDGET_FILE`` and of every suite's own file (``SUITE_BUDGET_FILE``) under
-    ``root``, in that order (the first one's pairs may be none)."""
-    own = sorted(Path(root).glob(SUITE_BUDGET_FILE.format(suite="*")))
-    return tuple(store_floor(root, f, threshold, alpha) for f in (Path(root) / BUDGET_FILE, *own))
+    ``root``, in that order (the first one's pairs may be none), each at the threshold its file
+    records (``BudgetFile.threshold``), else ``threshold``."""
+    files = [Path(root) / BUDGET_FILE, *sorted(Path(root).glob(SUITE_BUDGET_FILE.format(suite="*")))]
+    at = [(BudgetFile.load(f).threshold if f.exists() else None) for f in files]
+    return tuple(store_floor(root, f, threshold if t is None else t, alpha) for f, t in zip(files, at))
 
 
 def _pairs_floor(pairs: list, root: Path, threshold: float, alpha: float, source: str) -> DetectionFloor:

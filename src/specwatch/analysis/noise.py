@@ -191,6 +191,9 @@ class BudgetFile(BaseModel):
     """Every A/A pair the budgets were derived from, oldest first."""
     budgets: dict[str, float]
     """``CLASS[/METRIC]`` -> relative change a timed metric must exceed."""
+    threshold: Optional[float] = None
+    """The plain threshold the budgets were derived at (``noise --threshold``), the dashboard's
+    floor for this file's classes never below it; None: compare's default."""
 
     @classmethod
     def load(cls, path: Path) -> "BudgetFile":
@@ -210,9 +213,13 @@ class BudgetFile(BaseModel):
                 path, f"not a noise-budget file ({type(e).__name__}: {why})", field="budgets"
             ) from None
 
-    def merged(self, pair: AAPair, budgets: dict[str, float]) -> "BudgetFile":
-        """This file with one more pair: its pairs kept, per class/metric the larger budget."""
-        return BudgetFile(pairs=[*self.pairs, pair], budgets=merge_budgets(self.budgets, budgets))
+    def merged(self, pair: AAPair, budgets: dict[str, float], threshold: Optional[float] = None) -> "BudgetFile":
+        """This file with one more pair: its pairs kept, per class/metric the larger budget, the
+        smaller threshold of the two."""
+        known = [t for t in (self.threshold, threshold) if t is not None]
+        return BudgetFile(
+            pairs=[*self.pairs, pair], budgets=merge_budgets(self.budgets, budgets), threshold=min(known, default=None)
+        )
 
     def save(self, path: Path) -> None:
         Path(path).write_text(json.dumps(self.model_dump(exclude_none=True), indent=1) + "\n")

@@ -93,9 +93,9 @@ def noise(
     if output:
         pair, new = aa_pair(base, head, b, h, rep, margin), rep.budgets(margin, threshold)
         f = (
-            BudgetFile.load(output).merged(pair, new)
+            BudgetFile.load(output).merged(pair, new, threshold)
             if merge and output.exists()
-            else BudgetFile(pairs=[pair], budgets=new)
+            else BudgetFile(pairs=[pair], budgets=new, threshold=threshold)
         )
         f.save(output)
         console.print(f"wrote {output} ({len(f.pairs)} A/A pair(s), {len(f.budgets)} budgets)")
