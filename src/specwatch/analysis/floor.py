@@ -54,10 +54,11 @@ def budget_file_for(root: Path, selections: Iterable[str]) -> Path:
 
 
 def _terms(spec: str) -> list[tuple[str, bool, str]]:
-    """A selection's terms; a results file or folder has none."""
+    """A selection's terms; a results file or folder (a path that exists, as ``store.select``
+    tells them apart) has none."""
     from specwatch.store.select import parse_terms
 
-    return [] if "=" not in spec else parse_terms(spec)
+    return [] if Path(spec).exists() else parse_terms(spec)
 
 
 @dataclass(frozen=True)
