@@ -92,11 +92,13 @@ BELOW_FLOOR_ALPHA = 0.01
 at compare's alpha 0.1 an A/A pair of 8b timing runs listed 5 of 38 timed metrics by chance."""
 
 
-def _timed_verdict(b: Metric, h: Metric, threshold: float, alpha: float) -> tuple[Verdict, str, bool]:
-    """The verdict and note of a timed change, and whether it is below the floor (``Row.below_floor``)."""
+def _timed_verdict(
+    b: Metric, h: Metric, threshold: float, alpha: float, test: Optional[TimedTest]
+) -> tuple[Verdict, str, bool]:
+    """The verdict and note of a timed change under ``test`` (``timed_test(b, h)``), and whether it
+    is below the floor (``Row.below_floor``)."""
     rel = (h.value - b.value) / b.value if b.value else 0.0
     within = f"{rel:+.1%} within {threshold:.0%}"
-    test = timed_test(b, h)
     if test is None:
         return (
             Verdict.unchanged,
@@ -235,18 +237,17 @@ def metric_row(
 ) -> Row:
     """One metric both sides recorded: exact (any change counts) or timed (past its budget and p)."""
     klass = noise_class(h.case)
-    below = False
+    below, test = False, None if hm.exact else timed_test(bm, hm)
     if hm.exact:
         verdict, note = _exact_verdict(bm, hm)
         if verdict is not Verdict.unchanged and name in SIZING_EXPLAINED:
             note = "; ".join(x for x in (note, sizing_change(b, h)) if x)
     else:
-        verdict, note, below = _timed_verdict(bm, hm, budget_for(budgets, klass, name, threshold), alpha)
+        verdict, note, below = _timed_verdict(bm, hm, budget_for(budgets, klass, name, threshold), alpha, test)
         if budgets and verdict is not Verdict.unchanged and budget_key(budgets, klass, name) is None:
             # the A/A pairs behind the budgets never measured this class/metric (a new metric, a
             # new model or batch size): the plain threshold applied, say so next to the verdict
             note = f"{note}; no noise budget for {klass}/{name}: {threshold:.0%} threshold"
-    test = None if hm.exact else timed_test(bm, hm)
     timed = not hm.exact and len(bm.samples) >= 2 and len(hm.samples) >= 2
     return Row(cid, label, name, bm.value, hm.value, hm.unit, verdict, note, timed, klass, test=test, below_floor=below)
 
