@@ -51,8 +51,9 @@ def pytest_collection_modifyitems(config, items):
             it.add_marker(pytest.mark.skip(reason="no CUDA GPU"))
 
 
-def harness_suite(tmp_path, name="harness", topks="[1, 2]", draft=7, extra="", timeout_s=10):
-    """A small triton suite for the fake worker (page 1 and 64, batch 1 and 8), written under ``tmp_path``."""
+def harness_suite(tmp_path, name="harness", topks="[1, 2]", draft=7, extra="", timeout_s=10, header=""):
+    """A small triton suite for the fake worker (page 1 and 64, batch 1 and 8), written under ``tmp_path``;
+    ``header``: more ``[suite]`` keys, ``extra``: more matrix keys."""
     from specwatch.suite import load_suite
 
     p = tmp_path / "s.toml"
@@ -61,6 +62,7 @@ def harness_suite(tmp_path, name="harness", topks="[1, 2]", draft=7, extra="", t
 name = "{name}"
 repeats = 1
 timeout_s = {timeout_s}
+{header}
 [[matrix]]
 attention_backend = ["triton"]
 page_size = [1, 64]

@@ -7,7 +7,8 @@ does so after a CUDA device-side assertion (printed as the H200 printed it, then
 surfaced as), a case with
 topk 8 and batch 8 hangs (for timeout tests), and a group with num_steps 5 dies before its engine is up. FAKE_WORKER_STARTS counts process starts in a file;
 FAKE_WORKER_PIDS collects the worker pids; FAKE_BAD_LINE is written instead of each group's first case line.
-FAKE_ORDER: each start appends ``probed`` to that file (``fake_baseline`` appends ``baseline``);
+FAKE_ORDER: each start appends ``probed`` to that file (``fake_baseline`` appends ``baseline``), under a
+fault ``probed FAULT pPAGE`` (the fault and the group's page size);
 FAKE_TPS_SAMPLES (comma-separated): a spec case's output_throughput samples, their median its value.
 It arms ``specwatch.core.lifeline`` as the real worker does (dies with its runner, and past the spec's timeout).
 It takes the timing lock like the real worker; FAKE_WORKER_INTERVALS logs when it "started its engine"
@@ -49,7 +50,7 @@ if os.environ.get("FAKE_WORKER_STARTS"):
         f.write("start\n")
 if os.environ.get("FAKE_ORDER"):
     with open(os.environ["FAKE_ORDER"], "a") as f:
-        f.write("probed\n")
+        f.write("probed" + (f" {spec['fault']} p{spec['cases'][0]['page_size']}" if spec.get("fault") else "") + "\n")
 if os.environ.get("FAKE_WORKER_PIDS"):
     with open(os.environ["FAKE_WORKER_PIDS"], "a") as f:
         f.write(f"{os.getpid()}\n")

@@ -116,16 +116,3 @@ def test_the_gpu_slowdown_queues_nothing_into_a_cuda_graph_being_captured(monkey
     monkeypatch.setattr(stalls, "cycles_per_us", lambda: 1000.0)
     stalls.gpu_stall(500)
     assert cuda.slept == [500_000]
-
-
-@pytest.mark.gpu
-def test_the_gpu_slowdown_takes_its_microseconds_of_gpu_time():
-    import torch
-
-    stalls.gpu_stall(100)  # calibrates
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    stalls.gpu_stall(2000)
-    end.record()
-    end.synchronize()
-    assert 1.8 <= start.elapsed_time(end) <= 2.5  # milliseconds

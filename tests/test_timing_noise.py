@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import harness_suite
 from records import record
 from specwatch.analysis.compare import compare_records, compare_specs
 from specwatch.analysis.compare_report import markdown
@@ -31,21 +32,7 @@ SGLANG_SRC = Path(__file__).resolve().parents[1] / ".cache" / "sglang-src"
 
 
 def _suite(tmp_path, header="", topks="[1, 4]"):
-    p = tmp_path / "s.toml"
-    p.write_text(f"""
-[suite]
-name = "harness"
-repeats = 1
-timeout_s = 10
-{header}
-[[matrix]]
-attention_backend = ["triton"]
-page_size = [1, 64]
-topk = {topks}
-num_draft_tokens = [7]
-batch_size = [1, 8]
-""")
-    return load_suite(p)
+    return harness_suite(tmp_path, topks=topks, header=header)
 
 
 def _run(tmp_path, suite):

@@ -10,7 +10,8 @@ gone, now failing, now fixed.
   samples gives p <= ``alpha``. With 3 repeats per side the smallest p that test can give is 0.1
   (all of one side above all of the other), hence the default ``alpha = 0.1``; use more repeats
   for a stricter alpha. Where both sides ran several engine starts per case (``Metric.engine_medians``),
-  the test is Welch's t on the engine medians instead (``analysis.engine_test``).
+  the test is Welch's t on the engine medians instead, or a paired t round by round where the two
+  records' passes were interleaved in one run (``analysis.engine_test``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Iterable, Iterator, Optional
 
-from specwatch.analysis.engine_test import TimedTest, timed_test, welch_p
+from specwatch.analysis.engine_test import TimedTest, paired_p, timed_test, welch_p
 from specwatch.analysis.rank_test import mann_whitney_p
 from specwatch.core.errors import SpecwatchInputError
 from specwatch.core.record import CaseRecord, Metric, Status
@@ -105,7 +106,10 @@ def _timed_verdict(
             within if abs(rel) <= threshold else f"{rel:+.1%}, too few samples to tell from noise",
             False,
         )
-    if test is TimedTest.engine_medians:
+    if test is TimedTest.paired_rounds:
+        p = paired_p(tuple(b.engine_medians), tuple(h.engine_medians))
+        on = f" (paired t, {len(h.engine_medians)} interleaved rounds)"
+    elif test is TimedTest.engine_medians:
         p = welch_p(tuple(b.engine_medians), tuple(h.engine_medians))
         on = f" (Welch t, {len(b.engine_medians)} vs {len(h.engine_medians)} engine medians)"
     else:
@@ -237,7 +241,8 @@ def metric_row(
 ) -> Row:
     """One metric both sides recorded: exact (any change counts) or timed (past its budget and p)."""
     klass = noise_class(h.case)
-    below, test = False, None if hm.exact else timed_test(bm, hm)
+    paired = b.interleaved_run is not None and b.interleaved_run == h.interleaved_run
+    below, test = False, None if hm.exact else timed_test(bm, hm, paired)
     if hm.exact:
         verdict, note = _exact_verdict(bm, hm)
         if verdict is not Verdict.unchanged and name in SIZING_EXPLAINED:
@@ -277,6 +282,7 @@ class RecordView:
         self.reason = cell["r"]
         self.checks = cell["c"]
         self.details = SimpleNamespace(sglang_sizing=cell["s"])
+        self.interleaved_run = cell.get("i")
         # the frame's model column is the model's name (``store.frame.case_cells``)
         self.case = SimpleNamespace(label=lambda: cell["l"], model_label=row["model"], batch_size=row["batch_size"])
 

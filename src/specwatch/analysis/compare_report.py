@@ -32,6 +32,12 @@ def markdown(
             f"on repeats (Mann-Whitney U): {repeats}.",
             "",
         ]
+    if paired := sum(r.test is TimedTest.paired_rounds for r in rows):
+        lines += [
+            f"Timed metrics tested round by round (paired t on engine-median ratios, passes interleaved in one "
+            f"run): {paired}.",
+            "",
+        ]
     shown = [r for r in rows if show_unchanged or r.verdict is not Verdict.unchanged]
     folded = [r for r in shown if _is_benign_new(r)]
     if main := [r for r in shown if not _is_benign_new(r)]:

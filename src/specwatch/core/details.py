@@ -105,6 +105,12 @@ class Details(BaseModel):
         "``finished_at``, ``output_throughput`` and ``cached_tokens`` per timed call, or ``error`` "
         "(why that run timed nothing: crashed, timed out, raised); ``reason`` where no run timed anything.",
     )
+    interleaved: Optional[dict] = Field(
+        default=None,
+        description="``specwatch run`` with several ``--fault``: the engine group's passes alternated "
+        "start by start (``run.interleave``): ``faults`` in the order they went in each round "
+        "(``none``: the clean pass) and ``rounds`` (engine starts per fault).",
+    )
     timed_windows: Optional[dict] = Field(
         default=None,
         description="``[suite] min_timed_s`` / ``ci_half_width``: ``repeats`` run, "

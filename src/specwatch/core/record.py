@@ -204,6 +204,12 @@ class CaseRecord(BaseModel):
         """Timed while other engines started (``specwatch run --overlap-starts``): noisier timing."""
         return bool(self.details.overlap_starts)
 
+    @property
+    def interleaved_run(self) -> Optional[str]:
+        """The run id where its engine starts alternated with other faults' (``details.interleaved``):
+        records of two faults with the same one were timed round by round side by side."""
+        return self.provenance.run_id if self.details.interleaved else None
+
     @model_validator(mode="after")
     def _status_consistent(self) -> "CaseRecord":
         if self.case_id != self.case.case_id:

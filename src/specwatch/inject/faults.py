@@ -189,6 +189,18 @@ FAULTS: dict[str, Fault] = {
                 "when the added share of a step is above the detection floor; every exact check stays clean",
             )
             for name, micros in SLOW_VERIFY_US.items()
+            if micros
+        ),
+        *(
+            Fault(
+                name=name,
+                recreates="nothing: the slowdowns' edit of every EAGLE verify step with no time added (its runs "
+                "counted), the A/A twin of a clean pass when the two are interleaved in one run",
+                expected_flag="nothing: compare calls no change beyond the noise floor, every check stays clean; "
+                "its pairs with the clean pass price that floor (specwatch noise)",
+            )
+            for name, micros in SLOW_VERIFY_US.items()
+            if not micros
         ),
         *(
             Fault(

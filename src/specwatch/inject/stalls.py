@@ -14,12 +14,16 @@ from __future__ import annotations
 import functools
 
 SLOW_VERIFY_US: dict[str, int] = {
+    "slow-verify-0us": 0,
     "slow-verify-100us": 100,
     "slow-verify-500us": 500,
     "slow-verify-2000us": 2000,
 }
 """Host-time slowdowns, by fault name -> microseconds the scheduler spins per EAGLE verify step
-(the tiny oracle's steps take about 3-8 ms on the H200, so these are about 2%, 10% and 40%)."""
+(the tiny oracle's steps take about 3-8 ms on the H200, so these are about 2%, 10% and 40%).
+``slow-verify-0us`` is the null fault: the same edit, its hit counted, no time added; interleaved
+with a clean pass (``--fault none --fault slow-verify-0us``) it gives A/A pairs timed as a fault
+pair is (``run.interleave``)."""
 
 SLOW_VERIFY_GPU_US: dict[str, int] = {
     "slow-verify-gpu-100us": 100,
@@ -35,6 +39,8 @@ CALIBRATION_CYCLES = 2_000_000
 
 def stall(micros: int) -> None:
     """Spin for ``micros`` microseconds on the calling thread (``time.sleep`` overshoots at this scale)."""
+    if micros <= 0:
+        return
     import time
 
     end = time.perf_counter() + micros / 1e6

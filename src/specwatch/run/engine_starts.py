@@ -127,12 +127,26 @@ def run_engine_starts(
     """Run ``job`` (a ``GroupJob``) ``starts`` times through ``run_once``, each time on the cases
     no start has recorded yet, then append the merged records. ``after_start``: called with each
     start's index after it (``run.baseline`` runs a baseline there)."""
-    es = EngineStarts(job.emit, starts)
+    run_engine_rounds([job], starts, run_once, after_start)
+
+
+def run_engine_rounds(
+    jobs: list, starts: int, run_once: Callable[[object], None], after_start: Optional[Callable[[int], None]] = None
+) -> None:
+    """``run_engine_starts`` over several jobs of one engine group, start by start: round ``k`` runs
+    each job's start ``k`` in list order (``A0 B0 A1 B1 ...``), so each job's records merge only its
+    own starts (``run.interleave``: one job per fault)."""
+    boards = [EngineStarts(job.emit, starts) for job in jobs]
     for k in range(starts):
-        pending = [c for c in job.cases if c.case_id not in es.final]
-        if not pending:
+        ran = False
+        for job, es in zip(jobs, boards):
+            pending = [c for c in job.cases if c.case_id not in es.final]
+            if pending:
+                run_once(replace(job, cases=pending, emit=es.start_emit(k)))
+                ran = True
+        if not ran:
             break
-        run_once(replace(job, cases=pending, emit=es.start_emit(k)))
         if after_start is not None:
             after_start(k)
-    es.flush([c.case_id for c in job.cases])
+    for job, es in zip(jobs, boards):
+        es.flush([c.case_id for c in job.cases])

@@ -26,6 +26,7 @@ from specwatch.run.baseline import BaselineJob, check_baseline
 from specwatch.run.case_records import failure_record
 from specwatch.run.executors import Executor, make_executor
 from specwatch.run.group import STARTED_EVENT, GroupJob
+from specwatch.run.interleave import interleaved, interleaves
 from specwatch.run.options import RunOptions, Shard
 from specwatch.run.provenance import host_facts, machine_label, specwatch_commit
 from specwatch.run.schedule import _kill_workers_on_sigterm, stop_signals_held
@@ -146,7 +147,8 @@ def wanted_cases(suites: list[Suite], options: RunOptions) -> list[Case]:
 
 
 def run_suites(suites: list[Suite], results_root: Path, options: RunOptions = RunOptions()) -> list[Path]:
-    """Run every planned case of each suite once per fault of ``options.faults`` (``None``: clean);
+    """Run every planned case of each suite once per fault of ``options.faults`` (``None``: clean),
+    several faults' passes over an engine group interleaved start by start (``run.interleave``);
     returns the results files. ``RunOptions`` says how: ``parallel_starts`` > 1 starts that many
     engines at once and times them one at a time (``specwatch.core.timing_lock``), ``stop_after_s``
     starts no new group (or wave) after that many seconds, leaving the rest to ``resume``, and so on."""
@@ -166,10 +168,12 @@ def run_suites(suites: list[Suite], results_root: Path, options: RunOptions = Ru
     outs, jobs = [], []
     held = ExitStack()  # one WriterLock per results file, for the whole run
     for suite in suites:
+        per_fault = []
         for fault in options.faults:
             out, js = plan_run(suite, fault, results_root, facts, options, tally.add, record_lock, run_id, held, widest)
             outs.append(out)
-            jobs += js
+            per_fault.append(js)
+        jobs += interleaved(per_fault) if interleaves(options) else [j for js in per_fault for j in js]
     if options.max_groups is not None:
         jobs = jobs[: options.max_groups]
     t0, started_at = time.monotonic(), utcnow()

@@ -1,0 +1,128 @@
+"""Several faults in one run: each engine group's passes alternate start by start (run.interleave),
+each fault's records in its own file, merged over its own engine starts only."""
+
+import os
+
+from conftest import harness_suite
+from records import record
+from specwatch.analysis.compare import compare_records, compare_specs
+from specwatch.analysis.compare_report import markdown
+from specwatch.analysis.engine_test import TimedTest, paired_p, welch_p
+from specwatch.core.placement import ExecutorKind
+from specwatch.core.record import Metric, Status
+from specwatch.run.interleave import interleaves
+from specwatch.run.runner import RunOptions, run_suites
+from specwatch.store.jsonl import RUNS_FILE, append_record, read_records, read_runs, results_path
+
+HERE = os.path.dirname(__file__)
+NULL = "slow-verify-0us"
+
+
+def _run(tmp_path, suite, faults=(None, NULL), **kw):
+    order = tmp_path / "order"
+    env = {"PYTHONPATH": HERE + os.pathsep + os.environ.get("PYTHONPATH", ""), "FAKE_ORDER": str(order)}
+    opts = RunOptions(gpus=1, worker_module="fake_worker", extra_env=env, faults=faults, **kw)
+    outs = run_suites([suite], tmp_path / "results", opts)
+    lines = order.read_text().splitlines() if order.exists() else []
+    order.unlink(missing_ok=True)
+    return {f: list(read_records(out)) for f, out in zip(faults, outs)}, lines
+
+
+def test_engine_starts_alternate_between_the_faults_round_by_round(tmp_path):
+    suite = harness_suite(tmp_path, topks="[1]", header="engine_starts = 3")
+    recs, order = _run(tmp_path, suite)
+    one_group = ["probed", f"probed {NULL} p1"] * 3  # none0 null0 none1 null1 none2 null2
+    assert order == one_group + [line.replace("p1", "p64") for line in one_group]
+    for fault, rs in recs.items():
+        assert len(rs) == 4 and all(r.status is Status.ok and r.provenance.fault == fault for r in rs)
+        assert all(r.details["interleaved"] == {"faults": ["none", NULL], "rounds": 3} for r in rs)
+        assert all(len(r.metrics["output_throughput"].engine_medians) == 3 for r in rs)  # its own starts only
+    (summary,) = read_runs(next((tmp_path / "results").rglob(RUNS_FILE)))
+    assert not summary.stopped_early and summary.engine_groups == 2  # two groups, each interleaved
+
+
+def test_one_engine_start_per_fault_alternates_group_by_group(tmp_path):
+    suite = harness_suite(tmp_path, topks="[1]")
+    recs, order = _run(tmp_path, suite, faults=(None, NULL, "slow-verify-gpu-500us"))
+    assert order == [
+        "probed", f"probed {NULL} p1", "probed slow-verify-gpu-500us p1",
+        "probed", f"probed {NULL} p64", "probed slow-verify-gpu-500us p64",
+    ]  # fmt: skip
+    assert [len(rs) for rs in recs.values()] == [4, 4, 4]
+    assert all("engine_starts" not in r.details for rs in recs.values() for r in rs)
+
+
+def test_a_crash_is_recorded_under_the_fault_of_the_pass_it_happened_in(tmp_path):
+    suite = harness_suite(tmp_path, topks="[4]", header="engine_starts = 2")  # topk 4: the fake worker dies
+    recs, _ = _run(tmp_path, suite)
+    for fault, rs in recs.items():
+        assert len(rs) == 4 and all(r.status is Status.crashed and r.provenance.fault == fault for r in rs)
+        assert all(r.details["engine_starts"]["not_ok_on"] == 1 for r in rs)
+
+
+def test_resume_interleaves_only_the_groups_each_fault_still_needs(tmp_path):
+    suite = harness_suite(tmp_path, topks="[1]")
+    _run(tmp_path, suite, faults=(NULL,))  # the null pass is done: only the clean pass is left
+    recs, order = _run(tmp_path, suite, resume=True)
+    assert order == ["probed", "probed"]
+    assert len(recs[None]) == 4 and "interleaved" not in recs[None][0].details  # ran alone: nothing to alternate
+    assert len(recs[NULL]) == 4
+
+
+def test_only_several_faults_on_this_hosts_executors_interleave():
+    assert interleaves(RunOptions(faults=(None, NULL)))
+    assert interleaves(RunOptions(faults=(None, NULL), executor=ExecutorKind.gpus))
+    assert not interleaves(RunOptions(faults=(None,)))
+    assert not interleaves(RunOptions(faults=(None, NULL), executor=ExecutorKind.ray))
+
+
+# -- compare: engines paired round by round --------------------------------------------------------
+
+DRIFTING = [700.0, 910.0, 560.0]
+"""A clean pass's engine medians over three rounds on a host whose speed drifts 30% between rounds."""
+SLOWED = [v * r for v, r in zip(DRIFTING, (0.95, 0.955, 0.945))]
+"""The slowed pass beside it in each round: 4.5-5.5% slower than its round's clean engine."""
+
+
+def _interleaved(medians, fault=None, run_id="R1"):
+    r = record(tps=sorted(medians)[1], run_id=run_id, fault=fault)
+    r.metrics["output_throughput"] = Metric(
+        value=sorted(medians)[1],
+        unit="tokens/s",
+        samples=[x + d for x in medians for d in (-2.0, 0.0, 2.0)],
+        higher_is_better=True,
+        engine_medians=list(medians),
+    )
+    r.details["interleaved"] = {"faults": ["none", "slow-verify-gpu-500us"], "rounds": 3}
+    return r
+
+
+def _row(rows):
+    return next(r for r in rows if r.metric == "output_throughput")
+
+
+def test_a_slowdown_paired_round_by_round_is_called_where_unpaired_engines_hide_it_in_the_drift():
+    assert paired_p(tuple(DRIFTING), tuple(SLOWED)) < 0.01 < 0.1 < welch_p(tuple(DRIFTING), tuple(SLOWED))
+    row = _row(compare_records([_interleaved(DRIFTING)], [_interleaved(SLOWED, "slow-verify-gpu-500us")], 0.03))
+    assert row.test is TimedTest.paired_rounds and row.verdict.value == "regressed"
+    assert "paired t, 3 interleaved rounds" in row.note
+    other_run = _interleaved(SLOWED, "slow-verify-gpu-500us", run_id="R2")  # not side by side: unpaired
+    row = _row(compare_records([_interleaved(DRIFTING)], [other_run], 0.03))
+    assert row.test is TimedTest.engine_medians and row.verdict.value == "unchanged"
+
+
+def test_pairs_need_interleaved_records_of_one_run_with_as_many_engines():
+    plain_b, plain_h = _interleaved(DRIFTING), _interleaved(SLOWED)
+    del plain_b.details["interleaved"], plain_h.details["interleaved"]
+    assert _row(compare_records([plain_b], [plain_h])).test is TimedTest.engine_medians
+    assert _row(compare_records([_interleaved(DRIFTING)], [_interleaved(SLOWED[:2])])).test is TimedTest.engine_medians
+    assert paired_p((100.0, 120.0), (100.0, 120.0)) == 1.0 and paired_p((100.0, 120.0), (90.0, 108.0)) == 0.0
+
+
+def test_paired_rounds_reach_compare_through_the_store_frame_and_the_report_says_so(tmp_path):
+    for fault, meds in ((None, DRIFTING), ("slow-verify-gpu-500us", SLOWED)):
+        r = _interleaved(meds, fault)
+        append_record(results_path(tmp_path, "m", "0.5.17", r.suite, fault, True), r)
+    rows = compare_specs("suite=smoke", "suite=smoke,fault=slow-verify-gpu-500us", tmp_path, threshold=0.03)
+    assert _row(rows).test is TimedTest.paired_rounds and _row(rows).verdict.value == "regressed"
+    assert "tested round by round (paired t" in markdown(rows, "b", "h")
