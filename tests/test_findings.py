@@ -93,6 +93,14 @@ def test_a_planted_slowdown_is_said_to_be_judged_by_compare_and_a_check_fault_is
     assert "no check catches it" not in text[text.index("**unaligned-watermark**") :]
 
 
+def test_the_null_fault_is_said_to_price_the_floor_not_to_be_caught():
+    rs, _ = _store()
+    null = _at(record(case(page_size=64)), "timing", 40, fault="slow-verify-0us")
+    text = findings_markdown(records_frame([*rs, null]))
+    part = text[text.index("**slow-verify-0us**") : text.index("**unaligned-watermark**")]
+    assert "the null fault" in part and "prices the floor" in part and "no check catches it" not in part
+
+
 def test_dflash_section_names_the_watermark_failures_and_refusals_their_example():
     rs, df = _store()
     text = findings_markdown(df)

@@ -22,7 +22,8 @@ Faults = Annotated[
     list[str],
     typer.Option(
         help="Fault to inject (specwatch inject); repeatable, 'none' = a clean "
-        "run. Each fault's records go to SUITE+fault-NAME.jsonl.",
+        "run. Each fault's records go to SUITE+fault-NAME.jsonl. Several: each engine group's "
+        "passes alternate start by start, in this order (not with --executor ray).",
     ),
 ]
 ModelsDir = Annotated[Path, typer.Option(help="Where oracle checkpoints live.")]
