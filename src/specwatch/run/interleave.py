@@ -1,8 +1,9 @@
 """``specwatch run`` with several ``--fault``: each engine group's passes interleaved start by start.
 
 A run given ``--fault none --fault slow-verify-gpu-500us`` times one engine group under each fault.
-Run one fault's groups after the other's and a drift of the host between them (on the H200 hosts
-the same tiny cases moved 27-45% between runs hours apart) reads as the fault's effect. Here the
+Run one fault's groups after the other's and a drift of the host between them reads as the
+fault's effect (a clean tiny smoke pair run back to back on an H200 shifted as a whole, up to 35.5%;
+the host's Python speed moved up to 2x between its cores and from one pass to the next). Here the
 passes of one engine group go ``A0 B0 A1 B1 ...``: engine start ``k`` of every fault, in the
 ``--fault`` order, before start ``k + 1`` of any (asv's ``--interleave-rounds``), on one host and,
 with ``--executor gpus``, on one GPU set. Each fault's records still go to its own results file
@@ -62,7 +63,8 @@ class InterleavedJob:
 
     @property
     def fault(self) -> Optional[str]:
-        """The first pass's fault (a crash of the whole job is recorded under each member by ``deliver``)."""
+        """The first pass's fault, for code that reads one fault per job; where a record goes is decided
+        by the fault it carries (``deliver``)."""
         return self.members[0].fault
 
     def deliver(self, rec: CaseRecord) -> None:
