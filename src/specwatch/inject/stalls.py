@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import functools
 
+NULL_SLOWDOWN = "slow-verify-0us"
+"""The null fault: the slowdowns' edit with no time added."""
+
 SLOW_VERIFY_US: dict[str, int] = {
-    "slow-verify-0us": 0,  # NULL_SLOWDOWN
+    NULL_SLOWDOWN: 0,
     "slow-verify-100us": 100,
     "slow-verify-500us": 500,
     "slow-verify-2000us": 2000,
@@ -24,9 +27,6 @@ SLOW_VERIFY_US: dict[str, int] = {
 ``slow-verify-0us`` is the null fault: the same edit, its hit counted, no time added; interleaved
 with a clean pass (``--fault none --fault slow-verify-0us``) it gives A/A pairs timed as a fault
 pair is (``run.interleave``)."""
-
-NULL_SLOWDOWN = "slow-verify-0us"
-"""The null fault: the slowdowns' edit with no time added."""
 
 SLOW_VERIFY_GPU_US: dict[str, int] = {
     "slow-verify-gpu-100us": 100,
