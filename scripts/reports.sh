@@ -63,6 +63,12 @@ report aa-timing-8b-sglang-0.5.17 "suite=timing,model=8b,run=20261203T074347Z-af
   "suite=timing,model=8b,run=20261203T075206Z-f72825" --threshold 0.02
 report fault-slow-verify-500us-timing-8b "suite=timing,model=8b,run=20261203T075943Z-784f89" \
   "suite=timing,fault=slow-verify-500us" --threshold 0.02
+# the same suite's passes interleaved start by start in one run: clean against the null fault (A/A)
+# and against 500 µs of GPU time per verify step, each judged at the floor of its own file
+report aa-timing-8b-interleaved-sglang-0.5.17 "suite=timing,model=8b,run=20261204T171014Z-8775fb" \
+  "suite=timing,fault=slow-verify-0us,model=8b,run=20261204T171014Z-8775fb"
+report fault-slow-verify-gpu-500us-timing-8b "suite=timing,model=8b,run=20261204T171014Z-8775fb" \
+  "suite=timing,fault=slow-verify-gpu-500us,model=8b,run=20261204T171014Z-8775fb"
 "$bin/specwatch" noise-holdout results/noise-budgets-timing.json --threshold 0.02 -o "$out/aa-holdout-timing.md" >/dev/null
 echo "$out/aa-holdout-timing.md: $(sed -n 3p "$out/aa-holdout-timing.md")"
 # every A/A pair of the budget file under the other pairs' budgets (the held-out false-positive rate)

@@ -161,3 +161,47 @@ def _no_points():
     import pandas as pd
 
     return pd.DataFrame()
+
+
+def test_a_measured_budget_below_the_plain_threshold_is_the_one_applied():
+    base, head = _pair([-0.03], ModelSize.llama_8b, 8)
+    key = "8b/bs8/output_throughput"
+    (row,) = compare_records(base, head, threshold=0.05, budgets={key: 0.02})
+    assert row.verdict.value == "regressed"
+    (row,) = compare_records(base, head, threshold=0.05, budgets={key: 0.04})
+    assert row.verdict.value == "unchanged"
+
+
+def test_compare_without_budgets_calls_what_its_floor_says_it_can(tmp_path):
+    """The suite's file was measured at 2%: 8b/bs8's floor is 2%, and compare calls a 3% change
+    there; tiny/bs1's floor is 15%, and a 10% change there is below it; a class no pair measured
+    keeps compare's 5%."""
+    from typer.testing import CliRunner
+
+    from specwatch.cli import app
+    from specwatch.store.jsonl import append_record
+
+    _store_pairs(tmp_path, "timing")
+    own = _list_pairs(tmp_path / "noise-budgets-timing.json")
+    own.write_text(json.dumps({**json.loads(own.read_text()), "threshold": 0.02}))
+    moves = [(ModelSize.llama_8b, 8, -0.03), (ModelSize.tiny, 1, -0.10), (ModelSize.tiny, 8, -0.04)]
+    for model, batch, change in moves:
+        base, head = _pair([change], model, batch)
+        for side, recs in (("xa", base), ("xb", head)):
+            for r in recs:
+                r.provenance.run_id, r.suite = side, "timing"
+                append_record(tmp_path / "m" / "sglang-0.5.17" / "timing.jsonl", r)
+    res = CliRunner().invoke(
+        app, ["compare", "suite=timing,run=xa", "suite=timing,run=xb", "--results", str(tmp_path), "--all"]
+    )
+    assert res.exit_code == 1, res.output
+    floor_line = next(line for line in res.output.splitlines() if line.startswith("Detection floor"))
+    assert "8b/bs8: output_throughput 2.0%" in floor_line and "tiny/bs1: output_throughput 15.0%" in floor_line
+    assert "tiny/bs8: output_throughput 5.0% (no A/A)" in floor_line
+    verdicts = {}
+    for line in res.output.splitlines():
+        if line.startswith("|") and "output_throughput" in line:
+            cells = [c.strip() for c in line.split("|")]
+            words = cells[2].split()
+            verdicts[f"{words[1].split('/')[0]}/{next(w for w in words if w.startswith('bs'))}"] = cells[1]
+    assert verdicts == {"8b/bs8": "regressed", "tiny/bs1": "unchanged", "tiny/bs8": "unchanged"}, res.output

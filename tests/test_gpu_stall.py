@@ -60,6 +60,7 @@ def test_a_cuda_graph_replayed_after_the_slowdown_on_a_side_stream_finishes_that
 
         clean = sorted(step(0)[0] for _ in range(21))[10]
         slowed = sorted(step(500) for _ in range(21))
-    added, host_s = slowed[10][0] - clean, max(s for _, s in slowed)
+    added = slowed[10][0] - clean
+    host_s = sorted(s for _, s in slowed)[10]
     assert 0.45 <= added <= 0.6, (clean, slowed[10])
-    assert host_s < 0.0005  # queued: the host went on at once
+    assert host_s < 0.00025, host_s  # queued: the median call returned in under half the stall

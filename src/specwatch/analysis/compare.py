@@ -146,10 +146,11 @@ def budget_key(budgets: Optional[dict], klass: str, metric: str) -> Optional[str
 
 
 def budget_for(budgets: Optional[dict], klass: str, metric: str, threshold: float) -> float:
-    """The relative change a timed metric must exceed: the class/metric budget when one is set
-    (never below ``threshold``), else ``threshold``."""
+    """The relative change a timed metric must exceed: the class/metric budget when one is set (it
+    was measured: ``specwatch noise`` never derives one below the threshold its pairs ran at), else
+    ``threshold``."""
     key = budget_key(budgets, klass, metric)
-    return threshold if key is None else max(threshold, budgets[key])
+    return threshold if key is None else budgets[key]
 
 
 SIZING_EXPLAINED = frozenset(

@@ -227,6 +227,22 @@ def store_floor(
     )
 
 
+def file_threshold(path: Optional[Path], default: float = 0.05) -> float:
+    """The plain threshold a budget file's A/A pairs were measured at (``BudgetFile.threshold``),
+    else ``default``: the floor ``compare`` reports is the one the dashboard shows for that file."""
+    if path is None or not Path(path).exists():
+        return default
+    recorded = BudgetFile.load(path).threshold
+    return default if recorded is None else recorded
+
+
+def compare_budgets(floor: DetectionFloor) -> Optional[dict[str, float]]:
+    """The budgets a ``compare`` without ``--budgets`` applies: each measured class and metric's
+    floor, so a change is called exactly where the report's header says it can be; None where no
+    A/A pair measured any (the plain threshold then)."""
+    return dict(floor.floors) or None
+
+
 def store_floors(root: Path, threshold: float = 0.05, alpha: float = 0.1) -> tuple[DetectionFloor, ...]:
     """``store_floor`` of ``BUDGET_FILE`` and of every suite's own file (``SUITE_BUDGET_FILE``) under
     ``root``, in that order (the first one's pairs may be none), each at the threshold its file

@@ -23,7 +23,9 @@ def compare(
     base: str = typer.Argument(..., help="Base selection: results file/folder or FIELD=VALUE[,...]."),
     head: str = typer.Argument(..., help="Head selection, same forms."),
     results: Results = Path("results"),
-    threshold: Threshold = 0.05,
+    threshold: float = typer.Option(
+        0.05, help="Relative change a timed metric must exceed in a class no A/A pair or budget measured."
+    ),
     alpha: Alpha = 0.1,
     output: Output = None,
     all_rows: bool = typer.Option(False, "--all", help="Also list unchanged metrics."),
@@ -31,16 +33,22 @@ def compare(
 ) -> None:
     """Markdown report of HEAD vs BASE, opening with the detection floor of its timed metrics (from the
     A/A pairs of --budgets, else RESULTS/noise-budgets-SUITE.json where both name that suite and it
-    exists, else RESULTS/noise-budgets.json); exit code 1 when anything regressed or now fails."""
+    exists, else RESULTS/noise-budgets.json); exit code 1 when anything regressed or now fails.
+    Without --budgets a timed change must exceed that floor to be called (``compare_budgets``), so
+    the report calls exactly what its header says it can."""
+    from dataclasses import replace
+
     from specwatch.analysis.compare import compare_specs
     from specwatch.analysis.compare_report import has_regression, markdown
-    from specwatch.analysis.floor import budget_file_for, store_floor
+    from specwatch.analysis.floor import budget_file_for, compare_budgets, file_threshold, store_floor
 
-    rows = compare_specs(base, head, results, threshold=threshold, alpha=alpha, budgets=budget_values(budgets))
-    floor = store_floor(results, budgets or budget_file_for(results, (base, head)), threshold, alpha).header(
-        f"{r.noise_class}/{r.metric}" for r in rows if r.timed
-    )
-    text = markdown(rows, base, head, show_unchanged=all_rows, header=floor)
+    source = budgets or budget_file_for(results, (base, head))
+    # floors measured at the file's own threshold; a class its pairs never measured: compare's
+    floor = replace(store_floor(results, source, file_threshold(source, threshold), alpha), threshold=threshold)
+    applied = budget_values(budgets) if budgets else compare_budgets(floor)
+    rows = compare_specs(base, head, results, threshold=threshold, alpha=alpha, budgets=applied)
+    header = floor.header(f"{r.noise_class}/{r.metric}" for r in rows if r.timed)
+    text = markdown(rows, base, head, show_unchanged=all_rows, header=header)
     if output:
         output.write_text(text)
     print(text)

@@ -37,7 +37,7 @@ SLOW_VERIFY_GPU_US: dict[str, int] = {
 (8b's steps take 7.9 ms at batch 1 and 9.8 ms at batch 8 on the H200: 500 µs is 6.3% and 5.1%)."""
 
 CALIBRATION_CYCLES = 2_000_000
-"""GPU clock cycles slept once per process to learn cycles per microsecond (about 1 ms)."""
+"""GPU clock cycles of one calibration sleep (about 1 ms on an H200)."""
 
 
 def stall(micros: int) -> None:
@@ -61,18 +61,29 @@ def gpu_stall(micros: int) -> None:
     torch.cuda._sleep(max(1, round(micros * cycles_per_us())))
 
 
+CALIBRATION_ROUNDS = 5
+"""Timed calibration sleeps; their median is kept (a GPU whose clock is still ramping up from
+idle reads slow on the first ones)."""
+
+
 @functools.cache
 def cycles_per_us() -> float:
-    """The current GPU's ``torch.cuda._sleep`` cycles per microsecond, timed once with CUDA events."""
+    """The current GPU's ``torch.cuda._sleep`` cycles per microsecond: the median of
+    ``CALIBRATION_ROUNDS`` sleeps of ``CALIBRATION_CYCLES`` timed with CUDA events, once per process."""
+    import statistics
+
     import torch
 
     torch.cuda._sleep(CALIBRATION_CYCLES // 10)  # the first launch loads the kernel
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    torch.cuda._sleep(CALIBRATION_CYCLES)
-    end.record()
-    end.synchronize()
-    return CALIBRATION_CYCLES / (start.elapsed_time(end) * 1000.0)
+    rates = []
+    for _ in range(CALIBRATION_ROUNDS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(CALIBRATION_CYCLES)
+        end.record()
+        end.synchronize()
+        rates.append(CALIBRATION_CYCLES / (start.elapsed_time(end) * 1000.0))
+    return statistics.median(rates)
 
 
 def stall_statement(name: str) -> str:

@@ -10,8 +10,9 @@ median of those.
 
 A case that is not ok on some start (crashed, timed out, failed, skipped) is recorded then, as one
 engine start records it, and its held records are dropped: a crash on any engine is the finding.
-Records land only after the last start, so a run stopped in between leaves the case unrecorded and
-``--resume`` runs all N starts again.
+Merged records land only after the last start; each start's ok record is journaled as it arrives
+(``run.start_journal``), so ``--resume`` after a run stopped in between adopts the starts already
+timed and runs only the ones a case lacks.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Callable, Optional
 
 from specwatch.core.record import CaseRecord, Metric, Status
 from specwatch.rules.case_totals import AGREE_CHECK
+from specwatch.run.start_journal import StartJournal
 
 
 def _median(values: list[float]) -> float:
@@ -59,8 +61,9 @@ def merge_metric(ms: list[Metric]) -> tuple[Metric, bool]:
     return merged, agree
 
 
-def merge_records(recs: list[CaseRecord], planned: int) -> CaseRecord:
-    """The case's one record over its ok engine starts (``recs``, in start order)."""
+def merge_records(recs: list[CaseRecord], planned: int, adopted: int = 0) -> CaseRecord:
+    """The case's one record over its ok engine starts (``recs``, in start order; the first
+    ``adopted`` of them taken from the start journal of an earlier, stopped run)."""
     names = list(dict.fromkeys(n for r in recs for n in r.metrics))
     metrics, agree = {}, True
     for name in names:
@@ -83,33 +86,56 @@ def merge_records(recs: list[CaseRecord], planned: int) -> CaseRecord:
                 "output_digest": r.details.output_digest,
                 "host_load": r.details.host_load.model_dump() if r.details.host_load else None,
                 **({"timed_cpu": r.details.timed_cpu} if r.details.timed_cpu is not None else {}),
+                **({"resumed": True} if i < adopted else {}),
             }
-            for r in recs
+            for i, r in enumerate(recs)
         ],
+        **({"resumed": adopted} if adopted else {}),
     }
     out.provenance = out.provenance.model_copy(update={"finished_at": recs[-1].provenance.finished_at})
     return out
 
 
 class EngineStarts:
-    """Holds one group's ok records start by start; passes the others on at once."""
+    """Holds one group's ok records start by start (journaling each, where a journal is given);
+    passes the others on at once."""
 
-    def __init__(self, emit: Callable[[CaseRecord], None], planned: int):
-        self.emit, self.planned = emit, planned
-        self.held: dict[str, list[CaseRecord]] = {}
+    def __init__(
+        self,
+        emit: Callable[[CaseRecord], None],
+        planned: int,
+        journal: Optional[StartJournal] = None,
+        adopted: Optional[dict[str, list[CaseRecord]]] = None,
+    ):
+        self.emit, self.planned, self.journal = emit, planned, journal
+        self.held: dict[str, list[CaseRecord]] = {cid: list(recs[:planned]) for cid, recs in (adopted or {}).items()}
+        self.adopted: dict[str, int] = {cid: len(recs) for cid, recs in self.held.items()}
+        """Per case, how many of its held starts came from the journal (they come first)."""
         self.final: set[str] = set()
         """Cases already recorded (not ok on some start): no later start runs them."""
 
+    def needs(self, case_id: str) -> bool:
+        """Whether the case still lacks a start (not recorded, fewer than ``planned`` held)."""
+        return case_id not in self.final and len(self.held.get(case_id, ())) < self.planned
+
+    def keep(self, case_id: str, count: int) -> None:
+        """Hold at most ``count`` adopted starts of the case (the rounds every interleaved pass has)."""
+        if case_id in self.adopted and self.adopted[case_id] > count:
+            self.held[case_id] = self.held[case_id][:count]
+            self.adopted[case_id] = count
+
     def start_emit(self, index: int) -> Callable[[CaseRecord], None]:
-        """The ``emit`` of engine start ``index`` (0-based)."""
+        """The ``emit`` of engine start ``index`` (0-based, this run's)."""
 
         def emit(rec: CaseRecord) -> None:
             if rec.status is Status.ok:
+                if self.journal is not None:
+                    self.journal.add(rec)
                 self.held.setdefault(rec.case_id, []).append(rec)
                 return
-            self.held.pop(rec.case_id, None)
+            ran = len(self.held.pop(rec.case_id, ())) + 1
             self.final.add(rec.case_id)
-            rec.details["engine_starts"] = {"planned": self.planned, "ran": index + 1, "not_ok_on": index + 1}
+            rec.details["engine_starts"] = {"planned": self.planned, "ran": ran, "not_ok_on": ran}
             self.emit(rec)
 
         return emit
@@ -118,7 +144,16 @@ class EngineStarts:
         """Append each held case's merged record, in ``order``."""
         for cid in order:
             if cid in self.held and cid not in self.final:
-                self.emit(merge_records(self.held.pop(cid), self.planned))
+                self.emit(merge_records(self.held.pop(cid), self.planned, self.adopted.get(cid, 0)))
+
+
+def _board(job, starts: int) -> EngineStarts:
+    """The ``EngineStarts`` of ``job``: journaled where the job names its results file
+    (``GroupJob.results_file``), adopting the journal's starts where it resumes."""
+    results_file = getattr(job, "results_file", None)
+    journal = StartJournal(results_file) if results_file is not None else None
+    adopted = journal.unmerged(c.case_id for c in job.cases) if journal and getattr(job, "resume", False) else None
+    return EngineStarts(job.emit, starts, journal, adopted)
 
 
 def run_engine_starts(
@@ -136,11 +171,17 @@ def run_engine_rounds(
     """``run_engine_starts`` over several jobs of one engine group, start by start: round ``k`` runs
     each job's start ``k`` in list order (``A0 B0 A1 B1 ...``), so each job's records merge only its
     own starts (``run.interleave``: one job per fault)."""
-    boards = [EngineStarts(job.emit, starts) for job in jobs]
+    boards = [_board(job, starts) for job in jobs]
+    if len(boards) > 1:  # interleaved passes: adopt only the rounds every pass has, so rounds pair
+        for cid in {c.case_id for job in jobs for c in job.cases}:
+            sharing = [es for job, es in zip(jobs, boards) if any(c.case_id == cid for c in job.cases)]
+            common = min(len(es.held.get(cid, ())) for es in sharing)
+            for es in sharing:
+                es.keep(cid, common)
     for k in range(starts):
         ran = False
         for job, es in zip(jobs, boards):
-            pending = [c for c in job.cases if c.case_id not in es.final]
+            pending = [c for c in job.cases if es.needs(c.case_id)]
             if pending:
                 run_once(replace(job, cases=pending, emit=es.start_emit(k)))
                 ran = True

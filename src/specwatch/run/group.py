@@ -342,6 +342,11 @@ class GroupJob:
     """Wall-clock limit for the group; None: the suite's ``timeout_s``."""
     probe: bool = True
     """False: a bare run (no specwatch code in SGLang's processes)."""
+    results_file: Optional[Path] = None
+    """The results file ``emit`` appends to: its start journal (``run.start_journal``) keeps each
+    engine start of a multi-start case as it ends; None: no journal (a job run away from it)."""
+    resume: bool = False
+    """``--resume``: adopt the journal's unmerged engine starts instead of timing them again."""
 
     def run(self, options: RunOptions, on_event: Optional[Callable[[str], None]] = None) -> None:
         run_group(self, options, on_event)

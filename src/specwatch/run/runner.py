@@ -106,7 +106,10 @@ def plan_run(
     if options.shard:
         groups = [g for i, g in enumerate(groups) if i % options.shard.count == options.shard.index - 1]
     job = BaselineJob if options.baseline else GroupJob  # --baseline: probed and plain runs alternate
-    return out, [job(suite, fault, g, emit, timeout_s=options.group_timeout_s, probe=probe) for g in groups]
+    return out, [
+        job(suite, fault, g, emit, options.group_timeout_s, probe, results_file=out, resume=options.resume)
+        for g in groups
+    ]
 
 
 def check_bare(faults: Iterable[Optional[str]], bare: bool) -> None:

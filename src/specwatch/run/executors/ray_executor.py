@@ -167,7 +167,8 @@ class RayExecutor(Placing):
             flight.pg = placement_group([{"GPU": tp, "CPU": 1}], strategy="STRICT_PACK")
             opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(flight.pg, placement_group_bundle_index=0)
         task = self.task.options(**opts)
-        remote_job = replace(job, emit=None)  # the driver's append stays here
+        # the driver's append stays here; the task's node may not see the results file's journal
+        remote_job = replace(job, emit=None, results_file=None)
         gen = task.remote(remote_job, options, machine_label(), run_key, max(1, self.node_gpus))
         return gen, flight
 
