@@ -11,7 +11,9 @@
 # NAME is BG_NAME (default sw-bg); several named runs can be in flight at once, e.g. one per GPU or
 # BG_SCRIPT=scripts/device-versions.sh beside a sweep (give both the same --timing-lock / TIMING_LOCK).
 # Results go to /tmp/NAME; `wait` packs each into $OUT/NAME.tgz (sw-bg: $OUT/results.tgz) every time,
-# so a machine lost between calls loses no finished case.
+# so a machine lost between calls loses no finished case, nor an engine start of an unfinished one
+# (SUITE.jsonl.starts): carry the archive to the next host and start with RESUME_FROM=ARCHIVE and
+# --resume to go on from it.
 set -uo pipefail
 name=${BG_NAME:-sw-bg}; B=/tmp/$name
 case "${1:-}" in
@@ -22,6 +24,17 @@ start)
   # again and read by its --resume); only --resume keeps what is there
   case " $* " in *" --resume "*) ;; *) rm -rf $B ;; esac
   rm -rf $B-repo $B.rc $B-out && mkdir -p $B $B-out $B-repo
+  # RESUME_FROM=ARCHIVE (an earlier `wait`'s NAME.tgz, carried to a fresh host) with --resume: its
+  # results and engine-start journals seed an empty results folder, so the run goes on from there
+  if [ -n "${RESUME_FROM:-}" ]; then
+    case " $* " in *" --resume "*) ;; *) echo "device-bg.sh: RESUME_FROM needs --resume" >&2; exit 2 ;; esac
+    [ -f "$RESUME_FROM" ] || { echo "device-bg.sh: RESUME_FROM: no file $RESUME_FROM" >&2; exit 2; }
+    if [ -z "$(find $B -name '*.jsonl' -print -quit)" ]; then
+      tar -xzf "$RESUME_FROM" -C $B || { echo "device-bg.sh: RESUME_FROM: cannot unpack $RESUME_FROM" >&2; exit 2; }
+    else
+      echo "device-bg.sh: $B already holds results; RESUME_FROM left unpacked"
+    fi
+  fi
   tar --exclude='./.kit*' --exclude='./.git' --exclude='./.venv' -cf - . | tar -xf - -C $B-repo
   # the segments, one per line, each argument quoted for the shell that runs them
   segs=""; seg=""

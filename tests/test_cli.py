@@ -416,6 +416,13 @@ def test_plan_leaves_out_known_cases_and_estimates_device_time(tmp_path):
     res = runner.invoke(app, [*args, "--sglang-version", "0.5.17"])
     assert res.exit_code == 0, res.stdout
     assert "≈ 9 device minutes at smoke's own recorded pace" in res.stdout  # 6 groups x 90 s
+    # several passes: each is left what its own file lacks (the null fault's file is empty), priced apart
+    res = runner.invoke(app, [*args, "--sglang-version", "0.5.17", "--fault", "none", "--fault", "slow-verify-0us"])
+    assert res.exit_code == 0, res.stdout
+    said = [x for x in res.stdout.splitlines() if x.startswith(("smoke, pass", "≈"))]
+    assert said[0].startswith(f"smoke, pass none: {len(done)} case(s) already recorded") and "6 left" in said[0]
+    assert said[2].startswith("smoke, pass slow-verify-0us: 0 case(s) already recorded")
+    assert said[1].startswith("≈ 9 device minutes") and said[-1] == "≈ 27 device minutes for the 2 passes together"
 
 
 SMOKE = SUITES / "smoke.toml"
@@ -435,6 +442,8 @@ SMOKE = SUITES / "smoke.toml"
         (["run", SMOKE, "--cpu-tier", "--shard", "3/2"], "--shard"),
         (["results", "{tmp}/no-such-dir"], "no-such-dir"),
         (["plan", SMOKE, "--bogus"], "--bogus"),
+        (["plan", SMOKE, "--fault", "slow-verify-0us"], "--known"),
+        (["plan", SMOKE, "--fault", "nope", "--known", "{tmp}", "--machine", "m", "--sglang-version", "0.5.17"], "nope"),
         (["noise-holdout", "{tmp}/nope.json"], "nope.json"),
         (["model", "memory", "--json", "{tmp}/no/such/dir/m.json"], "m.json"),  # a write that fails
     ],

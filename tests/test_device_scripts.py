@@ -186,3 +186,34 @@ def test_device_cmd_runs_one_line_with_the_kits_python_and_returns_its_exit_code
     assert (results / "o.txt").read_text().split() == ["from-the-kit", "a" * 40]
     short = subprocess.run(["bash", str(ROOT / "scripts" / "device-cmd.sh"), "abc", "true"], capture_output=True)
     assert short.returncode == 2
+
+
+@pytest.mark.skipif(shutil.which("setsid") is None, reason="device-bg.sh needs setsid (util-linux)")
+def test_device_bg_resumes_on_a_fresh_host_from_a_carried_archive(tmp_path):
+    """A host lost mid-run: its last packed archive (results and engine-start journals) seeds the
+    next host's results folder, and the run there sees them; without --resume it is refused."""
+    (tmp_path / "fake.sh").write_text(FAKE_RUN)
+    out = tmp_path / "out"
+    out.mkdir()
+    carried = tmp_path / "carried"
+    (carried / "m" / "sglang-0.5.17").mkdir(parents=True)
+    (carried / "m" / "sglang-0.5.17" / "timing.jsonl").write_text("{}\n")
+    (carried / "m" / "sglang-0.5.17" / "timing.jsonl.starts").write_text("{}\n")
+    archive = tmp_path / "results.tgz"
+    subprocess.run(["tar", "-czf", str(archive), "-C", str(carried), "."], check=True)
+    name = f"sw-test-{os.getpid()}-resume"
+    env = dict(os.environ, OUT=str(out), BG_SCRIPT=str(tmp_path / "fake.sh"), BG_NAME=name, RESUME_FROM=str(archive))
+    script = str(ROOT / "scripts" / "device-bg.sh")
+    try:
+        refused = subprocess.run(["bash", script, "start", "c0ffee", "suites/timing.toml"], env=env, cwd=tmp_path,
+                                 capture_output=True, text=True)  # fmt: skip
+        assert refused.returncode == 2 and "needs --resume" in refused.stderr
+        subprocess.run(["bash", script, "start", "c0ffee", "suites/timing.toml", "--resume"], env=env, cwd=tmp_path,
+                       check=True, capture_output=True)  # fmt: skip
+        waited = subprocess.run(["bash", script, "wait", "60"], env=env, cwd=tmp_path, capture_output=True, text=True)
+        assert waited.returncode == 0, waited.stdout + waited.stderr
+        with tarfile.open(out / f"{name}.tgz") as t:
+            names = set(t.getnames())
+        assert {"./m/sglang-0.5.17/timing.jsonl", "./m/sglang-0.5.17/timing.jsonl.starts", "./runs.txt"} <= names
+    finally:
+        subprocess.run(f"rm -rf /tmp/{name} /tmp/{name}-repo /tmp/{name}-out /tmp/{name}.*", shell=True)

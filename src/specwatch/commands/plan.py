@@ -65,6 +65,12 @@ def plan(
     pace: Optional[Path] = typer.Option(
         None, exists=True, file_okay=False, help="With --hosts: the results root whose records give the times."
     ),
+    fault: list[str] = typer.Option(
+        [],
+        help="With --known: a pass the run makes, as run --fault names it (repeatable, 'none' = the clean "
+        "pass): each pass leaves out what its own results file holds and is priced on its own; the "
+        "total is what the run costs with its passes interleaved.",
+    ),
 ) -> None:
     """List the cases a suite expands to, with skipped ones and why; with --where / --known, only
     what a run would still do, its engine groups and, from the machine's past runs, its device time."""
@@ -79,8 +85,12 @@ def plan(
     planned = selected(s.plan(), flt)
     if flt and not planned:
         raise SpecwatchInputError(suite, f"no case matches --where {' '.join(where)}", field="--where")
+    if fault and known is None:
+        raise SpecwatchInputError(None, "prices a run's passes from recorded ones: give --known too", field="--fault")
+    check_faults(fault)
     if known is not None:
-        planned = still_to_run(s.name, planned, known, machine, sglang_version, s.spec.suite.engine_starts)
+        passes = [None if f == "none" else f for f in fault] or [None]
+        planned = still_to_run(s.name, planned, known, machine, sglang_version, s.spec.suite.engine_starts, passes)
     if as_json:
         for p in planned:
             print(json.dumps({"case_id": p.case.case_id, "skip": p.skip, "duplicate": p.duplicate, **p.case.params()}))
@@ -91,31 +101,67 @@ def plan(
         print_wall(s.name, planned, pace or known, machine, sglang_version, hosts, lanes)
 
 
+def check_faults(faults: list[str]) -> None:
+    """Every ``--fault`` a known fault (or ``none``): one line naming the unknown one otherwise."""
+    from specwatch.inject.faults import get as get_fault
+
+    for f in faults:
+        if f != "none":
+            try:
+                get_fault(f)
+            except ValueError as e:
+                raise SpecwatchInputError(None, str(e), field="--fault") from None
+
+
 def still_to_run(
-    name: str, planned: list, known: Path, machine: str, sglang_version: str, engine_starts: int = 1
+    name: str,
+    planned: list,
+    known: Path,
+    machine: str,
+    sglang_version: str,
+    engine_starts: int = 1,
+    faults: Optional[list] = None,
 ) -> list:
-    """The planned cases not yet recorded under ``known`` for the machine and SGLang version, after
-    printing how many are left, in how many engine groups and, at the recorded pace, in how long."""
+    """The planned cases some pass (``faults``, None the clean one) has not yet recorded under
+    ``known`` for the machine and SGLang version, after printing, per pass, how many are left, in
+    how many engine groups and, at the recorded pace, in how long, and with several passes their total."""
     from specwatch.run.estimate import estimate
 
-    est = estimate(name, planned, known, machine, sglang_version, engine_starts)
-    starts = f", each on {engine_starts} fresh engines" if engine_starts > 1 else ""
-    console.print(
-        f"{name}: {est.known} case(s) already recorded for {machine} / SGLang {sglang_version}; "
-        f"{len(est.left)} left in {est.groups} engine group(s){starts}"
-    )
-    if est.device_minutes is not None and est.suite_spans_s is not None:
+    faults = faults or [None]
+    left_ids: set = set()
+    minutes, idle = [], 0
+    for fault in faults:
+        est = estimate(name, planned, known, machine, sglang_version, engine_starts, fault)
+        left_ids |= {p.case.case_id for p in est.left}
+        idle += est.groups == 0
+        starts = f", each on {engine_starts} fresh engines" if engine_starts > 1 else ""
+        label = name if len(faults) == 1 else f"{name}, pass {fault or 'none'}"
         console.print(
-            f"≈ {est.device_minutes:.0f} device minutes at {name}'s own recorded pace (its recorded "
-            f"engine groups on {machine}, by model; first-use compiles on a fresh host come on top)"
+            f"{label}: {est.known} case(s) already recorded for {machine} / SGLang {sglang_version}; "
+            f"{len(est.left)} left in {est.groups} engine group(s){starts}",
+            highlight=False,
         )
-    elif est.device_minutes is not None:
+        if est.device_minutes is not None:
+            minutes.append(est.device_minutes)
+        if est.device_minutes is not None and est.suite_spans_s is not None:
+            console.print(
+                f"≈ {est.device_minutes:.0f} device minutes at {name}'s own recorded pace (its recorded "
+                f"engine groups on {machine}, by model; first-use compiles on a fresh host come on top)"
+            )
+        elif est.device_minutes is not None:
+            console.print(
+                f"≈ {est.device_minutes:.0f} device minutes at the recorded pace (median "
+                f"{est.per_group_s:.0f} s of wall time per engine group over {est.runs} run(s) on "
+                f"{machine}; first-use compiles on a fresh host come on top)"
+            )
+    if len(faults) > 1 and minutes:
+        unpriced = len(faults) - idle - len(minutes)
         console.print(
-            f"≈ {est.device_minutes:.0f} device minutes at the recorded pace (median "
-            f"{est.per_group_s:.0f} s of wall time per engine group over {est.runs} run(s) on "
-            f"{machine}; first-use compiles on a fresh host come on top)"
+            f"≈ {sum(minutes):.0f} device minutes for the {len(faults)} passes together"
+            + (f" ({unpriced} pass(es) without a recorded pace not counted)" if unpriced else ""),
+            highlight=False,
         )
-    return est.left
+    return [p for p in planned if p.case.case_id in left_ids]
 
 
 def print_wall(name: str, planned: list, root, machine, sglang_version, hosts: int, shape: tuple) -> None:

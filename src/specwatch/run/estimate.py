@@ -79,13 +79,20 @@ def suite_group_spans(root: Path, machine: str, suite: str) -> dict[str, list[fl
 
 
 def estimate(
-    suite: str, planned: list[PlannedCase], root: Path, machine: str, sglang_version: str, engine_starts: int = 1
+    suite: str,
+    planned: list[PlannedCase],
+    root: Path,
+    machine: str,
+    sglang_version: str,
+    engine_starts: int = 1,
+    fault: Optional[str] = None,
 ) -> DeviceEstimate:
-    """Leave out the planned cases recorded under ``root`` for the machine and version, and price
+    """Leave out the planned cases recorded under ``root`` for the machine and version (in the
+    results file of ``fault``'s pass: ``SUITE+fault-NAME.jsonl``; None: the clean one), and price
     the rest's engine groups at the suite's own recorded pace (``suite_group_spans``) where it has
     one, else each run ``engine_starts`` times at the median wall time per group of the machine's
     past runs (all SGLang versions: the pace is the host's)."""
-    done = recorded_case_ids(results_path(root, machine, sglang_version, suite))
+    done = recorded_case_ids(results_path(root, machine, sglang_version, suite, fault))
     left = [p for p in planned if p.case.case_id not in done]
     groups = engine_groups(p.case for p in left if p.skip is None and not p.duplicate)
     runs = [
