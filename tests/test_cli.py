@@ -443,7 +443,10 @@ SMOKE = SUITES / "smoke.toml"
         (["results", "{tmp}/no-such-dir"], "no-such-dir"),
         (["plan", SMOKE, "--bogus"], "--bogus"),
         (["plan", SMOKE, "--fault", "slow-verify-0us"], "--known"),
-        (["plan", SMOKE, "--fault", "nope", "--known", "{tmp}", "--machine", "m", "--sglang-version", "0.5.17"], "nope"),
+        (
+            ["plan", SMOKE, "--fault", "nope", "--known", "{tmp}", "--machine", "m", "--sglang-version", "0.5.17"],
+            "nope",
+        ),
         (["noise-holdout", "{tmp}/nope.json"], "nope.json"),
         (["model", "memory", "--json", "{tmp}/no/such/dir/m.json"], "m.json"),  # a write that fails
     ],

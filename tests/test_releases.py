@@ -627,3 +627,36 @@ def test_a_release_child_that_fails_is_reported_with_its_log(release_checks, tmp
 
 if __name__ == "__main__":
     main(sys.argv)
+
+
+def test_inspect_survives_a_namespace_package_taking_a_released_name(tmp_path):
+    """0.5.15's ``sglang.srt.multimodal`` is a namespace package, 0.5.16's has ``__init__.py``:
+    after a swap of releases, ``inspect.getmodule`` (torch calls it when SGLang registers a custom
+    op at import) must not trip over the name it noted with a file."""
+    import inspect
+    import sys
+    import types
+
+    from specwatch.rules.release_classes import _take_sglang_modules
+
+    def frame_in(name):
+        path = tmp_path / f"{name}.py"
+        path.write_text("import sys\ndef here():\n    return sys._getframe()\n")
+        scope = {}
+        exec(compile(path.read_text(), str(path), "exec"), scope)
+        return scope["here"]()
+
+    outer = _take_sglang_modules()
+    try:
+        later = types.ModuleType("sglang.ns_probe")
+        later.__file__ = str(tmp_path / "later_init.py")
+        sys.modules["sglang.ns_probe"] = later
+        inspect.getmodule(frame_in("first"))  # notes sglang.ns_probe's file
+        _take_sglang_modules()  # the release swap
+        earlier = types.ModuleType("sglang.ns_probe")
+        earlier.__file__ = None  # a namespace package
+        sys.modules["sglang.ns_probe"] = earlier
+        assert inspect.getmodule(frame_in("second")) is None
+    finally:
+        _take_sglang_modules()
+        sys.modules.update(outer)

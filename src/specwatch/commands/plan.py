@@ -66,10 +66,7 @@ def plan(
         None, exists=True, file_okay=False, help="With --hosts: the results root whose records give the times."
     ),
     fault: list[str] = typer.Option(
-        [],
-        help="With --known: a pass the run makes, as run --fault names it (repeatable, 'none' = the clean "
-        "pass): each pass leaves out what its own results file holds and is priced on its own; the "
-        "total is what the run costs with its passes interleaved.",
+        [], help="With --known: a pass of the run, as run --fault names it (repeatable): each priced, then summed."
     ),
 ) -> None:
     """List the cases a suite expands to, with skipped ones and why; with --where / --known, only
@@ -85,11 +82,8 @@ def plan(
     planned = selected(s.plan(), flt)
     if flt and not planned:
         raise SpecwatchInputError(suite, f"no case matches --where {' '.join(where)}", field="--where")
-    if fault and known is None:
-        raise SpecwatchInputError(None, "prices a run's passes from recorded ones: give --known too", field="--fault")
-    check_faults(fault)
+    passes = check_faults(fault, known)
     if known is not None:
-        passes = [None if f == "none" else f for f in fault] or [None]
         planned = still_to_run(s.name, planned, known, machine, sglang_version, s.spec.suite.engine_starts, passes)
     if as_json:
         for p in planned:
@@ -101,16 +95,20 @@ def plan(
         print_wall(s.name, planned, pace or known, machine, sglang_version, hosts, lanes)
 
 
-def check_faults(faults: list[str]) -> None:
-    """Every ``--fault`` a known fault (or ``none``): one line naming the unknown one otherwise."""
+def check_faults(faults: list[str], known: Optional[Path]) -> list[Optional[str]]:
+    """The passes ``--fault`` names (None: the clean one), each a known fault or ``none`` and only
+    with ``--known``: one line naming what is wrong otherwise."""
     from specwatch.inject.faults import get as get_fault
 
+    if faults and known is None:
+        raise SpecwatchInputError(None, "prices a run's passes from recorded ones: give --known too", field="--fault")
     for f in faults:
         if f != "none":
             try:
                 get_fault(f)
             except ValueError as e:
                 raise SpecwatchInputError(None, str(e), field="--fault") from None
+    return [None if f == "none" else f for f in faults] or [None]
 
 
 def still_to_run(

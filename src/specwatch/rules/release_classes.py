@@ -97,9 +97,29 @@ class ReleaseClasses:
 
 
 def _take_sglang_modules() -> dict[str, types.ModuleType]:
-    """Remove every ``sglang`` module from ``sys.modules`` and return them."""
+    """Remove every ``sglang`` module from ``sys.modules`` and return them, and make ``inspect``
+    forget the files it noted under their names (``_forget_files``)."""
     names = [k for k in sys.modules if k == "sglang" or k.startswith("sglang.")]
+    _forget_files(names)
     return {k: sys.modules.pop(k) for k in names}
+
+
+def _forget_files(names: list[str]) -> None:
+    """Drop ``names`` from ``inspect.getmodule``'s caches. It notes each module's ``__file__`` by
+    name and skips a module whose file still matches; one name means another module once the
+    releases swap, and a namespace package (``__file__`` None: 0.5.12-0.5.15's
+    ``sglang.srt.multimodal``, a package with ``__init__.py`` from 0.5.16) under a name noted with a
+    file makes ``getmodule`` raise ``TypeError: ... is a built-in module``. torch calls it when
+    SGLang registers a custom op at import, so loading 0.5.15 after a later release failed."""
+    by_name = getattr(inspect, "_filesbymodname", None)
+    by_file = getattr(inspect, "modulesbyfile", None)
+    gone = set(names)
+    if isinstance(by_name, dict):
+        for name in gone:
+            by_name.pop(name, None)
+    if isinstance(by_file, dict):
+        for f in [f for f, name in by_file.items() if name in gone]:
+            del by_file[f]
 
 
 def _resolve(dotted: str) -> Any:
