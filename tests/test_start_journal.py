@@ -132,3 +132,26 @@ def test_without_resume_a_run_times_every_start_and_still_journals_them(tmp_path
     assert len(calls) == 3 and "resumed" not in got[0].details["engine_starts"]
     assert len(list(read_records(journal_path(f)))) == 4
     assert got[0].metrics["output_throughput"].engine_medians == [100.0] * 3
+
+
+def test_each_engine_start_is_reported_as_it_ends(tmp_path):
+    """A timing run's records land after its last start: its progress is each start as it ends."""
+    from conftest import harness_suite
+    from specwatch.run.runner import RunOptions, run_suites
+
+    suite = harness_suite(tmp_path, topks="[1]", header="engine_starts = 3")
+    seen = []
+    env = {"PYTHONPATH": HERE + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    opts = RunOptions(
+        gpus=1,
+        worker_module="fake_worker",
+        extra_env=env,
+        faults=(None, "slow-verify-0us"),
+        start_progress=lambda rec, n, planned: seen.append((rec.case_id, rec.provenance.fault, n, planned)),
+    )
+    run_suites([suite], tmp_path / "results", opts)
+    cases = {cid for cid, _, _, _ in seen}
+    assert len(cases) == 4 and len(seen) == 4 * 2 * 3
+    for cid in cases:
+        for fault in (None, "slow-verify-0us"):
+            assert [n for c, f, n, p in seen if c == cid and f == fault and p == 3] == [1, 2, 3]

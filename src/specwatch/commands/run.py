@@ -279,7 +279,16 @@ def run_with_progress(loaded: list, results: Path, options) -> list[Path]:
             )
             bar.advance(task)
 
-        return run_suites(loaded, results, dataclasses.replace(options, progress=progress))
+        def start_progress(rec, n: int, planned: int):
+            bar.console.print(
+                f"start {n}/{planned} {rec.case_id} {rec.suite} {rec.case.label()}"
+                + (f" [{rec.provenance.fault}]" if rec.provenance.fault else ""),
+                highlight=False,
+            )
+
+        return run_suites(
+            loaded, results, dataclasses.replace(options, progress=progress, start_progress=start_progress)
+        )
 
 
 def cpu_tier_tables(s, flt, context_len: int, out: Path, strict: bool, announce: bool) -> bool:

@@ -106,8 +106,9 @@ class EngineStarts:
         planned: int,
         journal: Optional[StartJournal] = None,
         adopted: Optional[dict[str, list[CaseRecord]]] = None,
+        on_start: Optional[Callable[[CaseRecord, int, int], None]] = None,
     ):
-        self.emit, self.planned, self.journal = emit, planned, journal
+        self.emit, self.planned, self.journal, self.on_start = emit, planned, journal, on_start
         self.held: dict[str, list[CaseRecord]] = {cid: list(recs[:planned]) for cid, recs in (adopted or {}).items()}
         self.adopted: dict[str, int] = {cid: len(recs) for cid, recs in self.held.items()}
         """Per case, how many of its held starts came from the journal (they come first)."""
@@ -132,6 +133,8 @@ class EngineStarts:
                 if self.journal is not None:
                     self.journal.add(rec)
                 self.held.setdefault(rec.case_id, []).append(rec)
+                if self.on_start is not None:
+                    self.on_start(rec, len(self.held[rec.case_id]), self.planned)
                 return
             ran = len(self.held.pop(rec.case_id, ())) + 1
             self.final.add(rec.case_id)
@@ -153,7 +156,7 @@ def _board(job, starts: int) -> EngineStarts:
     results_file = getattr(job, "results_file", None)
     journal = StartJournal(results_file) if results_file is not None else None
     adopted = journal.unmerged(c.case_id for c in job.cases) if journal and getattr(job, "resume", False) else None
-    return EngineStarts(job.emit, starts, journal, adopted)
+    return EngineStarts(job.emit, starts, journal, adopted, getattr(job, "on_start", None))
 
 
 def run_engine_starts(

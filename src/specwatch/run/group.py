@@ -347,6 +347,8 @@ class GroupJob:
     engine start of a multi-start case as it ends; None: no journal (a job run away from it)."""
     resume: bool = False
     """``--resume``: adopt the journal's unmerged engine starts instead of timing them again."""
+    on_start: Optional[Callable[[CaseRecord, int, int], None]] = None
+    """``RunOptions.start_progress``: told of each ok engine start of a multi-start case."""
 
     def run(self, options: RunOptions, on_event: Optional[Callable[[str], None]] = None) -> None:
         run_group(self, options, on_event)

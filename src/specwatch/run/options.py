@@ -42,6 +42,9 @@ class RunOptions:
     """Where the workers write and find the oracle checkpoints."""
     progress: Optional[Callable[[CaseRecord], None]] = None
     """Called with every record as it is appended."""
+    start_progress: Optional[Callable[[CaseRecord, int, int], None]] = None
+    """Called with each ok engine start of a multi-start case as it is journaled, its number among
+    the case's starts so far and the starts planned (the merged record comes after the last)."""
     max_groups: Optional[int] = None
     """Run at most this many engine groups (the rest stay unrecorded)."""
     gpus: Optional[int] = None

@@ -107,7 +107,7 @@ def plan_run(
         groups = [g for i, g in enumerate(groups) if i % options.shard.count == options.shard.index - 1]
     job = BaselineJob if options.baseline else GroupJob  # --baseline: probed and plain runs alternate
     return out, [
-        job(suite, fault, g, emit, options.group_timeout_s, probe, results_file=out, resume=options.resume)
+        job(suite, fault, g, emit, options.group_timeout_s, probe, out, options.resume, options.start_progress)
         for g in groups
     ]
 

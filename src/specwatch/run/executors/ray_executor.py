@@ -168,14 +168,14 @@ class RayExecutor(Placing):
             opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(flight.pg, placement_group_bundle_index=0)
         task = self.task.options(**opts)
         # the driver's append stays here; the task's node may not see the results file's journal
-        remote_job = replace(job, emit=None, results_file=None)
+        remote_job = replace(job, emit=None, results_file=None, on_start=None)
         gen = task.remote(remote_job, options, machine_label(), run_key, max(1, self.node_gpus))
         return gen, flight
 
     def run(self, jobs: list[GroupJob], options: RunOptions, expired: Callable[[], bool], hooks: Hooks) -> None:
         """Keep up to the cluster's GPU count of tasks in flight (widest tp first), take their items
         as they come (``ray.wait``), until every group ran or ``expired()``."""
-        options = replace(options, progress=None)
+        options = replace(options, progress=None, start_progress=None)
         run_key = uuid.uuid4().hex[:12]
         todo = sorted(jobs, key=lambda j: -j.cases[0].tp)
         flying: dict[Any, Flight] = {}
