@@ -97,6 +97,7 @@ class _Job:
     emit: Callable
     results_file: Optional[Path] = None
     resume: bool = False
+    on_start: Optional[Callable] = None
 
 
 def test_interleaved_passes_adopt_only_the_rounds_every_pass_measured(tmp_path):

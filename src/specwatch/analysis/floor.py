@@ -248,8 +248,7 @@ def store_floors(root: Path, threshold: float = 0.05, alpha: float = 0.1) -> tup
     ``root``, in that order (the first one's pairs may be none), each at the threshold its file
     records (``BudgetFile.threshold``), else ``threshold``."""
     files = [Path(root) / BUDGET_FILE, *sorted(Path(root).glob(SUITE_BUDGET_FILE.format(suite="*")))]
-    at = [(BudgetFile.load(f).threshold if f.exists() else None) for f in files]
-    return tuple(store_floor(root, f, threshold if t is None else t, alpha) for f, t in zip(files, at))
+    return tuple(store_floor(root, f, file_threshold(f, threshold), alpha) for f in files)
 
 
 def _pairs_floor(pairs: list, root: Path, threshold: float, alpha: float, source: str) -> DetectionFloor:

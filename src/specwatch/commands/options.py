@@ -112,3 +112,17 @@ def budget_values(path: Optional[Path]) -> Optional[dict]:
     from specwatch.analysis.noise import BudgetFile
 
     return None if path is None else BudgetFile.load(path).budgets
+
+
+def fault_passes(names: list[str]) -> tuple[Optional[str], ...]:
+    """The passes ``--fault`` names, in order (``none``: None, the clean pass; none named: one clean
+    pass), each a known fault: one line naming an unknown one otherwise."""
+    from specwatch.inject.faults import get as get_fault
+
+    for name in names:
+        if name != "none":
+            try:
+                get_fault(name)
+            except ValueError as e:
+                raise SpecwatchInputError(None, str(e), field="--fault") from None
+    return tuple(None if name == "none" else name for name in names) or (None,)

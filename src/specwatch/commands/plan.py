@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 from rich.text import Text
 
-from specwatch.commands.options import Twins, Where, load_suite_file
+from specwatch.commands.options import Twins, Where, fault_passes, load_suite_file
 from specwatch.commands.output import console, print_table
 from specwatch.core.errors import SpecwatchInputError
 from specwatch.core.placement import TimingScope
@@ -95,20 +95,11 @@ def plan(
         print_wall(s.name, planned, pace or known, machine, sglang_version, hosts, lanes)
 
 
-def check_faults(faults: list[str], known: Optional[Path]) -> list[Optional[str]]:
-    """The passes ``--fault`` names (None: the clean one), each a known fault or ``none`` and only
-    with ``--known``: one line naming what is wrong otherwise."""
-    from specwatch.inject.faults import get as get_fault
-
+def check_faults(faults: list[str], known: Optional[Path]) -> tuple[Optional[str], ...]:
+    """The passes ``--fault`` names (``options.fault_passes``), only with ``--known``."""
     if faults and known is None:
         raise SpecwatchInputError(None, "prices a run's passes from recorded ones: give --known too", field="--fault")
-    for f in faults:
-        if f != "none":
-            try:
-                get_fault(f)
-            except ValueError as e:
-                raise SpecwatchInputError(None, str(e), field="--fault") from None
-    return [None if f == "none" else f for f in faults] or [None]
+    return fault_passes(faults)
 
 
 def still_to_run(
@@ -118,14 +109,13 @@ def still_to_run(
     machine: str,
     sglang_version: str,
     engine_starts: int = 1,
-    faults: Optional[list] = None,
+    faults: tuple = (None,),
 ) -> list:
     """The planned cases some pass (``faults``, None the clean one) has not yet recorded under
     ``known`` for the machine and SGLang version, after printing, per pass, how many are left, in
     how many engine groups and, at the recorded pace, in how long, and with several passes their total."""
     from specwatch.run.estimate import estimate
 
-    faults = faults or [None]
     left_ids: set = set()
     minutes, idle = [], 0
     for fault in faults:
@@ -139,14 +129,15 @@ def still_to_run(
             f"{len(est.left)} left in {est.groups} engine group(s){starts}",
             highlight=False,
         )
-        if est.device_minutes is not None:
-            minutes.append(est.device_minutes)
-        if est.device_minutes is not None and est.suite_spans_s is not None:
+        if est.device_minutes is None:
+            continue
+        minutes.append(est.device_minutes)
+        if est.suite_spans_s is not None:
             console.print(
                 f"≈ {est.device_minutes:.0f} device minutes at {name}'s own recorded pace (its recorded "
                 f"engine groups on {machine}, by model; first-use compiles on a fresh host come on top)"
             )
-        elif est.device_minutes is not None:
+        else:
             console.print(
                 f"≈ {est.device_minutes:.0f} device minutes at the recorded pace (median "
                 f"{est.per_group_s:.0f} s of wall time per engine group over {est.runs} run(s) on "

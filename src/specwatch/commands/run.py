@@ -10,7 +10,15 @@ from typing import Annotated, Optional
 
 import typer
 
-from specwatch.commands.options import Results, Twins, Where, check_gpu_ids, check_shard, load_suite_file
+from specwatch.commands.options import (
+    Results,
+    Twins,
+    Where,
+    check_gpu_ids,
+    check_shard,
+    fault_passes,
+    load_suite_file,
+)
 from specwatch.commands.output import console, print_frame
 from specwatch.core.errors import SpecwatchInputError
 from specwatch.core.placement import ExecutorKind, TimingScope
@@ -177,7 +185,7 @@ def run(
     if cpu_tier or (executor is ExecutorKind.local and not _cuda_available()):
         bad = [cpu_tier_tables(s, flt, context_len, out, strict, announce=not cpu_tier) for s in loaded]
         raise typer.Exit(1 if any(bad) else 0)
-    faults = tuple(None if f == "none" else f for f in fault) or (None,)
+    faults = fault_passes(fault)
     options = RunOptions(
         faults=faults,
         resume=resume,
@@ -221,16 +229,13 @@ def use_overlay(path: Path) -> None:
 
 
 def check_gpu_options(shard, faults, bare: bool, overlap_starts: bool, parallel_starts: int, timing_lock):
-    """The GPU run's options checked together (known faults, ``--bare`` without a fault,
-    ``--overlap-starts`` with its partners), one line on bad input; returns the parsed ``--shard``."""
-    from specwatch.inject.faults import get as get_fault
+    """The GPU run's options checked together (``--bare`` without a fault, ``--overlap-starts`` with
+    its partners; the faults are known: ``options.fault_passes``), one line on bad input; returns the
+    parsed ``--shard``."""
     from specwatch.run.runner import Shard, check_bare, check_overlap
 
     try:
         sh = Shard.parse(shard) if shard else None
-        for f in faults:
-            if f:
-                get_fault(f)
         check_bare(faults, bare)
         check_overlap(overlap_starts, parallel_starts, timing_lock)
     except ValueError as e:

@@ -125,8 +125,8 @@ class EngineStarts:
             self.held[case_id] = self.held[case_id][:count]
             self.adopted[case_id] = count
 
-    def start_emit(self, index: int) -> Callable[[CaseRecord], None]:
-        """The ``emit`` of engine start ``index`` (0-based, this run's)."""
+    def start_emit(self) -> Callable[[CaseRecord], None]:
+        """The ``emit`` of the next engine start of the cases that still need one."""
 
         def emit(rec: CaseRecord) -> None:
             if rec.status is Status.ok:
@@ -151,12 +151,11 @@ class EngineStarts:
 
 
 def _board(job, starts: int) -> EngineStarts:
-    """The ``EngineStarts`` of ``job``: journaled where the job names its results file
-    (``GroupJob.results_file``), adopting the journal's starts where it resumes."""
-    results_file = getattr(job, "results_file", None)
-    journal = StartJournal(results_file) if results_file is not None else None
-    adopted = journal.unmerged(c.case_id for c in job.cases) if journal and getattr(job, "resume", False) else None
-    return EngineStarts(job.emit, starts, journal, adopted, getattr(job, "on_start", None))
+    """The ``EngineStarts`` of ``job`` (a ``GroupJob``): journaled where the job names its results
+    file, adopting the journal's starts where it resumes."""
+    journal = StartJournal(job.results_file) if job.results_file is not None else None
+    adopted = journal.unmerged(c.case_id for c in job.cases) if journal and job.resume else None
+    return EngineStarts(job.emit, starts, journal, adopted, job.on_start)
 
 
 def run_engine_starts(
@@ -186,7 +185,7 @@ def run_engine_rounds(
         for job, es in zip(jobs, boards):
             pending = [c for c in job.cases if es.needs(c.case_id)]
             if pending:
-                run_once(replace(job, cases=pending, emit=es.start_emit(k)))
+                run_once(replace(job, cases=pending, emit=es.start_emit()))
                 ran = True
         if not ran:
             break
