@@ -247,6 +247,48 @@ def test_step_times_of_the_timed_window_only_with_each_batchs_gap_dropped():
     assert metrics["sglang_step_time"]["unit"] == "ms" and details["batch_sizes"] == [CASE.batch_size]
 
 
+class _StepDict:
+    """An engine whose scheduler recorded ``steps`` (seconds, in order) at batch size 8."""
+
+    def __init__(self, steps):
+        self.steps = list(steps)
+
+    def get_server_info(self):
+        return {"internal_states": [{"step_time_dict": {"8": list(self.steps)}}], "version": "0.5.17"}
+
+
+def test_the_fast_state_step_time_holds_where_the_median_follows_the_share_of_slow_steps():
+    # a CPU-bound loop on a vCPU that runs at full speed (1 ms a step) or at half (2 ms): two
+    # engines with 30% and 60% of their steps slow, and one prefill gap per timed batch
+    windows = []
+    for slow_share in (0.3, 0.6):
+        n_slow = int(1000 * slow_share)
+        eng = _StepDict([])
+        window = step_times.StepWindow(eng, "0.5.17", step_time_source("0.5.17"))
+        window.start()
+        eng.steps = [0.050] + [0.002] * n_slow + [0.001] * (1000 - n_slow) + [0.040]
+        windows.append(window.finish(timed_batches=2, repeats=4))
+    (m30, d30), (m60, d60) = windows
+    assert d30["dropped"] == 2 and d30["slices"] == 4 and m30["sglang_steps"]["value"] == 1000
+    assert m30["sglang_step_time_p10"]["value"] == m60["sglang_step_time_p10"]["value"] == pytest.approx(1.0)
+    assert m30["sglang_step_time"]["value"] == pytest.approx(1.0) and m60["sglang_step_time"]["value"] == pytest.approx(
+        2.0
+    )
+    # one sample per slice, in recorded order: the slow steps came first
+    assert m60["sglang_step_time"]["samples"] == pytest.approx([2.0, 2.0, 1.0, 1.0])
+    assert all(len(m30[k]["samples"]) == 4 for k in step_times.QUANTILES)
+
+
+def test_a_window_of_one_repeat_still_gives_two_slices():
+    eng = _StepDict([])
+    window = step_times.StepWindow(eng, "0.5.17", step_time_source("0.5.17"))
+    window.start()
+    eng.steps = [0.001, 0.003, 0.001, 0.003, 0.009]
+    metrics, details = window.finish(timed_batches=1, repeats=1)
+    assert details["slices"] == 2 and len(metrics["sglang_step_time_p10"]["samples"]) == 2
+    assert metrics["sglang_step_time_p90"]["value"] < 9.0  # the gap is dropped, wherever it fell
+
+
 def test_a_release_or_scheduler_without_step_times_records_why():
     eng = SteppingEngine(CASE, recording=False)
     window = step_times.StepWindow(eng, "0.5.17", step_time_source("0.5.17"))

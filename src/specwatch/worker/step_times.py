@@ -9,7 +9,16 @@ last batch (``StepWindow``); the entries added in between are the timed batches'
 SGLang records the time since its previous decode-stats log, so the first decode step of each
 timed batch also spans what ran before it (the flush, the prefill-only batches, the batch's own
 prefill): one entry per timed batch that is no decode step. The window drops the largest entry per
-timed batch before taking median and p90 (``dropped`` in the details says how many).
+timed batch before taking its quantiles (``dropped`` in the details says how many).
+
+Each quantile metric has samples: the window's steps cut, in recorded order, into as many
+consecutive slices as the case ran repeats (at least 2), one sample per slice, so ``compare`` and
+the A/A floor test them like any timed metric. ``sglang_step_time_p10`` is the fast-state step
+time: the host's vCPUs each run either at full speed or at about half of it and switch between the
+two within seconds (``results/nvidia-h200-x1/host/core-speed-*.json``: 0.10-0.11 s or 0.19-0.22 s
+per loop on one vCPU), so a CPU-bound decode loop's median mixes two speeds in proportions that
+differ from engine to engine, while its low quantile stays on the fast one. A change that slows
+every step moves it; one that slows a tenth of the steps or fewer does not (the median does).
 """
 
 from __future__ import annotations
@@ -25,6 +34,12 @@ from specwatch.worker.metric_set import MetricSet
 
 DECODE_LOG_INTERVAL = 1
 """``decode_log_interval`` the engine gets with ``step_times``: one recorded entry per decode step."""
+
+QUANTILES = {"sglang_step_time": 50, "sglang_step_time_p90": 90, "sglang_step_time_p10": 10}
+"""Metric -> the percentile of the window's step times it records."""
+
+MIN_SLICES = 2
+"""Fewest slices a window's steps are cut into (a timed metric needs two samples)."""
 
 
 def enable(version: str, kwargs: dict) -> Optional[StepTimeSource]:
@@ -54,10 +69,10 @@ class StepWindow:
         if self.source is not None:
             self.before = _lengths(server_facts(self.engine).get("step_time_dict"))
 
-    def finish(self, timed_batches: int) -> tuple[MetricSet, dict]:
-        """The window's metrics (``sglang_step_time`` median, ``sglang_step_time_p90``, ``sglang_steps``)
-        and ``details.sglang_step_times``; a release without recording, or a scheduler that returned
-        no dict, records why instead."""
+    def finish(self, timed_batches: int, repeats: int = MIN_SLICES) -> tuple[MetricSet, dict]:
+        """The window's metrics (``QUANTILES``, each with one sample per slice of ``repeats``, and
+        ``sglang_steps``) and ``details.sglang_step_times``; a release without recording, or a
+        scheduler that returned no dict, records why instead."""
         m = MetricSet()
         if self.source is None:
             return m, {"error": f"SGLang {self.version}: no step-time recording known for this release"}
@@ -68,9 +83,11 @@ class StepWindow:
             )
             return m, {"error": why}
         before = self.before or {}
-        new = [float(x) for k, v in state.items() for x in list(v)[before.get(k, 0) :]]
+        # in recorded order within each batch size (one size where every request ends together)
+        new = [float(x) for k in sorted(state, key=int) for x in list(state[k])[before.get(k, 0) :]]
         dropped = min(timed_batches, len(new))
-        steps = sorted(new)[: len(new) - dropped]
+        gaps = set(np.argsort(new, kind="stable")[len(new) - dropped :].tolist())
+        steps = [x for i, x in enumerate(new) if i not in gaps]
         details = {
             "source": f"{self.source.recorded_in} ({self.source.state_key})",
             "decode_log_interval": DECODE_LOG_INTERVAL,
@@ -82,7 +99,16 @@ class StepWindow:
             details["error"] = "no decode step recorded inside the timed batches"
             return m, details
         ms = np.asarray(steps) * 1e3
-        m.put("sglang_step_time", float(np.median(ms)), "ms", higher_is_better=False)
-        m.put("sglang_step_time_p90", float(np.percentile(ms, 90)), "ms", higher_is_better=False)
+        slices = [s for s in np.array_split(ms, max(repeats, MIN_SLICES)) if len(s)]
+        details["slices"] = len(slices)
+        for name, q in QUANTILES.items():
+            samples = [float(np.percentile(s, q)) for s in slices]
+            m.put(
+                name,
+                float(np.percentile(ms, q)),
+                "ms",
+                samples if len(samples) >= MIN_SLICES else None,
+                higher_is_better=False,
+            )
         m.put("sglang_steps", len(steps), "steps", higher_is_better=None)
         return m, details
