@@ -116,3 +116,18 @@ def test_the_gpu_slowdown_queues_nothing_into_a_cuda_graph_being_captured(monkey
     monkeypatch.setattr(stalls, "cycles_per_us", lambda: 1000.0)
     stalls.gpu_stall(500)
     assert cuda.slept == [500_000]
+
+
+def test_the_gpu_null_fault_queues_nothing_and_counts_its_hit(monkeypatch):
+    import torch
+
+    from specwatch.core.sglang_host import _quiet_import
+
+    plan = fault_plan(stalls.NULL_GPU_SLOWDOWN)
+    mod = _quiet_import(plan.modules[0])
+    cuda = _FakeCuda()
+    monkeypatch.setattr(torch, "cuda", cuda)
+    before = faults.HITS[stalls.NULL_GPU_SLOWDOWN]
+    with faults.applied(plan):
+        _verify_seconds(mod.run_eagle_verify)
+    assert faults.HITS[stalls.NULL_GPU_SLOWDOWN] == before + 1 and cuda.slept == []

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Callable, Iterator, Optional
 
-from specwatch.inject.stalls import NULL_SLOWDOWN, SLOW_VERIFY_GPU_US, SLOW_VERIFY_US
+from specwatch.inject.stalls import NULL_GPU_SLOWDOWN, NULL_SLOWDOWN, SLOW_VERIFY_GPU_US, SLOW_VERIFY_US
 
 PLAN_ENV = "SPECWATCH_FAULT_PLAN"
 """Environment variable holding the active fault's plan (``FaultPlan.to_json``) for SGLang's processes."""
@@ -191,12 +191,15 @@ FAULTS: dict[str, Fault] = {
             for name, micros in SLOW_VERIFY_US.items()
             if name != NULL_SLOWDOWN
         ),
-        Fault(
-            name=NULL_SLOWDOWN,
-            recreates="nothing: the slowdowns' edit of every EAGLE verify step with no time added (its runs "
-            "counted), the A/A twin of a clean pass when the two are interleaved in one run",
-            expected_flag="nothing: compare calls no change beyond the noise floor, every check stays clean; "
-            "its pairs with the clean pass price that floor (specwatch noise)",
+        *(
+            Fault(
+                name=name,
+                recreates="nothing: the slowdowns' edit of every EAGLE verify step with no time added (its runs "
+                "counted), the A/A twin of a clean pass when the two are interleaved in one run",
+                expected_flag="nothing: compare calls no change beyond the noise floor, every check stays clean; "
+                "its pairs with the clean pass price that floor (specwatch noise)",
+            )
+            for name in (NULL_SLOWDOWN, NULL_GPU_SLOWDOWN)
         ),
         *(
             Fault(
@@ -208,6 +211,7 @@ FAULTS: dict[str, Fault] = {
                 "when the added share of a step is above the detection floor; every exact check stays clean",
             )
             for name, micros in SLOW_VERIFY_GPU_US.items()
+            if name != NULL_GPU_SLOWDOWN
         ),
     )
 }

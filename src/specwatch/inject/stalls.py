@@ -16,6 +16,14 @@ import functools
 NULL_SLOWDOWN = "slow-verify-0us"
 """The null fault: the slowdowns' edit with no time added."""
 
+NULL_GPU_SLOWDOWN = "slow-verify-gpu-0us"
+"""The GPU slowdowns' null fault: their edit, nothing queued. A second null beside
+``slow-verify-0us``: a run with ``--fault none --fault slow-verify-0us --fault slow-verify-gpu-0us``
+gives three A/A pairs, enough for a class's held-out false-positive rate (``analysis.floor``)."""
+
+NULL_SLOWDOWNS: tuple[str, ...] = (NULL_SLOWDOWN, NULL_GPU_SLOWDOWN)
+"""Every null fault: the edit of a planted slowdown with no time added."""
+
 SLOW_VERIFY_US: dict[str, int] = {
     NULL_SLOWDOWN: 0,
     "slow-verify-100us": 100,
@@ -29,6 +37,7 @@ with a clean pass (``--fault none --fault slow-verify-0us``) it gives A/A pairs 
 pair is (``run.interleave``)."""
 
 SLOW_VERIFY_GPU_US: dict[str, int] = {
+    NULL_GPU_SLOWDOWN: 0,
     "slow-verify-gpu-100us": 100,
     "slow-verify-gpu-250us": 250,
     "slow-verify-gpu-500us": 500,
@@ -56,7 +65,10 @@ def stall(micros: int) -> None:
 
 def gpu_stall(micros: int) -> None:
     """Queue ``micros`` microseconds of GPU time on the current CUDA stream (the host does not wait);
-    nothing while that stream is being captured into a CUDA graph or without CUDA."""
+    nothing for 0 (the null fault), while that stream is being captured into a CUDA graph, or
+    without CUDA."""
+    if micros <= 0:
+        return
     import torch
 
     if not torch.cuda.is_available() or torch.cuda.is_current_stream_capturing():

@@ -14,7 +14,7 @@ from typing import Callable, Optional
 import pandas as pd
 
 from specwatch.core.record import Status
-from specwatch.inject.stalls import NULL_SLOWDOWN, SLOW_VERIFY
+from specwatch.inject.stalls import NULL_SLOWDOWNS, SLOW_VERIFY
 from specwatch.store.latest import latest_rows, record_id
 
 IDENTITY = ["machine", "sglang_version", "suite", "case_id", "fault"]
@@ -130,7 +130,7 @@ def faults_section(latest: pd.DataFrame) -> list[str]:
         for fault in sorted(faulty[faulty.sglang_version == v].fault.unique()):
             rows = faulty[(faulty.sglang_version == v) & (faulty.fault == fault)]
             out += [f"- **{fault}**: {len(rows)} records", *_fault_lines(rows, latest)]
-            if fault == NULL_SLOWDOWN:
+            if fault in NULL_SLOWDOWNS:
                 out.append(
                     "  - the null fault (no time added): nothing to catch; with the clean pass interleaved in one "
                     f"run, `specwatch noise` of a clean run against `fault={fault}` prices the floor"
