@@ -483,3 +483,24 @@ def test_console_script_is_the_one_error_handler():
 
     scripts = tomllib.loads((SRC.parent / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["specwatch"] == "specwatch.cli:main"
+
+
+def test_run_progress_lines_name_the_fault_pass(monkeypatch, capsys, tmp_path):
+    # a fault name in brackets is printed as text: rich read "[slow-verify-0us]" as a style tag
+    # and dropped it, so the passes of an interleaved run printed identical lines
+    from records import record
+    from specwatch.commands.run import run_with_progress
+    from specwatch.run import runner
+    from specwatch.run.options import RunOptions
+
+    rec = record(fault="slow-verify-0us")
+
+    def fake_run_suites(loaded, results, options):
+        options.start_progress(rec, 1, 3)
+        options.progress(rec)
+        return []
+
+    monkeypatch.setattr(runner, "run_suites", fake_run_suites)
+    run_with_progress([], tmp_path, RunOptions())
+    out = capsys.readouterr().out
+    assert f"start 1/3 {rec.case_id}" in out and out.count("[slow-verify-0us]") == 2

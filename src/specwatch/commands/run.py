@@ -281,6 +281,7 @@ def run_with_progress(loaded: list, results: Path, options) -> list[Path]:
                 + (f" [{rec.provenance.fault}]" if rec.provenance.fault else "")
                 + (f" — {rec.reason[:160]}" if rec.reason else ""),
                 highlight=False,
+                markup=False,  # "[slow-verify-0us]" is no style tag
             )
             bar.advance(task)
 
@@ -289,6 +290,7 @@ def run_with_progress(loaded: list, results: Path, options) -> list[Path]:
                 f"start {n}/{planned} {rec.case_id} {rec.suite} {rec.case.label()}"
                 + (f" [{rec.provenance.fault}]" if rec.provenance.fault else ""),
                 highlight=False,
+                markup=False,
             )
 
         return run_suites(
