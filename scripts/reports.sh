@@ -69,6 +69,12 @@ report aa-timing-8b-interleaved-sglang-0.5.17 "suite=timing,model=8b,run=2026120
   "suite=timing,fault=slow-verify-0us,model=8b,run=20261204T171014Z-8775fb"
 report fault-slow-verify-gpu-500us-timing-8b "suite=timing,model=8b,run=20261204T171014Z-8775fb" \
   "suite=timing,fault=slow-verify-gpu-500us,model=8b,run=20261204T171014Z-8775fb"
+# tiny bs8 (EAGLE chain) on an H100 host: the clean pass and two null faults interleaved start by
+# start in one run, three A/A pairs
+tiny=run=20261206T021311Z-d11376
+report aa-timing-tiny-interleaved-sglang-0.5.17 "suite=timing,model=tiny,$tiny" "suite=timing,fault=slow-verify-0us,model=tiny,$tiny"
+report aa-timing-tiny-interleaved-nulls-sglang-0.5.17 "suite=timing,fault=slow-verify-0us,model=tiny,$tiny" \
+  "suite=timing,fault=slow-verify-gpu-0us,model=tiny,$tiny"
 "$bin/specwatch" noise-holdout results/noise-budgets-timing.json --threshold 0.02 -o "$out/aa-holdout-timing.md" >/dev/null
 echo "$out/aa-holdout-timing.md: $(sed -n 3p "$out/aa-holdout-timing.md")"
 # every A/A pair of the budget file under the other pairs' budgets (the held-out false-positive rate)
