@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Callable, Iterator, Optional
 
-from specwatch.inject.stalls import NULL_GPU_SLOWDOWN, NULL_SLOWDOWN, SLOW_VERIFY_GPU_US, SLOW_VERIFY_US
+from specwatch.inject.stalls import NULL_SLOWDOWNS, SLOW_VERIFY_GPU_US, SLOW_VERIFY_US
 
 PLAN_ENV = "SPECWATCH_FAULT_PLAN"
 """Environment variable holding the active fault's plan (``FaultPlan.to_json``) for SGLang's processes."""
@@ -189,7 +189,7 @@ FAULTS: dict[str, Fault] = {
                 "when the added share of a step is above the detection floor; every exact check stays clean",
             )
             for name, micros in SLOW_VERIFY_US.items()
-            if name != NULL_SLOWDOWN
+            if name not in NULL_SLOWDOWNS
         ),
         *(
             Fault(
@@ -199,7 +199,7 @@ FAULTS: dict[str, Fault] = {
                 expected_flag="nothing: compare calls no change beyond the noise floor, every check stays clean; "
                 "its pairs with the clean pass price that floor (specwatch noise)",
             )
-            for name in (NULL_SLOWDOWN, NULL_GPU_SLOWDOWN)
+            for name in NULL_SLOWDOWNS
         ),
         *(
             Fault(
@@ -211,7 +211,7 @@ FAULTS: dict[str, Fault] = {
                 "when the added share of a step is above the detection floor; every exact check stays clean",
             )
             for name, micros in SLOW_VERIFY_GPU_US.items()
-            if name != NULL_GPU_SLOWDOWN
+            if name not in NULL_SLOWDOWNS
         ),
     )
 }

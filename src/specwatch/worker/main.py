@@ -240,7 +240,7 @@ def run_one(spec: WorkerSpec, run: Engine, c: Case, lock: WorkerTimingLock) -> d
             for name in set(CASE_TOTALS) & set(metrics):
                 metrics[name] = {**metrics[name], "exact": False}
         if window is not None:  # after the probe's read: it alone may reset the probe's counts
-            repeats = len(res["metrics"].get("step_time", {}).get("samples") or [])
+            repeats = res["details"].get("timed_windows", {}).get("repeats", spec.repeats)
             step_metrics, res["details"]["sglang_step_times"] = window.finish(
                 len(res["details"]["prompt_starts"]), repeats
             )

@@ -86,8 +86,7 @@ class StepWindow:
         # in recorded order within each batch size (one size where every request ends together)
         new = [float(x) for k in sorted(state, key=int) for x in list(state[k])[before.get(k, 0) :]]
         dropped = min(timed_batches, len(new))
-        gaps = set(np.argsort(new, kind="stable")[len(new) - dropped :].tolist())
-        steps = [x for i, x in enumerate(new) if i not in gaps]
+        steps = np.delete(new, np.argsort(new, kind="stable")[len(new) - dropped :])
         details = {
             "source": f"{self.source.recorded_in} ({self.source.state_key})",
             "decode_log_interval": DECODE_LOG_INTERVAL,
@@ -95,10 +94,10 @@ class StepWindow:
             "dropped": dropped,
             "batch_sizes": sorted(int(k) for k, v in state.items() if len(v) > before.get(k, 0)),
         }
-        if not steps:
+        if steps.size == 0:
             details["error"] = "no decode step recorded inside the timed batches"
             return m, details
-        ms = np.asarray(steps) * 1e3
+        ms = steps * 1e3
         slices = [s for s in np.array_split(ms, max(repeats, MIN_SLICES)) if len(s)]
         details["slices"] = len(slices)
         for name, q in QUANTILES.items():
