@@ -14,6 +14,7 @@ from records import record
 from specwatch.analysis.compare import compare_records, compare_specs
 from specwatch.analysis.compare_report import markdown
 from specwatch.analysis.engine_test import TimedTest
+from specwatch.analysis.noise import noise_report
 from specwatch.core.errors import SpecwatchInputError
 from specwatch.core.record import Metric, Status
 from specwatch.rules.release_step_times import STEP_TIME_SOURCES, step_time_source
@@ -121,6 +122,26 @@ def test_compare_falls_back_to_repeats_when_a_side_ran_one_engine_and_the_report
     assert "tested on engine medians" not in markdown(rows, "b", "h")
     rows = compare_records([_engines([700.0, 705.0, 698.0])], [_engines([500.0, 505.0, 498.0])])
     assert "Timed metrics tested on engine medians (Welch t" in markdown(rows, "b", "h")
+
+
+def test_a_metric_with_engine_medians_and_no_samples_counts_as_timed():
+    # probe time per batch and engine start time carry engine medians only: compare judges them,
+    # so the A/A counts and floors must see them (they were judged at the plain 5%, never counted)
+    def probe(medians):
+        r = record(tps=600.0)
+        r.metrics["probe_time_per_batch"] = Metric(
+            value=sorted(medians)[1], unit="s", samples=[], higher_is_better=False, engine_medians=list(medians)
+        )
+        return r
+
+    row = next(
+        r
+        for r in compare_records([probe([1.0, 1.01, 0.99])], [probe([1.2, 1.21, 1.19])])
+        if r.metric == "probe_time_per_batch"
+    )
+    assert row.test is TimedTest.engine_medians and row.timed and row.verdict.value == "regressed"
+    rows = compare_records([probe([1.0, 1.01, 0.99])], [probe([1.2, 1.21, 1.19])])
+    assert noise_report(rows).flagged >= 1
 
 
 def test_engine_medians_reach_compare_through_the_store_frame(tmp_path):

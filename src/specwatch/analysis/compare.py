@@ -68,7 +68,7 @@ class Row:
     verdict: Verdict
     note: str = ""
     timed: bool = False
-    """A timed metric compared on per-repeat samples (both sides have at least 2)."""
+    """A timed metric that got a test (``test``): per-repeat samples or engine medians on both sides."""
     noise_class: str = ""
     """The case's noise class (``noise_class``): where a noise budget applies."""
     speedup: Optional[float] = None
@@ -254,8 +254,22 @@ def metric_row(
             # the A/A pairs behind the budgets never measured this class/metric (a new metric, a
             # new model or batch size): the plain threshold applied, say so next to the verdict
             note = f"{note}; no noise budget for {klass}/{name}: {threshold:.0%} threshold"
-    timed = not hm.exact and len(bm.samples) >= 2 and len(hm.samples) >= 2
-    return Row(cid, label, name, bm.value, hm.value, hm.unit, verdict, note, timed, klass, test=test, below_floor=below)
+    # every metric a test judged counts as timed, those with engine medians only (probe time per
+    # batch, engine start time) included: the A/A counts and floors then cover what compare judges
+    return Row(
+        cid,
+        label,
+        name,
+        bm.value,
+        hm.value,
+        hm.unit,
+        verdict,
+        note,
+        test is not None,
+        klass,
+        test=test,
+        below_floor=below,
+    )
 
 
 @dataclass
