@@ -205,3 +205,45 @@ def test_compare_without_budgets_calls_what_its_floor_says_it_can(tmp_path):
             words = cells[2].split()
             verdicts[f"{words[1].split('/')[0]}/{next(w for w in words if w.startswith('bs'))}"] = cells[1]
     assert verdicts == {"8b/bs8": "regressed", "tiny/bs1": "unchanged", "tiny/bs8": "unchanged"}, res.output
+
+
+def _two_metric_pair(quiet, noisy):
+    """An A/A pair of tiny/bs1 cases with two timings: case i's head is ``quiet[i]`` faster in
+    output tokens/s and ``noisy[i]`` faster in decode tokens/s, every repeat apart from the base's."""
+    cases = [case(model=ModelSize.tiny, batch_size=1, input_len=100 + i) for i in range(len(quiet))]
+
+    def rec(c, q, n):
+        r = record(c)
+        r.metrics = {
+            name: Metric(value=v, unit="tokens/s", samples=[v] * 3, higher_is_better=True)
+            for name, v in (("output_throughput", 100.0 * (1 + q)), ("decode_throughput", 100.0 * (1 + n)))
+        }
+        return r
+
+    return [rec(c, 0.0, 0.0) for c in cases], [rec(c, q, n) for c, q, n in zip(cases, quiet, noisy)]
+
+
+def test_a_noisy_metric_gets_its_own_margin_and_leaves_the_quiet_ones_floor_alone():
+    """Output tokens/s moves at most 0.8-1.1% per pair, decode tokens/s 10-55%. Held out, the
+    quiet metric needs margin 1.25 (1.1% against the others' 1.0%), the noisy one 2 (55% against
+    30%); one global margin would be 2 for both (at 1.25 and 1.5 the noisy metric's 55% row is 1
+    of 80 rows flagged, above 1%), doubling the quiet metric's floor."""
+    tops = [(0.008, 0.10), (0.011, 0.55), (0.009, 0.20), (0.010, 0.30)]
+    pairs = [_two_metric_pair([0.005] * 9 + [q], [0.05] * 9 + [n]) for q, n in tops]
+    f = detection_floor(pairs, threshold=0.005)
+    assert f.floors["tiny/bs1/output_throughput"] == pytest.approx(1.25 * 0.011)
+    assert f.floors["tiny/bs1/decode_throughput"] == pytest.approx(2.0 * 0.55)
+    assert f.margins == {"decode_throughput": 2.0, "output_throughput": 1.25}
+    assert f.margin == 2.0 and f.held_out_rate == 0.0 and f.timed == 80
+    assert "margin 1.25 (decode_throughput 2)" in f.header()[0]
+
+
+def test_a_stored_floor_without_per_metric_margins_still_loads_and_reports_its_margin():
+    from dataclasses import asdict
+
+    from specwatch.analysis.floor import DetectionFloor
+
+    d = asdict(detection_floor(_pairs(), threshold=0.05))
+    del d["margins"]
+    f = DetectionFloor(**d)
+    assert f.margins == {} and "margin 1.25," in f.header()[0] and f.margin_text() == "margin 1.25"

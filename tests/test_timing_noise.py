@@ -142,6 +142,12 @@ def test_a_metric_with_engine_medians_and_no_samples_counts_as_timed():
     assert row.test is TimedTest.engine_medians and row.timed and row.verdict.value == "regressed"
     rows = compare_records([probe([1.0, 1.01, 0.99])], [probe([1.2, 1.21, 1.19])])
     assert noise_report(rows).flagged >= 1
+    # a count that follows the windows (SGLang's steps) gets a verdict but is no timing
+    steps = [record(tps=600.0), record(tps=600.0)]
+    for r, meds in zip(steps, ([4621.0, 2245.0, 2377.0], [2300.0, 2250.0, 2390.0])):
+        r.metrics["sglang_steps"] = Metric(value=meds[1], unit="steps", engine_medians=meds)
+    row = next(r for r in compare_records(steps[:1], steps[1:]) if r.metric == "sglang_steps")
+    assert row.test is not None and not row.timed
 
 
 def test_engine_medians_reach_compare_through_the_store_frame(tmp_path):

@@ -68,7 +68,8 @@ class Row:
     verdict: Verdict
     note: str = ""
     timed: bool = False
-    """A timed metric that got a test (``test``): per-repeat samples or engine medians on both sides."""
+    """A timing (``is_timing``) that got a test (``test``): per-repeat samples or engine medians on
+    both sides. The rows A/A pairs count and floors price."""
     noise_class: str = ""
     """The case's noise class (``noise_class``): where a noise budget applies."""
     speedup: Optional[float] = None
@@ -91,6 +92,19 @@ class Row:
 BELOW_FLOOR_ALPHA = 0.01
 """p-value a change within its floor must reach to be listed below the floor (``Row.below_floor``):
 at compare's alpha 0.1 an A/A pair of 8b timing runs listed 5 of 38 timed metrics by chance."""
+
+
+TIMING_UNITS = frozenset({"s", "ms", "us", "tokens/s", "requests/s"})
+"""Units of a timing: a duration or a rate."""
+
+
+def is_timing(m) -> bool:
+    """Whether a metric (``Metric``-like) is a timing: not exact, a duration or rate, with a better
+    direction. Probe time per batch and engine start time are, though they carry engine medians
+    only (no repeats). Other non-exact metrics (peak memory, SGLang's step count, a fault's hit
+    count: they follow the timed windows) and the oracle's generation time (no direction) get a
+    verdict too, but no floor."""
+    return not m.exact and m.unit in TIMING_UNITS and m.higher_is_better is not None
 
 
 def _timed_verdict(
@@ -254,22 +268,8 @@ def metric_row(
             # the A/A pairs behind the budgets never measured this class/metric (a new metric, a
             # new model or batch size): the plain threshold applied, say so next to the verdict
             note = f"{note}; no noise budget for {klass}/{name}: {threshold:.0%} threshold"
-    # every metric a test judged counts as timed, those with engine medians only (probe time per
-    # batch, engine start time) included: the A/A counts and floors then cover what compare judges
-    return Row(
-        cid,
-        label,
-        name,
-        bm.value,
-        hm.value,
-        hm.unit,
-        verdict,
-        note,
-        test is not None,
-        klass,
-        test=test,
-        below_floor=below,
-    )
+    timed = test is not None and is_timing(hm)
+    return Row(cid, label, name, bm.value, hm.value, hm.unit, verdict, note, timed, klass, test=test, below_floor=below)
 
 
 @dataclass

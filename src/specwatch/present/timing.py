@@ -48,7 +48,7 @@ def timing_tables(
         ),
         **{
             f"Detection floor ({Path(f.source or '').name}): smallest change compare calls a regression at "
-            f"<= {GOAL:.0%} held-out A/A false positives (margin {f.margin}, {f.clean_pairs} clean A/A pairs)": f.frame()
+            f"<= {GOAL:.0%} held-out A/A false positives ({f.margin_text()}, {f.clean_pairs} clean A/A pairs)": f.frame()
             for f in floors
         },
         "Change points across SGLang releases (asv.step_detect; specwatch changepoints)": (
