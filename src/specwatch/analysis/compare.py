@@ -94,8 +94,8 @@ BELOW_FLOOR_ALPHA = 0.01
 at compare's alpha 0.1 an A/A pair of 8b timing runs listed 5 of 38 timed metrics by chance."""
 
 
-TIMING_UNITS = frozenset({"s", "ms", "us", "tokens/s", "requests/s"})
-"""Units of a timing: a duration or a rate."""
+TIMING_UNITS = frozenset({"s", "ms", "us", "tokens/s", "requests/s", "x"})
+"""Units of a timing: a duration, a rate, or a ratio of rates (``speedup``, ``store.twins``)."""
 
 
 def is_timing(m) -> bool:
