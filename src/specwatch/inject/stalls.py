@@ -27,14 +27,14 @@ NULL_SLOWDOWNS: tuple[str, ...] = (NULL_SLOWDOWN, NULL_GPU_SLOWDOWN)
 SLOW_VERIFY_US: dict[str, int] = {
     NULL_SLOWDOWN: 0,
     "slow-verify-100us": 100,
-    "slow-verify-200us": 200,
+    "slow-verify-150us": 150,
     "slow-verify-500us": 500,
     "slow-verify-2000us": 2000,
 }
 """Host-time slowdowns, by fault name -> microseconds the scheduler spins per EAGLE verify step
 (the tiny oracle's steps take about 3-8 ms on the H200, so 100, 500 and 2000 µs are about 2%, 10% and
 40%; its EAGLE chain step at batch 8 took 2.8 ms on an H100 host, ``bf707c02b1ca`` in run
-``20261206T021311Z-d11376``, where 200 µs is about 7%).
+``20261206T021311Z-d11376``, where 150 µs is about 5%).
 ``slow-verify-0us`` is the null fault: the same edit, its hit counted, no time added; interleaved
 with a clean pass (``--fault none --fault slow-verify-0us``) it gives A/A pairs timed as a fault
 pair is (``run.interleave``)."""
