@@ -75,6 +75,10 @@ tiny=run=20261206T021311Z-d11376
 report aa-timing-tiny-interleaved-sglang-0.5.17 "suite=timing,model=tiny,$tiny" "suite=timing,fault=slow-verify-0us,model=tiny,$tiny"
 report aa-timing-tiny-interleaved-nulls-sglang-0.5.17 "suite=timing,fault=slow-verify-0us,model=tiny,$tiny" \
   "suite=timing,fault=slow-verify-gpu-0us,model=tiny,$tiny"
+# a planted 150 µs host stall per verify step (about 5% of the clean step) on the same case and host,
+# interleaved with a clean pass: past the floors above, or not
+planted=run=20261206T041819Z-e480fb
+report fault-slow-verify-150us-timing-tiny "suite=timing,model=tiny,$planted" "suite=timing,fault=slow-verify-150us,model=tiny,$planted"
 "$bin/specwatch" noise-holdout results/noise-budgets-timing.json --threshold 0.02 -o "$out/aa-holdout-timing.md" >/dev/null
 echo "$out/aa-holdout-timing.md: $(sed -n 3p "$out/aa-holdout-timing.md")"
 # every A/A pair of the budget file under the other pairs' budgets (the held-out false-positive rate)
