@@ -14,11 +14,11 @@ of that metric's rows of the clean pairs is flagged held out, ``MARGINS[-1]`` wh
 small. A metric that moves 30-42% between 8b A/A runs (probe time per batch) so takes its own
 margin and leaves a 1-3% metric's floor at its own. Zero flags, not a rate, is the per-metric rule:
 a metric has few rows over the pairs (one per pair, class and case: 9 in the timing suite's six
-pairs), where one flag is a rate near 10% and a 1% rate cannot be told from zero. ``GOAL`` is checked where it can be resolved: over
-every timed row of the clean pairs at the chosen margins (``held_out_rate``), which is above zero
-only through a metric that still flags at the largest margin. That rate is measured on the same
-flags the margins were chosen from, so it is a lower bound on the rate of pairs not yet measured,
-not an independent estimate of it.
+pairs), where one flag is a rate near 10% and a 1% rate cannot be told from zero. ``GOAL`` is
+checked where it can be resolved: over every timed row of the clean pairs at the chosen margins
+(``held_out_rate``), which is above zero only through a metric that still flags at the largest
+margin. That rate is measured on the same flags the margins were chosen from, so it is a lower
+bound on the rate of pairs not yet measured, not an independent estimate of it.
 
 The floor of a class and metric is its metric's margin x its largest A/A change over all pairs, at
 least ``threshold``. A metric no clean pair measured takes the largest margin chosen, its rate
@@ -27,14 +27,16 @@ unmeasured; a class and metric no pair measured has the plain threshold, its rat
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
+from functools import reduce
 from pathlib import Path
 from typing import Iterable, Optional
 
 import pandas as pd
 
 from specwatch.analysis.compare import Row, Verdict, budget_for, compare_records, frame_rows
-from specwatch.analysis.noise import BudgetFile, aa_differences, condition_differences
+from specwatch.analysis.noise import BudgetFile, aa_differences, condition_differences, merge_budgets
 from specwatch.core.record import CaseRecord
 
 MARGINS: tuple[float, ...] = (1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 6.0, 10.0)
@@ -218,10 +220,7 @@ def floor_of(
     out.margin = max(margins.values(), default=MARGINS[0])
     flagged = sum(flags[g].get(m, 0) for m, g in margins.items())
     out.held_out_rate = flagged / out.timed if out.timed else 0.0
-    merged: dict[str, float] = {}
-    for sp in spreads:
-        for k, v in sp.items():
-            merged[k] = max(merged.get(k, 0.0), v)
+    merged = reduce(merge_budgets, spreads, {})
     # a metric only the pairs not judged measured: the largest margin chosen, its rate unmeasured
     out.margins = {m: margins.get(m, out.margin) for m in sorted({_metric(k) for k in merged} | set(margins))}
     out.floors = {k: max(threshold, out.margins[_metric(k)] * v) for k, v in sorted(merged.items())}
@@ -239,17 +238,16 @@ def _held_out_flags(
     """Metric name -> rows of the ``judged`` pairs that count (``testable``) and change more than
     the budget the other pairs give their class and metric at ``margin`` (the plain threshold where
     no other pair measured it)."""
-    flagged: dict[str, int] = {}
+    flagged: Counter[str] = Counter()
     for i in judged:
-        budgets: dict[str, float] = {}
-        for j, sp in enumerate(spreads):
-            if j != i:
-                for k, v in sp.items():
-                    budgets[k] = max(budgets.get(k, 0.0), max(threshold, margin * v))
-        for r in rows[i]:
-            if r.testable and r.change > budget_for(budgets, *r.key.rsplit("/", 1), threshold):
-                flagged[_metric(r.key)] = flagged.get(_metric(r.key), 0) + 1
-    return flagged
+        others = ({k: max(threshold, margin * v) for k, v in sp.items()} for j, sp in enumerate(spreads) if j != i)
+        budgets = reduce(merge_budgets, others, {})
+        flagged.update(
+            _metric(r.key)
+            for r in rows[i]
+            if r.testable and r.change > budget_for(budgets, *r.key.rsplit("/", 1), threshold)
+        )
+    return dict(flagged)
 
 
 def store_floor(
