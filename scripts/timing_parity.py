@@ -7,7 +7,8 @@ hits every kind alike:
 * ``plain``: ``specwatch.worker.baseline``, the loop ``specwatch run --baseline`` runs: one
   ``sglang.Engine`` with specwatch's own engine arguments (``worker.engine_args``), no specwatch
   code in SGLang's processes: ``flush_cache()``, one warm-up ``generate``, then
-  ``--repeats`` timed ``generate`` calls back to back on the worker's timed prompts. The same
+  ``--repeats`` timed ``generate`` calls on the worker's timed prompts, each prefilling in full
+  (``worker.baseline.fresh_batch``: a flush and an untimed refill before it). The same
   engine then times ``plain_flushed``: each timed batch after a flush, a prefill-only batch and a
   second flush (the worker's repeat before ``warm_after_flush``), which isolates what SGLang's
   flush (it empties the CUDA caching allocator) costs the batch right after it;

@@ -253,9 +253,10 @@ def test_with_windows_each_baseline_repeat_holds_min_timed_s_of_calls_until_the_
     class Engine(FakeEngine):
         def generate(self, input_ids, sampling_params):
             outs = super().generate(input_ids, sampling_params)
-            if sampling_params.get("max_new_tokens") == self.case.output_len and clock["call"] >= 1:
-                clock["t"] += walls[(clock["call"] - 1) % len(walls)]
-            clock["call"] += 1  # the first call is the warm-up
+            if sampling_params.get("max_new_tokens") == self.case.output_len:  # not a prefill-only refill
+                if clock["call"] >= 1:  # the first full call is the warm-up
+                    clock["t"] += walls[(clock["call"] - 1) % len(walls)]
+                clock["call"] += 1
             return outs
 
         def shutdown(self):
@@ -275,6 +276,53 @@ def test_with_windows_each_baseline_repeat_holds_min_timed_s_of_calls_until_the_
     assert line.ok and line.batches_per_repeat == [4, 2]  # 4 x 0.3 s, then 0.5 + 0.5 s
     tokens = 2 * 16
     assert line.output_throughput == pytest.approx([4 * tokens / 1.2, 2 * tokens / 1.0])
+
+
+@pytest.mark.parametrize("windows", [False, True])
+def test_every_timed_baseline_call_prefills_in_full_as_the_probed_batch_does(tmp_path, monkeypatch, windows):
+    """Timed calls back to back on the tiny oracle's few chain starts would be served partly from
+    the radix cache; each is readied by a flush and, where the pool holds it, an untimed refill on
+    other starts, so the plain loop prefills what the probed run prefills."""
+    from specwatch.worker import baseline as worker_baseline
+    from test_engine_worker import CASE, FakeEngine
+
+    calls = []
+
+    class Engine(FakeEngine):
+        def generate(self, input_ids, sampling_params):
+            calls.append(("generate", sampling_params["max_new_tokens"], [p[0] for p in input_ids]))
+            return super().generate(input_ids, sampling_params)
+
+        def flush_cache(self):
+            calls.append(("flush",))
+            self.cache.clear()
+            return True
+
+        def shutdown(self):
+            pass
+
+    case = CASE.model_copy(update={"batch_size": 16, "input_len": 128, "output_len": 16})
+    monkeypatch.setattr(worker_baseline, "start_engine", lambda cases, models_dir: Engine(cases[0]))
+    spec, out = tmp_path / "spec.json", tmp_path / "out.jsonl"
+    timing = {"min_timed_s": 1e-9, "ci_half_width": 0.01, "max_repeats": 4} if windows else {}
+    spec.write_text(
+        BaselineSpec(cases=[case], repeats=4, models_dir=str(tmp_path), results=str(out), **timing).model_dump_json()
+    )
+    assert worker_baseline.main(str(spec)) == 0
+    (line,) = [BaselineLine.model_validate_json(x) for x in out.read_text().splitlines()]
+    assert line.ok and len(line.cached_tokens) == 4 and line.cached_tokens == [0, 0, 0, 0]
+    timed = [i for i, c in enumerate(calls) if c[0] == "generate" and c[1] == case.output_len][1:]  # after the warm-up
+    assert len(timed) == 4
+    for i in timed:  # flush, refill prefill-only batch on starts disjoint from the timed ones, timed call
+        assert calls[i - 2] == ("flush",) and calls[i - 1][:2] == ("generate", 1)
+        assert not set(calls[i - 1][2]) & set(calls[i][2])
+
+    # the same loop without the flush and refill reads prompt tokens from the cache
+    monkeypatch.setattr(worker_baseline, "fresh_batch", lambda engine, prompts, sp, tag: prompts.batch(tag)[0])
+    out.unlink()
+    assert worker_baseline.main(str(spec)) == 0
+    (line,) = [BaselineLine.model_validate_json(x) for x in out.read_text().splitlines()]
+    assert sum(line.cached_tokens) > 0
 
 
 def test_the_runner_gives_the_baseline_the_suites_windows_and_ci_target(tmp_path, monkeypatch):
@@ -335,11 +383,13 @@ def test_with_pin_cores_the_baseline_pins_after_the_engine_starts_and_each_line_
 def test_the_baseline_worker_times_the_tiny_oracle_on_a_gpu(tmp_path):
     from specwatch.run.baseline import run_baseline
 
-    case = _suite(tmp_path).plan()[0].case
+    case = _suite(tmp_path).plan()[0].case.model_copy(update={"batch_size": 16})
     assert case.algorithm is Algorithm.EAGLE
-    spec = BaselineSpec(cases=[case], repeats=2, models_dir="/tmp/specwatch-models", results=str(tmp_path / "o.jsonl"))
+    spec = BaselineSpec(cases=[case], repeats=4, models_dir="/tmp/specwatch-models", results=str(tmp_path / "o.jsonl"))
     run = run_baseline(spec, "specwatch.worker.baseline", baseline_env(None), 600, tmp_path / "log.txt")
-    assert run.error is None and len(run.lines[case.case_id].output_throughput) == 2
+    line = run.lines[case.case_id]
+    assert run.error is None and len(line.output_throughput) == 4
+    assert line.cached_tokens == [0, 0, 0, 0]  # 64 prompts from the oracle's 256 starts: every call prefills in full
 
 
 def test_a_run_interrupted_during_a_baseline_still_appends_the_probed_records(tmp_path, monkeypatch):

@@ -175,7 +175,7 @@ def test_runs_past_the_budget_are_named_not_started_and_a_failed_run_is_reported
     assert Case(**report["case_params"]).case_id == report["case"]
 
 
-def test_the_plain_loop_times_back_to_back_batches_then_the_flushed_pattern_on_one_engine():
+def test_the_plain_loop_readies_each_timed_batch_then_times_the_flushed_pattern_on_one_engine():
     from specwatch.worker.baseline import plain_loop
 
     tp = _script()
@@ -184,12 +184,13 @@ def test_the_plain_loop_times_back_to_back_batches_then_the_flushed_pattern_on_o
     out = plain_loop(Logged(case, log), case, repeats=2, flushed=True)
     calls = [c[:2] for c in log]
     full = ("generate", case.output_len)
-    assert calls == [("flush",), full, full, full] + [("flush",), ("generate", 1), ("flush",), full] * 2
+    readied = [("flush",), ("generate", 1), full]  # worker.baseline.fresh_batch, then the timed call
+    assert calls == [("flush",), full] + readied * 2 + [("flush",), ("generate", 1), ("flush",), full] * 2
     assert len(out["output_throughput"]) == len(out["flushed_output_throughput"]) == 2
     assert all(v > 0 for v in out["output_throughput"]) and out["flushed_cached_tokens"] == [0, 0]
     log.clear()
     assert set(plain_loop(Logged(case, log), case, repeats=2)) == {"output_throughput", "cached_tokens"}
-    assert [c[:2] for c in log] == [("flush",), full, full, full]  # --baseline: the loop alone
+    assert [c[:2] for c in log] == [("flush",), full] + readied * 2  # --baseline: the loop alone
 
 
 def test_the_plain_run_is_the_baseline_worker_with_the_flushed_pattern(tmp_path, monkeypatch):

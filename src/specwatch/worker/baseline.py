@@ -3,10 +3,13 @@
 One ``sglang.Engine`` with specwatch's own engine arguments for the group (``engine_kwargs`` as
 the worker computes them: the same pool, batch size, CUDA graphs and sampling; no step-time
 recording), then per case: ``flush_cache()``, one warm-up ``generate``, then ``repeats`` timed
-``generate`` calls back to back on the worker's timed prompts; with the suite's ``min_timed_s`` /
+``generate`` calls on the worker's timed prompts; with the suite's ``min_timed_s`` /
 ``ci_half_width`` each repeat is a window of calls and repeats go on to the CI target, as the
-probed run's (``windowed``), so the two spreads measure the same thing. Nothing else runs between timed
-calls. The runner starts it without the probe on ``PYTHONPATH`` and without ``SPECWATCH_*``
+probed run's (``windowed``), so the two spreads measure the same thing. Each timed call prefills
+its prompts in full, as the probed run's timed batch does (``fresh_batch``): before it, outside the
+timed window, the radix cache is flushed and, where ``worker.measure.warm_after_flush`` holds, an
+untimed prefill-only batch on other chain starts refills the CUDA allocator the flush emptied.
+Nothing else runs between timed calls. The runner starts it without the probe on ``PYTHONPATH`` and without ``SPECWATCH_*``
 variables (``run.baseline.baseline_env``), so SGLang's processes carry no specwatch code; with the
 suite's ``pin_cores`` it pins them and itself after the engine starts, from the outside, as the
 worker does (``worker.pinning.pin_cores``), so both loops run on the same core layout; this
@@ -48,7 +51,7 @@ def plain_loop(engine, case, repeats: int, flushed: bool = False, plan=None) -> 
         out.update(windowed(engine, prompts, sp, plan))
     else:
         for r in range(repeats):
-            tps, cached = timed(prompts.batch(timed_tag(r))[0])
+            tps, cached = timed(fresh_batch(engine, prompts, sp, timed_tag(r)))
             out["output_throughput"].append(tps)
             out["cached_tokens"].append(cached)
     if not flushed:
@@ -64,6 +67,26 @@ def plain_loop(engine, case, repeats: int, flushed: bool = False, plan=None) -> 
     return out
 
 
+def fresh_batch(engine, prompts, sp: dict, tag: str) -> list[list[int]]:
+    """The timed prompts of ``tag``, readied so that the radix cache serves none of them: a flush
+    (``worker.measure.flush_cache``, which retries while SGLang refuses), then, where
+    ``worker.measure.warm_after_flush`` holds, an untimed prefill-only batch on chain starts
+    disjoint from the timed ones (no shared prefix) to refill the CUDA allocator the flush emptied.
+
+    Calls back to back would be served from the cache: the tiny oracle has 256 chain starts, and
+    at batch 8 and 16 the plain loop's windows read 13-24% of their prompt tokens from it
+    (``cached_tokens`` in ``details.baseline`` of ``bf707c02b1ca@20261206T060926Z`` and
+    ``8fa79f993a7d@20261206T060945Z``), prefill the probed run's timed batch does in full."""
+    from specwatch.worker.measure import flush_cache, warm_after_flush
+
+    batch, _, starts = prompts.batch(tag)
+    flush_cache(engine)
+    if warm_after_flush(prompts.case):
+        refill = prompts.from_starts(prompts.starts_avoiding(f"refill-{tag}", set(starts)))[0]
+        engine.generate(input_ids=refill, sampling_params={**sp, "max_new_tokens": 1})
+    return batch
+
+
 def timed_call(engine, batch, sp: dict) -> tuple[int, float, int]:
     """One timed ``generate`` of ``batch``: its output tokens, wall seconds and radix-cache tokens."""
     t = time.perf_counter()
@@ -74,16 +97,16 @@ def timed_call(engine, batch, sp: dict) -> tuple[int, float, int]:
 
 def windowed(engine, prompts, sp: dict, plan) -> dict:
     """Repeats as the probed run makes them (``worker.windows.RepeatLoop``): each repeat timed
-    ``generate`` calls back to back, each on a batch of fresh prompts, until their wall seconds
-    reach ``plan.min_timed_s``; repeats until the CI target or ``plan.max_repeats``. Its throughput
-    is the repeat's output tokens over its calls' wall seconds."""
+    ``generate`` calls, each on a batch of fresh prompts readied by ``fresh_batch``, until their
+    wall seconds reach ``plan.min_timed_s``; repeats until the CI target or ``plan.max_repeats``.
+    Its throughput is the repeat's output tokens over its calls' wall seconds."""
     from specwatch.oracle.prompts import timed_tag
     from specwatch.worker.windows import RepeatLoop
 
     calls: list[tuple[int, float, int]] = []  # (output tokens, wall s, cached tokens) per call
 
     def one_batch() -> float:
-        calls.append(timed_call(engine, prompts.batch(timed_tag(len(calls)))[0], sp))
+        calls.append(timed_call(engine, fresh_batch(engine, prompts, sp, timed_tag(len(calls))), sp))
         return calls[-1][1]
 
     loop, tps, cached = RepeatLoop(plan), [], []
