@@ -13,18 +13,18 @@ report() {  # report NAME BASE HEAD [compare options]
 }
 # between versions, timed metrics must beat the A/A noise budgets (results/noise-budgets.json, from the pair below)
 for suite in smoke tree-page; do
-  report "sglang-0.5.16-vs-0.5.17-$suite" "sglang_version=0.5.16,suite=$suite" "sglang_version=0.5.17,suite=$suite" \
+  report "sglang-0.5.16-vs-0.5.17-$suite" "sglang_version=0.5.16,suite=$suite" "machine=nvidia-h200-x1,sglang_version=0.5.17,suite=$suite" \
     --budgets results/noise-budgets.json
 done
 # newest release measured against the last release of the torch 2.11 line (0.5.20 ran with
 # --overlap-starts; smoke pinned to its first run, the one taken without other releases beside it)
-report "sglang-0.5.17-vs-0.5.20-smoke" "sglang_version=0.5.17,suite=smoke" \
+report "sglang-0.5.17-vs-0.5.20-smoke" "machine=nvidia-h200-x1,sglang_version=0.5.17,suite=smoke" \
   "sglang_version=0.5.20,suite=smoke,overlap=on,run=20261201T114337Z-196a15" --budgets results/noise-budgets.json
 report "sglang-0.5.17-vs-0.5.20-tree-page" "sglang_version=0.5.17,suite=tree-page" \
   "sglang_version=0.5.20,suite=tree-page,overlap=on" --budgets results/noise-budgets.json
 # where the shared page-aligned decode watermark lands (0.5.19, torch 2.13, --overlap-starts)
 for suite in smoke tree-page; do
-  report "sglang-0.5.17-vs-0.5.19-$suite" "sglang_version=0.5.17,suite=$suite" "sglang_version=0.5.19,suite=$suite,overlap=on" \
+  report "sglang-0.5.17-vs-0.5.19-$suite" "machine=nvidia-h200-x1,sglang_version=0.5.17,suite=$suite" "sglang_version=0.5.19,suite=$suite,overlap=on" \
     --budgets results/noise-budgets.json
 done
 # the releases after 0.5.19, each smoke run with --overlap-starts beside the others (layered kits)
@@ -44,7 +44,7 @@ report "sglang-0.5.22-vs-0.5.23-smoke" "sglang_version=0.5.22,suite=smoke,overla
 report "sglang-0.5.23-local-vs-ray-smoke" "sglang_version=0.5.23,suite=smoke,overlap=on,run=20261201T160100Z-5fef73" \
   "sglang_version=0.5.23,suite=smoke,run=20261201T214052Z-6e143e|20261202T033013Z-790e15" --budgets results/noise-budgets.json
 # 0.5.17's smoke ran in waves, its DFLASH sweep with --overlap-starts
-report "sglang-0.5.17-vs-0.5.23-smoke" "sglang_version=0.5.17,suite=smoke,overlap=off" "sglang_version=0.5.23,suite=smoke,overlap=on" \
+report "sglang-0.5.17-vs-0.5.23-smoke" "machine=nvidia-h200-x1,sglang_version=0.5.17,suite=smoke,overlap=off" "sglang_version=0.5.23,suite=smoke,overlap=on" \
   --budgets results/noise-budgets.json
 report "sglang-0.5.17-vs-0.5.23-dflash" "sglang_version=0.5.17,suite=dflash,overlap=on" "sglang_version=0.5.23,suite=dflash,overlap=on" \
   --budgets results/noise-budgets.json

@@ -512,6 +512,21 @@ def test_across_versions_takes_exact_metrics_from_every_run_and_timing_from_wave
     assert 1.0 not in set(timed.output_throughput)  # a fault run is not a release's value
 
 
+def test_across_versions_reads_one_machine_so_a_newer_record_on_another_host_is_no_release_value():
+    from specwatch.present.plots import version_lines, version_machine
+    from specwatch.store.frame import records_frame
+
+    c = case(page_size=1)
+    history = [record(c, sglang_version=v, tps=100.0) for v in ("0.5.12", "0.5.17")]
+    elsewhere = record(c, sglang_version="0.5.17", tps=1.0)  # the latest 0.5.17 record, another host
+    elsewhere.provenance.machine = "other-host-x1"
+    elsewhere.provenance.started_at = history[-1].provenance.started_at.replace(year=2100)
+    df = records_frame([*history, elsewhere])
+    assert version_machine(df) == history[0].provenance.machine
+    _, _, common, latest = version_lines(df, "output_throughput")
+    assert common == [c.case_id] and set(latest.output_throughput) == {100.0}
+
+
 def test_memory_plot_draws_one_release_its_model_and_its_records(tmp_path, monkeypatch):
     import specwatch.present.plots as plots
     from specwatch.store.frame import records_frame

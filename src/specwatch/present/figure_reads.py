@@ -20,6 +20,7 @@ from specwatch.present.plots import (
     newest_tiny,
     throughput_vs_topk,
     version_lines,
+    version_machine,
 )
 from specwatch.present.speedup_plots import AXES, newest_of
 
@@ -58,8 +59,9 @@ def by_topk_reads(metric: str, group: str, timed: bool) -> Callable[[pd.DataFram
 
 
 def across_reads(df: pd.DataFrame) -> object:
-    """``plots.across_versions``: per metric its axis (``version_lines``) and the latest records
-    of the common cases it draws, with the columns its lines are named by."""
+    """``plots.across_versions``: the machine it reads (``version_machine``), per metric its axis
+    (``version_lines``) and the latest records of the common cases it draws, with the columns its
+    lines are named by."""
     if df.empty:
         return None
     n_versions = df.sglang_version.nunique() if "sglang_version" in df else 0
@@ -68,7 +70,7 @@ def across_reads(df: pd.DataFrame) -> object:
         versions, labels, common, latest = version_lines(df, m)
         drawn = columns(latest, ["case_id", "sglang_version", m, *CASE_NAME_FIELDS]) if common and m in latest else None
         panels.append((m, versions, labels, len(common), drawn))
-    return n_versions, panels
+    return n_versions, version_machine(df), panels
 
 
 def dflash_reads(df: pd.DataFrame) -> object:

@@ -211,12 +211,29 @@ TIMED_METRICS = {"output_throughput", "decode_throughput", "step_time"}
 """Metrics measured by the clock: across versions they come from ``timing_records`` only."""
 
 
+def version_machine(df: pd.DataFrame) -> Optional[str]:
+    """The machine the across-versions panels read: the one with ok records on the most SGLang
+    versions (then the most records, then its name), so a case measured on another host never
+    stands in for a release's value (a host change would read as a change of SGLang). None where
+    the frame names no machine."""
+    if "machine" not in df or df.machine.dropna().empty:
+        return None
+    ok = df[df.status == "ok"] if "status" in df else df
+    ok = ok if not ok.empty else df
+    ranks = ok.groupby("machine").agg(versions=("sglang_version", "nunique"), rows=("sglang_version", "size"))
+    ranks = ranks.reset_index().sort_values(["versions", "rows", "machine"], ascending=[False, False, True])
+    return str(ranks.machine.iloc[0])
+
+
 def version_lines(df: pd.DataFrame, metric: str) -> tuple[list, list[str], list[str], pd.DataFrame]:
-    """One across-versions panel's data: ``version_axis`` over the clean records (no fault run) that
-    may show ``metric`` (a timed one: not overlapped runs, ``timing_records``; an exact one: every
-    run, since overlapped starts leave acceptance and memory as they are), and the latest record of
-    each common case per version."""
+    """One across-versions panel's data: ``version_axis`` over the clean records (no fault run) of
+    ``version_machine``'s host that may show ``metric`` (a timed one: not overlapped runs,
+    ``timing_records``; an exact one: every run, since overlapped starts leave acceptance and memory
+    as they are), and the latest record of each common case per version."""
     keep = df.fault.isna() if "fault" in df else pd.Series(True, index=df.index)
+    machine = version_machine(df)
+    if machine is not None:
+        keep &= df.machine == machine
     if metric in TIMED_METRICS and "overlap_starts" in df:
         keep &= df.overlap_starts != True  # noqa: E712 (timing_records' rows, cut by the same mask: one copy)
     frame = df[keep]
@@ -289,18 +306,29 @@ def _panel_lines(ax, latest: pd.DataFrame, versions: list, metric: str) -> None:
 
 def across_versions(df: pd.DataFrame, out: Path, metrics=VERSION_METRICS) -> list[Path]:
     """One line per case present (ok) in every SGLang version that has an ok case, so a change in the
-    case mix can never look like a change in SGLang; the latest record of each case per version
+    case mix can never look like a change in SGLang; one machine's records (``version_machine``,
+    named in each panel's title), so neither can a change of host; the latest record of each case per version
     (``version_axis``: versions that ran nothing ok stay on the axis, as a gap in every line). Each
     panel takes the records that may show its metric (``version_lines``); cases with equal values
     share a line and the legend names the lines that moved most (``_panel_lines``). Panels widen
     with the number of versions up to ``FIGURE_MAX_WIDTH`` and wrap into one row per metric past
     it, so the figure's size is bounded however long the history."""
     n_versions = df.sglang_version.nunique() if "sglang_version" in df else 0
-    read = ["fault", "overlap_starts", "status", "sglang_version", "case_id", *LATEST_COLUMNS, *CASE_NAME_FIELDS]
+    read = [
+        "fault",
+        "overlap_starts",
+        "status",
+        "sglang_version",
+        "case_id",
+        "machine",
+        *LATEST_COLUMNS,
+        *CASE_NAME_FIELDS,
+    ]
     df = df[[c for c in dict.fromkeys([*read, *(m for m, _ in metrics)]) if c in df]]  # the columns read, cut once
     width = min(FIGURE_MAX_WIDTH, max(5.0, PANEL_WIDTH_PER_VERSION * n_versions))
     cols = len(metrics) if width * len(metrics) <= FIGURE_MAX_WIDTH else 1
     rows = -(-len(metrics) // cols)
+    machine = version_machine(df) if not df.empty else None
     fig, axes = pyplot().subplots(rows, cols, figsize=(width * cols, 6 * rows), squeeze=False)
     for ax, (m, unit) in zip(axes.ravel(), metrics):
         versions, labels, common, latest = version_lines(df, m) if not df.empty else ([], [], [], df)
@@ -312,7 +340,8 @@ def across_versions(df: pd.DataFrame, out: Path, metrics=VERSION_METRICS) -> lis
             xlabel="SGLang version",
             ylabel=f"{m} ({unit})",
             title=f"{m}\n{len(common)} cases ok on every version"
-            + (" (wave runs)" if m in TIMED_METRICS else " (all runs)"),
+            + (" (wave runs)" if m in TIMED_METRICS else " (all runs)")
+            + (f", {machine}" if machine else ""),
         )
     fig.tight_layout()
     return save_figure(fig, out, "across_versions")
