@@ -416,7 +416,7 @@ batch_size = [1, 8]
 
 def test_a_version_that_ran_nothing_ok_keeps_its_place_on_the_version_axis():
     from specwatch.core.record import Status
-    from specwatch.present.plots import version_axis
+    from specwatch.present.version_history import version_axis
 
     recs = []
     for v, status in (("0.5.14", Status.ok), ("0.5.15", Status.crashed), ("0.5.16", Status.ok)):
@@ -496,7 +496,7 @@ def test_a_row_mismatch_that_todays_model_explains_is_named_so():
 
 
 def test_across_versions_takes_exact_metrics_from_every_run_and_timing_from_wave_runs_only():
-    from specwatch.present.plots import version_lines
+    from specwatch.present.version_history import version_lines
     from specwatch.store.frame import records_frame
 
     waves = [record(case(page_size=1), sglang_version=v) for v in ("0.5.12", "0.5.17")]
@@ -513,7 +513,7 @@ def test_across_versions_takes_exact_metrics_from_every_run_and_timing_from_wave
 
 
 def test_across_versions_reads_one_machine_so_a_newer_record_on_another_host_is_no_release_value():
-    from specwatch.present.plots import version_lines, version_machine
+    from specwatch.present.version_history import version_lines, version_machine
     from specwatch.store.frame import records_frame
 
     c = case(page_size=1)

@@ -114,7 +114,8 @@ def test_across_versions_stays_bounded_and_its_legends_name_the_cases_that_moved
 
 
 def test_across_versions_folds_lines_past_the_legend_limit_into_one_more_entry():
-    from specwatch.present.plots import LEGEND_LIMIT, ranked_trajectories
+    from specwatch.present.plots import LEGEND_LIMIT
+    from specwatch.present.version_history import ranked_trajectories
 
     values = pd.DataFrame([[1.0, 1.0 + i] for i in range(20)], index=[f"c{i}" for i in range(20)])
     names = pd.Series([f"case {i}" for i in range(20)], index=values.index)

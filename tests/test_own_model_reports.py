@@ -122,8 +122,8 @@ def test_the_dashboard_names_own_models_in_its_tables_and_plots(tmp_path):
     from specwatch.analysis.roofline import roofline_rows
     from specwatch.analysis.speedup import speedup_frame, speedup_points
     from specwatch.present.dashboard import build
-    from specwatch.present.plots import case_name
     from specwatch.present.speedup_plots import _panel
+    from specwatch.present.version_history import case_name
 
     recs = spec_and_twins() + [rec(case(), 100.0, suite="smoke")]
     recs[0].checks["parity_with_plain"] = False

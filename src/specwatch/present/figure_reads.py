@@ -11,18 +11,15 @@ import pandas as pd
 
 from specwatch.present.dflash_plots import PANELS, dflash_figure, dflash_records
 from specwatch.present.plots import (
-    CASE_NAME_FIELDS,
-    VERSION_METRICS,
     acceptance_vs_topk,
     memory_vs_topk,
     metrics_across_versions,
     newest_release,
     newest_tiny,
     throughput_vs_topk,
-    version_lines,
-    version_machine,
 )
 from specwatch.present.speedup_plots import AXES, newest_of
+from specwatch.present.version_history import CASE_NAME_FIELDS, VERSION_METRICS, version_lines, version_machine
 
 MEMORY_COLUMNS = ("sglang_version", "page_size", "num_steps", "topk", "req_to_token_bytes", "model_req_to_token_bytes")
 """The columns the memory figure's measured points are found from."""
