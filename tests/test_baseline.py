@@ -318,7 +318,9 @@ def test_every_timed_baseline_call_prefills_in_full_as_the_probed_batch_does(tmp
         assert not set(calls[i - 1][2]) & set(calls[i][2])
 
     # the same loop without the flush and refill reads prompt tokens from the cache
-    monkeypatch.setattr(worker_baseline, "fresh_batch", lambda engine, prompts, sp, tag: prompts.batch(tag)[0])
+    from specwatch.oracle.prompts import timed_tag
+
+    monkeypatch.setattr(worker_baseline, "fresh_batch", lambda engine, prompts, sp, r: prompts.batch(timed_tag(r))[0])
     out.unlink()
     assert worker_baseline.main(str(spec)) == 0
     (line,) = [BaselineLine.model_validate_json(x) for x in out.read_text().splitlines()]

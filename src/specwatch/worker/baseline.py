@@ -51,7 +51,7 @@ def plain_loop(engine, case, repeats: int, flushed: bool = False, plan=None) -> 
         out.update(windowed(engine, prompts, sp, plan))
     else:
         for r in range(repeats):
-            tps, cached = timed(fresh_batch(engine, prompts, sp, timed_tag(r)))
+            tps, cached = timed(fresh_batch(engine, prompts, sp, r))
             out["output_throughput"].append(tps)
             out["cached_tokens"].append(cached)
     if not flushed:
@@ -67,23 +67,24 @@ def plain_loop(engine, case, repeats: int, flushed: bool = False, plan=None) -> 
     return out
 
 
-def fresh_batch(engine, prompts, sp: dict, tag: str) -> list[list[int]]:
-    """The timed prompts of ``tag``, readied so that the radix cache serves none of them: a flush
-    (``worker.measure.flush_cache``, which retries while SGLang refuses), then, where
-    ``worker.measure.warm_after_flush`` holds, an untimed prefill-only batch on chain starts
-    disjoint from the timed ones (no shared prefix) to refill the CUDA allocator the flush emptied.
+def fresh_batch(engine, prompts, sp: dict, r: int) -> list[list[int]]:
+    """The timed prompts of call ``r`` (``timed_tag(r)``), readied so that the radix cache serves
+    none of them: a flush (``worker.measure.flush_cache``, which retries while SGLang refuses),
+    then, where ``worker.measure.warm_after_flush`` holds, the probed repeat's untimed refill
+    (``worker.measure.refill_allocator``: a prefill-only batch on chain starts disjoint from the
+    timed ones) for the CUDA allocator the flush emptied.
 
     Calls back to back would be served from the cache: the tiny oracle has 256 chain starts, and
     at batch 8 and 16 the plain loop's windows read 13-24% of their prompt tokens from it
     (``cached_tokens`` in ``details.baseline`` of ``bf707c02b1ca@20261206T060926Z`` and
     ``8fa79f993a7d@20261206T060945Z``), prefill the probed run's timed batch does in full."""
-    from specwatch.worker.measure import flush_cache, warm_after_flush
+    from specwatch.oracle.prompts import timed_tag
+    from specwatch.worker.measure import flush_cache, refill_allocator, warm_after_flush
 
-    batch, _, starts = prompts.batch(tag)
+    batch, _, starts = prompts.batch(timed_tag(r))
     flush_cache(engine)
     if warm_after_flush(prompts.case):
-        refill = prompts.from_starts(prompts.starts_avoiding(f"refill-{tag}", set(starts)))[0]
-        engine.generate(input_ids=refill, sampling_params={**sp, "max_new_tokens": 1})
+        refill_allocator(engine, prompts, sp, r, set(starts))
     return batch
 
 
@@ -100,13 +101,12 @@ def windowed(engine, prompts, sp: dict, plan) -> dict:
     ``generate`` calls, each on a batch of fresh prompts readied by ``fresh_batch``, until their
     wall seconds reach ``plan.min_timed_s``; repeats until the CI target or ``plan.max_repeats``.
     Its throughput is the repeat's output tokens over its calls' wall seconds."""
-    from specwatch.oracle.prompts import timed_tag
     from specwatch.worker.windows import RepeatLoop
 
     calls: list[tuple[int, float, int]] = []  # (output tokens, wall s, cached tokens) per call
 
     def one_batch() -> float:
-        calls.append(timed_call(engine, fresh_batch(engine, prompts, sp, timed_tag(len(calls))), sp))
+        calls.append(timed_call(engine, fresh_batch(engine, prompts, sp, len(calls)), sp))
         return calls[-1][1]
 
     loop, tps, cached = RepeatLoop(plan), [], []

@@ -352,6 +352,16 @@ def run_case(
     return {"metrics": tally.metrics(), "checks": tally.checks(), "details": details}
 
 
+def refill_allocator(engine, prompts: Prompts, sp: dict, r: int, avoid: set[int]) -> list[int]:
+    """After a flush (which empties the CUDA caching allocator): repeat ``r``'s untimed prefill-only
+    batch on seeded starts none of ``avoid`` (no prefix shared with the timed batch), which refills
+    the allocator; returns its starts. Where ``warm_after_flush`` holds, the probed repeat
+    (``_timed_repeat``) and the plain loop's timed call (``worker.baseline.fresh_batch``) both run it."""
+    refill = prompts.starts_avoiding(f"refill{r}", avoid)
+    engine.generate(input_ids=prompts.from_starts(refill)[0], sampling_params={**sp, "max_new_tokens": 1})
+    return refill
+
+
 def _timed_repeat(
     engine, case: Case, r: int, prompts: Prompts, sp: dict, tally: CaseTally
 ) -> tuple[list[list[int]], list[int]]:
@@ -369,9 +379,8 @@ def _timed_repeat(
     tally.fresh_cache(engine)
     prefill_starts = None
     if warm:
-        refill = prompts.starts_avoiding(f"refill{r}", set(starts))
+        refill = refill_allocator(engine, prompts, sp, r, set(starts))
         prefill_starts = prompts.starts_avoiding(f"prefill{r}", set(starts) | set(refill))
-        engine.generate(input_ids=prompts.from_starts(refill)[0], sampling_params={**sp, "max_new_tokens": 1})
     prefill_batch = (prompts.from_starts(prefill_starts) if warm else prompts.batch(f"prefill{r}"))[0]
     # A prefill-only batch of the same shape right before each timed batch: decode time is
     # the timed batch's wall time minus it, pairwise, so one slow prefill spoils one repeat only.
