@@ -353,10 +353,9 @@ def run_case(
 
 
 def refill_allocator(engine, prompts: Prompts, sp: dict, r: int, avoid: set[int]) -> list[int]:
-    """After a flush (which empties the CUDA caching allocator): repeat ``r``'s untimed prefill-only
-    batch on seeded starts none of ``avoid`` (no prefix shared with the timed batch), which refills
-    the allocator; returns its starts. Where ``warm_after_flush`` holds, the probed repeat
-    (``_timed_repeat``) and the plain loop's timed call (``worker.baseline.fresh_batch``) both run it."""
+    """After a flush (it empties the CUDA caching allocator): repeat ``r``'s untimed prefill-only batch
+    on seeded starts not in ``avoid`` (no prefix shared with the timed batch), refilling the allocator;
+    its starts. Run by ``_timed_repeat`` and ``worker.baseline.fresh_batch`` (``warm_after_flush``)."""
     refill = prompts.starts_avoiding(f"refill{r}", avoid)
     engine.generate(input_ids=prompts.from_starts(refill)[0], sampling_params={**sp, "max_new_tokens": 1})
     return refill
