@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Optional
 
 from specwatch.analysis.engine_test import TimedTest, paired_p, timed_test, welch_p
 from specwatch.analysis.rank_test import mann_whitney_p
+from specwatch.analysis.window_spread import window_spread
 from specwatch.core.errors import SpecwatchInputError
 from specwatch.core.record import CaseRecord, Metric, Status
 from specwatch.store.baseline import overhead_text
@@ -81,6 +82,13 @@ class Row:
     below_floor: bool = False
     """A timed change the test calls (p <= ``BELOW_FLOOR_ALPHA``) but within the threshold or budget that applied:
     real, most likely, yet smaller than the report calls (``unchanged``, listed apart)."""
+    spread: Optional[float] = None
+    """The wider of the two sides' ``window_spread`` (timed rows): how noisily this pair ran, set
+    against the A/A pairs' behind the floor (``analysis.pair_noise``); None: too few samples."""
+    noisier: str = ""
+    """Set where the pair ran noisier than the floor's A/A pairs (``analysis.pair_noise``): the
+    spreads and the change that could hide at this noise; the floor's false-positive rate does not
+    cover such a row."""
 
     @property
     def ratio(self) -> Optional[float]:
@@ -269,7 +277,22 @@ def metric_row(
             # new model or batch size): the plain threshold applied, say so next to the verdict
             note = f"{note}; no noise budget for {klass}/{name}: {threshold:.0%} threshold"
     timed = test is not None and is_timing(hm)
-    return Row(cid, label, name, bm.value, hm.value, hm.unit, verdict, note, timed, klass, test=test, below_floor=below)
+    spread = max((x for x in map(window_spread, (bm, hm)) if x is not None), default=None) if timed else None
+    return Row(
+        cid,
+        label,
+        name,
+        bm.value,
+        hm.value,
+        hm.unit,
+        verdict,
+        note,
+        timed,
+        klass,
+        test=test,
+        below_floor=below,
+        spread=spread,
+    )
 
 
 @dataclass

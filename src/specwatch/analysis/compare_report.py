@@ -1,5 +1,6 @@
 """The ``compare`` report as markdown: verdict counts, the detection floor's lines, one table of
-what moved, and folded sections for coverage the head added and for changes below the floor."""
+what moved, and folded sections for coverage the head added, for changes below the floor and for
+unchanged metrics that ran noisier than the floor's A/A runs (``analysis.pair_noise``)."""
 
 from __future__ import annotations
 
@@ -51,6 +52,10 @@ def markdown(
     if below := [r for r in rows if r.below_floor and id(r) not in listed]:
         what = f"{len(below)} timed change(s) below the floor: the test calls them, the class's floor is larger"
         lines += ["", f"<details><summary>{what}</summary>", ""] + _table(below) + ["", "</details>"]
+        listed |= {id(r) for r in below}
+    if noisy := [r for r in rows if r.noisier and id(r) not in listed]:  # analysis.pair_noise
+        what = f"{len(noisy)} unchanged timed metric(s) that ran noisier than the floor's A/A runs: a change can hide"
+        lines += ["", f"<details><summary>{what}</summary>", ""] + _table(noisy) + ["", "</details>"]
     return "\n".join(lines) + "\n"
 
 

@@ -85,6 +85,8 @@ class AARow:
     """``|head / base - 1|``."""
     testable: bool
     """Whether the Mann-Whitney test lets a change of it count (p <= alpha)."""
+    spread: Optional[float] = None
+    """The wider of the pair's two ``window_spread`` values: how noisily the A/A runs timed it."""
 
 
 def aa_rows(base: Iterable[CaseRecord], head: Iterable[CaseRecord], alpha: float = 0.1) -> list[AARow]:
@@ -94,7 +96,12 @@ def aa_rows(base: Iterable[CaseRecord], head: Iterable[CaseRecord], alpha: float
 
 def _timed(rows: Iterable[Row]) -> list[AARow]:
     return [
-        AARow(f"{r.noise_class}/{r.metric}", abs(r.ratio - 1.0), r.verdict in (Verdict.regressed, Verdict.improved))
+        AARow(
+            f"{r.noise_class}/{r.metric}",
+            abs(r.ratio - 1.0),
+            r.verdict in (Verdict.regressed, Verdict.improved),
+            r.spread,
+        )
         for r in rows
         if r.timed and r.ratio is not None
     ]
@@ -133,18 +140,26 @@ class DetectionFloor:
     """Metric name -> its margin (``MARGINS``): the smallest at which none of its rows of the clean
     pairs is flagged held out, pooled over the classes. Empty where the floor was loaded from a
     stored dict without it (``store.result_cache``): ``margin`` then applies to every metric."""
+    spreads: dict[str, float] = field(default_factory=dict)
+    """``CLASS/METRIC`` -> the widest ``window_spread`` of the clean pairs' runs: the noise the
+    floor was measured at (``analysis.pair_noise`` checks a compared pair against it)."""
 
     def floor(self, klass: str, metric: str) -> float:
         return self.floors.get(f"{klass}/{metric}", self.threshold)
 
     def frame(self) -> pd.DataFrame:
-        """One row per noise class, one column per timed metric: its floor as a percentage."""
+        """One row per noise class, one column per timed metric: its floor as a percentage; last, the
+        widest window spread of ``SPREAD_SHOWN`` in the A/A runs (``spreads``), the noise they hold at."""
         if not self.floors:
             return pd.DataFrame()
         s = pd.Series(self.floors, name="floor").rename_axis("key").reset_index()
         s[["class", "metric"]] = s.key.str.rsplit("/", n=1, expand=True)
         t = s.pivot(index="class", columns="metric", values="floor")
-        return t.apply(lambda col: col.map(lambda v: f"{v:.1%}" if v == v else "-")).reset_index()
+        t = t.apply(lambda col: col.map(lambda v: f"{v:.1%}" if v == v else "-"))
+        # the noise the floors hold at (analysis.pair_noise): decode throughput's A/A window spread
+        spread = {k.rsplit("/", 1)[0]: v for k, v in self.spreads.items() if _metric(k) == SPREAD_SHOWN}
+        t[f"A/A {SPREAD_SHOWN} window spread"] = [f"{spread[c]:.1%}" if c in spread else "-" for c in t.index]
+        return t.reset_index()
 
     def header(self, keys: Iterable[str] = ()) -> list[str]:
         """The lines a ``compare`` report opens with: how the floor was measured, then the floor of
@@ -224,7 +239,17 @@ def floor_of(
     # a metric only the pairs not judged measured: the largest margin chosen, its rate unmeasured
     out.margins = {m: margins.get(m, out.margin) for m in sorted({_metric(k) for k in merged} | set(margins))}
     out.floors = {k: max(threshold, out.margins[_metric(k)] * v) for k, v in sorted(merged.items())}
+    for r in (r for i in judged for r in rows[i] if r.spread is not None):
+        out.spreads[r.key] = max(out.spreads.get(r.key, 0.0), r.spread)
+    out.spreads = dict(sorted(out.spreads.items()))
     return out
+
+
+SPREAD_SHOWN = "decode_throughput"
+"""The metric whose A/A window spread ``DetectionFloor.frame`` shows beside the floors."""
+
+FLOOR_FIELDS = 2
+"""Bumped when ``DetectionFloor`` gains a field: a floor kept in the store without it is computed again."""
 
 
 def _metric(key: str) -> str:
@@ -271,7 +296,7 @@ def store_floor(
     return cached_result(
         root,
         "detection-floor",
-        {"budgets": str(path), "threshold": threshold, "alpha": alpha},
+        {"budgets": str(path), "threshold": threshold, "alpha": alpha, "fields": FLOOR_FIELDS},
         files,
         lambda: _pairs_floor(pairs, root, threshold, alpha, str(path)),
         asdict,

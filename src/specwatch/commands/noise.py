@@ -33,7 +33,9 @@ def compare(
 ) -> None:
     """Markdown report of HEAD vs BASE, opening with the detection floor of its timed metrics (from the
     A/A pairs of --budgets, else RESULTS/noise-budgets-SUITE.json where both name that suite and it
-    exists, else RESULTS/noise-budgets.json); exit code 1 when anything regressed or now fails.
+    exists, else RESULTS/noise-budgets.json) and a noise check: timed metrics whose windows spread
+    over twice as wide as in those A/A runs are named, with the change that could hide at that
+    noise; exit code 1 when anything regressed or now fails.
     Without --budgets a timed change must exceed that floor to be called (``compare_budgets``), so
     the report calls exactly what its header says it can."""
     from dataclasses import replace
@@ -41,13 +43,15 @@ def compare(
     from specwatch.analysis.compare import compare_specs
     from specwatch.analysis.compare_report import has_regression, markdown
     from specwatch.analysis.floor import budget_file_for, compare_budgets, file_threshold, store_floor
+    from specwatch.analysis.pair_noise import mark_noisier, noise_lines
 
     source = budgets or budget_file_for(results, (base, head))
     # floors measured at the file's own threshold; a class its pairs never measured: compare's
     floor = replace(store_floor(results, source, file_threshold(source, threshold), alpha), threshold=threshold)
     applied = budget_values(budgets) if budgets else compare_budgets(floor)
     rows = compare_specs(base, head, results, threshold=threshold, alpha=alpha, budgets=applied)
-    header = floor.header(f"{r.noise_class}/{r.metric}" for r in rows if r.timed)
+    mark_noisier(rows, floor)
+    header = floor.header(f"{r.noise_class}/{r.metric}" for r in rows if r.timed) + noise_lines(rows, floor)
     text = markdown(rows, base, head, show_unchanged=all_rows, header=header)
     if output:
         output.write_text(text)

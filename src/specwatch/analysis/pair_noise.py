@@ -1,0 +1,81 @@
+"""Whether a compared pair ran as quietly as the A/A pairs its detection floor was measured on.
+
+A floor (``analysis.floor``) is a margin times the largest change seen between A/A runs, and its
+held-out false-positive rate holds for runs as noisy as those. A pair timed on a noisier host can
+hide a change several times the floor, and its "unchanged" then says nothing. Each timed row
+carries the wider of its two sides' ``window_spread``; where that is more than ``NOISIER_FACTOR``
+times the widest spread of the floor's A/A runs for the same class and metric, the row is marked
+(``Row.noisier``) with the change that could hide at that noise: the floor scaled by the ratio of
+the spreads.
+
+On the stored tiny batch-8 records: the clean run of ``20261206T060714Z-bfbb88`` against that of
+``20261206T041819Z-e480fb`` reads a decode-throughput window spread of 45% against at most 5% in
+the floor's A/A runs (``20261206T021311Z-d11376``): 9 of its 10 checked timed metrics are marked
+(the 90th-percentile SGLang step time, 18% wide in the A/A runs, is not).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from specwatch.analysis.compare import Row
+from specwatch.analysis.floor import DetectionFloor
+
+NOISIER_FACTOR = 2.0
+"""How many times the floor's A/A window spread a compared pair's may reach before the floor no
+longer covers its rows."""
+
+QUIET_SPREAD = 0.01
+"""A window spread the check never calls noisy (``NOISIER_FACTOR`` times this at least): 8b's A/A
+runs spread 0.2-1.2%, where twice the widest is still quiet."""
+
+
+def mark_noisier(rows: Iterable[Row], floor: DetectionFloor) -> list[Row]:
+    """Mark every timed row noisier than ``floor``'s A/A runs (``Row.noisier``, also appended to
+    its note) and return the marked rows. A class and metric the floor has no spread for (no A/A
+    pair measured it, or too few windows) is not checked."""
+    marked = []
+    for r in rows:
+        calm = floor.spreads.get(f"{r.noise_class}/{r.metric}")
+        if not r.timed or r.spread is None or calm is None:
+            continue
+        if r.spread <= NOISIER_FACTOR * max(calm, QUIET_SPREAD):
+            continue
+        hidden = floor.floor(r.noise_class, r.metric) * r.spread / max(calm, QUIET_SPREAD)
+        r.noisier = (
+            f"window spread {r.spread:.0%} against <= {calm:.1%} in the floor's A/A runs: "
+            f"a change up to about {hidden:.0%} can hide"
+        )
+        r.note = "; ".join(x for x in (r.note, r.noisier) if x)
+        marked.append(r)
+    return marked
+
+
+def noise_lines(rows: list[Row], floor: DetectionFloor) -> list[str]:
+    """The report's lines on the check (after ``mark_noisier``): how many timed rows ran noisier
+    than the floor's A/A runs, per class with the widest spread against the A/A one; a line saying
+    all were within it where none was; nothing where the floor has no spreads."""
+    checked = [r for r in rows if r.timed and r.spread is not None and f"{r.noise_class}/{r.metric}" in floor.spreads]
+    if not checked:
+        return []
+    noisy = [r for r in checked if r.noisier]
+    if not noisy:
+        return [
+            f"Noise check: all {len(checked)} checked timed metrics ran within {NOISIER_FACTOR:g}x the window "
+            "spread of the floor's A/A runs: the floor applies at this noise.",
+            "",
+        ]
+    by_class: dict[str, tuple[float, float]] = {}
+    for r in noisy:
+        calm = floor.spreads[f"{r.noise_class}/{r.metric}"]
+        widest, _ = by_class.get(r.noise_class, (0.0, 0.0))
+        if r.spread > widest:
+            by_class[r.noise_class] = (r.spread, calm)
+    classes = "; ".join(f"{k}: up to {s:.0%} against <= {c:.1%}" for k, (s, c) in sorted(by_class.items()))
+    return [
+        f"**Noise check: {len(noisy)} of {len(checked)} checked timed metrics ran noisier than the floor's A/A "
+        f"runs** (window spread over {NOISIER_FACTOR:g}x theirs; {classes}). The floor's false-positive rate "
+        "does not cover them: their verdicts rest on the test alone, and an unchanged one can hide a change "
+        "above the floor (each row's note says how large). Rerun them on a quieter host.",
+        "",
+    ]
