@@ -130,3 +130,75 @@ def test_compare_prints_the_noise_check_from_the_suites_own_pairs(tmp_path):
         app, ["compare", "suite=timing,run=0a", "suite=timing,run=1b", "--results", str(tmp_path)]
     )
     assert "Noise check: all 1 checked timed metrics ran within 2x" in quiet.output, quiet.output
+
+
+def _timing_store(tmp_path):
+    """The A/A pairs of ``_aa_pairs`` stored as the timing suite's own pairs."""
+    from specwatch.store.jsonl import append_record
+
+    for b, h in _aa_pairs():
+        for r in (*b, *h):
+            r.suite = "timing"
+            append_record(tmp_path / "m" / "sglang-0.5.17" / "timing.jsonl", r)
+    listed = [{"base": f"run={k}a", "head": f"run={k}b"} for k in range(3)]
+    (tmp_path / "noise-budgets-timing.json").write_text(json.dumps({"pairs": listed, "budgets": {}, "threshold": 0.02}))
+
+
+def test_a_record_is_checked_against_the_floor_its_suite_reads_as_it_lands(tmp_path):
+    from specwatch.analysis.pair_noise import store_noise_check
+
+    _timing_store(tmp_path)
+    check = store_noise_check(tmp_path)
+    noisy, quiet = _rec(C, 100.0, 0.40, "r"), _rec(C, 100.0, 0.05, "r")
+    other = _rec(case(model=ModelSize.tiny, batch_size=16), 100.0, 0.40, "r")  # a class no pair measured
+    for r in (noisy, quiet, other):
+        r.suite = "timing"
+    line = check(noisy)
+    assert line.startswith(
+        "noisy host: decode_throughput windows spread 40% against <= 4.0% in the A/A runs of tiny/bs8"
+    )
+    assert "(noise-budgets-timing.json)" in line and "can hide in this record" in line
+    assert check(quiet) is None and check(other) is None
+    smoke = _rec(C, 100.0, 0.40, "r")  # smoke reads the store's shared file, absent here
+    assert check(smoke) is None
+
+
+def test_the_floors_of_the_named_suites_are_found_before_the_first_record(tmp_path, monkeypatch):
+    import specwatch.analysis.floor as floor_mod
+    from specwatch.analysis.pair_noise import store_noise_check
+
+    _timing_store(tmp_path)
+    check = store_noise_check(tmp_path, ["timing"])
+
+    def refuse(*a, **k):
+        raise AssertionError("a floor computed while the run times its cases")
+
+    monkeypatch.setattr(floor_mod, "store_floor", refuse)
+    rec = _rec(C, 100.0, 0.40, "r")
+    rec.suite = "timing"
+    assert check(rec).startswith("noisy host:")
+
+
+def test_run_prints_the_noisy_host_line_under_the_record(monkeypatch, capsys, tmp_path):
+    from specwatch.commands.run import run_with_progress
+    from specwatch.run import runner
+    from specwatch.run.options import RunOptions
+
+    _timing_store(tmp_path)
+    noisy, quiet = (
+        _rec(C, 100.0, 0.40, "r"),
+        _rec(case(model=ModelSize.tiny, batch_size=8, input_len=64), 100.0, 0.05, "r"),
+    )
+    for r in (noisy, quiet):
+        r.suite = "timing"
+
+    def fake_run_suites(loaded, results, options):
+        options.progress(noisy)
+        options.progress(quiet)
+        return []
+
+    monkeypatch.setattr(runner, "run_suites", fake_run_suites)
+    run_with_progress([], tmp_path, RunOptions())
+    out = capsys.readouterr().out
+    assert out.count("noisy host:") == 1
+    assert out.index(noisy.case_id) < out.index("noisy host:") < out.index(quiet.case_id)

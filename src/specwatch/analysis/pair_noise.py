@@ -16,10 +16,12 @@ the floor's A/A runs (``20261206T021311Z-d11376``): 9 of its 10 checked timed me
 
 from __future__ import annotations
 
-from typing import Iterable
+from pathlib import Path
+from typing import Callable, Iterable, Optional
 
-from specwatch.analysis.compare import Row
+from specwatch.analysis.compare import Row, noise_class
 from specwatch.analysis.floor import DetectionFloor
+from specwatch.analysis.window_spread import window_spread
 
 NOISIER_FACTOR = 2.0
 """How many times the floor's A/A window spread a compared pair's may reach before the floor no
@@ -28,6 +30,14 @@ longer covers its rows."""
 QUIET_SPREAD = 0.01
 """A window spread the check never calls noisy (``NOISIER_FACTOR`` times this at least): 8b's A/A
 runs spread 0.2-1.2%, where twice the widest is still quiet."""
+
+
+def hidden_change(spread: float, calm: float, floor: float) -> Optional[float]:
+    """The change that could hide under ``floor`` in a run of window spread ``spread``, whose A/A
+    runs spread ``calm``: the floor scaled by the ratio of the spreads; None where the run is within
+    ``NOISIER_FACTOR`` times the A/A spread (or ``QUIET_SPREAD``, the larger), so the floor applies."""
+    calm = max(calm, QUIET_SPREAD)
+    return None if spread <= NOISIER_FACTOR * calm else floor * spread / calm
 
 
 def mark_noisier(rows: Iterable[Row], floor: DetectionFloor) -> list[Row]:
@@ -39,9 +49,8 @@ def mark_noisier(rows: Iterable[Row], floor: DetectionFloor) -> list[Row]:
         calm = floor.spreads.get(f"{r.noise_class}/{r.metric}")
         if not r.timed or r.spread is None or calm is None:
             continue
-        if r.spread <= NOISIER_FACTOR * max(calm, QUIET_SPREAD):
+        if (hidden := hidden_change(r.spread, calm, floor.floor(r.noise_class, r.metric))) is None:
             continue
-        hidden = floor.floor(r.noise_class, r.metric) * r.spread / max(calm, QUIET_SPREAD)
         r.noisier = (
             f"window spread {r.spread:.0%} against <= {calm:.1%} in the floor's A/A runs: "
             f"a change up to about {hidden:.0%} can hide"
@@ -79,3 +88,50 @@ def noise_lines(rows: list[Row], floor: DetectionFloor) -> list[str]:
         "above the floor (each row's note says how large). Rerun them on a quieter host.",
         "",
     ]
+
+
+def record_noise(rec, floor: DetectionFloor, metric: str = "decode_throughput") -> Optional[str]:
+    """One line where an ok record (``CaseRecord``) timed ``metric`` noisier than ``floor``'s A/A
+    runs of its class (the run's own check, before any comparison: ``specwatch run`` prints it as
+    the record lands), with the change that could hide; None where it did not, or cannot be told
+    (not ok, too few windows, no A/A spread for the class)."""
+    m = rec.metrics.get(metric) if rec.status.value == "ok" else None
+    klass = noise_class(rec.case)
+    calm = floor.spreads.get(f"{klass}/{metric}")
+    if m is None or calm is None or (spread := window_spread(m)) is None:
+        return None
+    if (hidden := hidden_change(spread, calm, floor.floor(klass, metric))) is None:
+        return None
+    return (
+        f"noisy host: {metric} windows spread {spread:.0%} against <= {calm:.1%} in the A/A runs of {klass} "
+        f"({Path(floor.source or '').name}): a change up to about {hidden:.0%} can hide in this record"
+    )
+
+
+def store_noise_check(root: Path, suites: Iterable[str] = ()) -> Callable[[object], Optional[str]]:
+    """``record_noise`` of a record against the floor its suite's comparisons read under the store
+    ``root`` (``floor.budget_file_for``), each suite's floor found once: those of ``suites`` at once
+    (before a run's first engine starts, so no floor is computed beside a timed window), any other
+    at its first record. A store whose budget file cannot be read gives no line (the run goes on)."""
+    from specwatch.analysis.floor import budget_file_for, file_threshold, store_floor
+    from specwatch.core.errors import SpecwatchInputError
+
+    floors: dict[str, Optional[DetectionFloor]] = {}
+
+    def floor_of(suite: str) -> Optional[DetectionFloor]:
+        if suite not in floors:
+            source = budget_file_for(root, [f"suite={suite}"])
+            try:
+                floors[suite] = store_floor(root, source, file_threshold(source))
+            except (SpecwatchInputError, OSError, ValueError):
+                floors[suite] = None
+        return floors[suite]
+
+    for suite in suites:
+        floor_of(suite)
+
+    def check(rec) -> Optional[str]:
+        floor = floor_of(rec.suite)
+        return None if floor is None else record_noise(rec, floor)
+
+    return check

@@ -257,7 +257,9 @@ def check_executor_options(options) -> None:
 
 
 def run_with_progress(loaded: list, results: Path, options) -> list[Path]:
-    """``run_suites`` under a progress bar, a line per record as it lands; returns the results files."""
+    """``run_suites`` under a progress bar, a line per record as it lands (and one more where its
+    decode windows spread wider than the A/A runs behind its class's floor: ``pair_noise``);
+    returns the results files."""
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -266,10 +268,12 @@ def run_with_progress(loaded: list, results: Path, options) -> list[Path]:
         TimeElapsedColumn,
     )
 
+    from specwatch.analysis.pair_noise import store_noise_check
     from specwatch.run.runner import run_suites
     from specwatch.suite import selected
 
     flt = options.where
+    noise_check = store_noise_check(results, [s.name for s in loaded])
     total = len(options.faults) * sum(1 for s in loaded for p in selected(s.plan(), flt or {}) if not p.duplicate)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console) as bar:
@@ -283,6 +287,8 @@ def run_with_progress(loaded: list, results: Path, options) -> list[Path]:
                 highlight=False,
                 markup=False,  # "[slow-verify-0us]" is no style tag
             )
+            if noisy := noise_check(rec):  # the host against the A/A runs behind the floor
+                bar.console.print(f"  {noisy}", highlight=False, markup=False)
             bar.advance(task)
 
         def start_progress(rec, n: int, planned: int):
