@@ -1,8 +1,10 @@
 """How noisily one record timed a metric: the spread of its timed windows (or repeats).
 
-A run's own spread tells a quiet host from a noisy one before any comparison is made. Over the
-stored timing records (decode throughput, ``(p90 - p10) / median`` of every window of every engine
-start) the tiny batch-8 A/A runs of one H100 host read 0.033-0.051 (run
+A run's own spread tells a quiet host from a noisy one before any comparison is made. It is the
+interdecile range over the median, not the ``(max - min) / median`` the records frame keeps
+(``store.baseline.relative_spread``): a range grows with the number of samples, and records of
+one class carry 9 to 36 windows. Over the stored timing records (decode throughput, every window
+of every engine start) the tiny batch-8 A/A runs of one H100 host read 0.033-0.051 (run
 ``20261206T021311Z-d11376``), the run of a noisier host of the same kind 0.454 on the same case
 and suite (``bf707c02b1ca@20261206T060926Z``), and 8b 0.002-0.012 on the H200.
 """
