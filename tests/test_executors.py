@@ -249,6 +249,37 @@ def test_a_placement_without_dispatch_time_is_written_as_before():
     from specwatch.core.placement import Placement
 
     local = Placement(executor=ExecutorKind.local, host="h")
-    assert "dispatch_s" not in json.loads(local.model_dump_json())  # older readers refuse unknown keys
-    ray = Placement(executor=ExecutorKind.ray, host="h", dispatch_s=0.25)
-    assert Placement.model_validate_json(ray.model_dump_json()).dispatch_s == 0.25
+    written = json.loads(local.model_dump_json())
+    assert "dispatch_s" not in written and "niceness" not in written  # older readers refuse unknown keys
+    ray = Placement(executor=ExecutorKind.ray, host="h", dispatch_s=0.25, niceness=15)
+    back = Placement.model_validate_json(ray.model_dump_json())
+    assert back.dispatch_s == 0.25 and back.niceness == 15
+
+
+def test_a_ray_task_lowers_every_thread_to_the_runners_niceness_where_the_node_allows(monkeypatch):
+    """Ray starts task workers at nice 15 (per thread on Linux): each thread of the task is set to 0,
+    and where the node refuses (no root, no CAP_SYS_NICE) the value is reported as it is."""
+    from specwatch.run.executors import ray_executor
+
+    nice = {101: 15, 102: 15, 103: 0}
+    calls = []
+
+    def getpriority(which, who):
+        return nice[who or 101]
+
+    def setpriority(which, who, value):
+        calls.append(who)
+        nice[who] = value
+
+    monkeypatch.setattr(ray_executor.os, "listdir", lambda path: ["101", "102", "103"])
+    monkeypatch.setattr(ray_executor.os, "getpriority", getpriority)
+    monkeypatch.setattr(ray_executor.os, "setpriority", setpriority)
+    assert ray_executor.restore_priority() == 0
+    assert calls == [101, 102] and set(nice.values()) == {0}  # a thread already at 0 is left alone
+
+    def refused(which, who, value):
+        raise PermissionError(13, "Permission denied")
+
+    nice.update({101: 15, 102: 15})
+    monkeypatch.setattr(ray_executor.os, "setpriority", refused)
+    assert ray_executor.restore_priority() == 15

@@ -52,11 +52,17 @@ class Placement(BaseModel):
     """Seconds from the driver submitting the group's task to the task starting on its node
     (``ray`` only: Ray's own overhead per group, scheduling and a fresh worker process; the
     driver's and the node's wall clocks). None for the other executors."""
+    niceness: Optional[int] = None
+    """The nice value the group's runner, worker and SGLang processes ran at (``ray`` only: Ray
+    starts its task workers at nice 15, and the task lowers it to 0 where the node allows, as root
+    or with CAP_SYS_NICE; 15 here means SGLang yielded the CPU to any other load on the node).
+    None for the other executors: the runner's own."""
 
     @model_serializer(mode="wrap")
     def _no_dispatch_no_key(self, handler: Callable) -> dict:
-        """``dispatch_s`` is written only when set: a placement without one reads as before."""
-        return omit_when_none(handler(self), "dispatch_s")
+        """``dispatch_s`` and ``niceness`` are written only when set: a placement without them reads
+        as before."""
+        return omit_when_none(handler(self), "dispatch_s", "niceness")
 
 
 class RunPlacement(BaseModel):

@@ -76,6 +76,7 @@ class Placing:
         host: Optional[str] = None,
         node_id: Optional[str] = None,
         dispatch_s: Optional[float] = None,
+        niceness: Optional[int] = None,
     ) -> Placement:
         return Placement(
             executor=self.kind,
@@ -85,6 +86,7 @@ class Placing:
             timing_scope=self.timing_scope,
             node_id=node_id,
             dispatch_s=dispatch_s,
+            niceness=niceness,
         )
 
     def placed(self, job: GroupJob, placement: Placement) -> GroupJob:
