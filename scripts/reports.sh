@@ -75,6 +75,15 @@ tiny=run=20261206T021311Z-d11376
 report aa-timing-tiny-interleaved-sglang-0.5.17 "suite=timing,model=tiny,$tiny" "suite=timing,fault=slow-verify-0us,model=tiny,$tiny"
 report aa-timing-tiny-interleaved-nulls-sglang-0.5.17 "suite=timing,fault=slow-verify-0us,model=tiny,$tiny" \
   "suite=timing,fault=slow-verify-gpu-0us,model=tiny,$tiny"
+# tiny batch 1 and 16 (EAGLE chain) on another H100 host, the same three passes: three A/A pairs per
+# class, on a host whose decode windows spread 22-41% (batch 8's run above: 3-5%)
+edges=run=20261206T180606Z-ac7da0
+report aa-timing-tiny-bs1-bs16-interleaved-sglang-0.5.17 "suite=timing,model=tiny,$edges" \
+  "suite=timing,fault=slow-verify-0us,model=tiny,$edges"
+# the plain loop whose timed calls read 13-24% of their prompts from the radix cache (base) against
+# the one that prefills every call in full (head), batch 8 and 16, each on its own H100 host
+report baseline-timing-tiny-full-prefill "suite=timing,model=tiny,run=20261206T060714Z-bfbb88" \
+  "suite=timing,model=tiny,run=20261206T182004Z-eb73fd"
 # a planted 150 µs host stall per verify step (about 5% of the clean step) on the same case and host,
 # interleaved with a clean pass: past the floors above, or not
 planted=run=20261206T041819Z-e480fb
