@@ -20,7 +20,10 @@ R=${SPECWATCH_DEVICE_RESULTS:-/tmp/sw-results}
 # of its own), so a SIGTERM of the group (`device-bg.sh stop`) reaches the runner and it records its stop.
 # Line-buffered: a detached run's log, read by `device-bg.sh wait`, shows each case as it ends
 # (grep | cut buffered it in blocks: the log stayed empty until a run's summary; mawk does too).
-timeout --foreground -s TERM -k 30 "${RUN_TIMEOUT:-86400}" python3 -m specwatch.cli run "$@" --results "$R" 2>&1 \
+# the checkout's committed results hold the A/A runs behind the floors: the run's "noisy host:" line
+# reads them there, not in the empty results folder it writes to
+floors=(); [ -d results ] && case " $* " in *" --floors "*) ;; *) floors=(--floors "$PWD/results") ;; esac
+timeout --foreground -s TERM -k 30 "${RUN_TIMEOUT:-86400}" python3 -m specwatch.cli run "$@" --results "$R" "${floors[@]}" 2>&1 \
   | grep --line-buffered -vE "^\s*$|━|Progress" | $(command -v stdbuf >/dev/null && echo stdbuf -oL) cut -c1-400
 rc=${PIPESTATUS[0]}
 if [ "${KEEP_LOGS:-0}" = 1 ]; then  # what the GPUs and processes looked like when the run ended

@@ -168,6 +168,26 @@ def test_device_run_logs_each_line_as_it_comes_and_returns_the_runs_exit_code(tm
     assert (out / "results.tgz").exists()
 
 
+def test_device_run_reads_the_floors_from_the_checkouts_committed_results(tmp_path):
+    """The run writes into an empty folder, so its "noisy host:" line reads the A/A runs of the
+    checkout's results/ (``--floors``), unless the command names other floors."""
+    site, fake, results, out = (tmp_path / n for n in ("site", "bin", "results", "out"))
+    for d in (site, fake, results, out):
+        d.mkdir()
+    (site / "env.sh").write_text("export PYTHONPATH=${PYTHONPATH:-}\n")
+    (fake / "python3").write_text('#!/usr/bin/env bash\n[ "$2" = specwatch.cli ] || exit 0\necho "args: $*"\n')
+    (fake / "python3").chmod(0o755)
+    env = dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}", SPECWATCH_SITE=str(site), OUT=str(out))
+    env.update(SPECWATCH_DEVICE_RESULTS=str(results), SUMMARY_LINES="0")
+    cmd = ["bash", str(ROOT / "scripts" / "device-run.sh"), "0" * 40, "suites/smoke.toml"]
+    done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    (line,) = [x for x in done.stdout.splitlines() if x.startswith("args:")]
+    assert line.endswith(f"--results {results} --floors {ROOT}/results"), line
+    done = subprocess.run([*cmd, "--floors", str(tmp_path)], env=env, cwd=ROOT, capture_output=True, text=True)
+    (line,) = [x for x in done.stdout.splitlines() if x.startswith("args:")]
+    assert line.count("--floors") == 1 and line.endswith(f"--floors {tmp_path} --results {results}"), line
+
+
 def test_device_cmd_runs_one_line_with_the_kits_python_and_returns_its_exit_code(tmp_path):
     site = tmp_path / "site"
     site.mkdir()

@@ -202,3 +202,29 @@ def test_run_prints_the_noisy_host_line_under_the_record(monkeypatch, capsys, tm
     out = capsys.readouterr().out
     assert out.count("noisy host:") == 1
     assert out.index(noisy.case_id) < out.index("noisy host:") < out.index(quiet.case_id)
+
+
+def test_run_reads_the_floors_of_another_root_when_told(monkeypatch, capsys, tmp_path):
+    """``--floors``: a run into a scratch results folder still checks its records against the A/A
+    runs of the committed store."""
+    from specwatch.commands.run import run_with_progress
+    from specwatch.run import runner
+    from specwatch.run.options import RunOptions
+
+    committed, scratch = tmp_path / "committed", tmp_path / "scratch"
+    committed.mkdir()
+    scratch.mkdir()
+    _timing_store(committed)
+    noisy = _rec(C, 100.0, 0.40, "r")
+    noisy.suite = "timing"
+
+    def fake_run_suites(loaded, results, options):
+        assert results == scratch
+        options.progress(noisy)
+        return []
+
+    monkeypatch.setattr(runner, "run_suites", fake_run_suites)
+    run_with_progress([], scratch, RunOptions())
+    assert "noisy host:" not in capsys.readouterr().out  # the scratch folder holds no A/A runs
+    run_with_progress([], scratch, RunOptions(), floors=committed)
+    assert capsys.readouterr().out.count("noisy host:") == 1

@@ -105,6 +105,16 @@ BaselineOpt = Annotated[
         "--parallel-starts or another --executor.",
     ),
 ]
+FloorsRoot = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--floors",
+        exists=True,
+        file_okay=False,
+        help="GPU: the results root whose A/A pairs give the floors behind the 'noisy host:' line "
+        "(default: --results), e.g. the committed results/ when --results is a scratch folder.",
+    ),
+]
 KnownRoot = Annotated[
     Optional[Path],
     typer.Option(
@@ -174,6 +184,7 @@ def run(
     gpus: GpuIds = None,
     timing_scope: TimingScopeOpt = TimingScope.host,
     address: RayAddress = None,
+    floors: FloorsRoot = None,
 ) -> None:
     """Run suites: on a GPU host through sglang.Engine; without a GPU, the CPU tier."""
     from specwatch.run.options import RunOptions
@@ -206,7 +217,7 @@ def run(
         ray_address=address,
     )
     check_executor_options(options)
-    for path in dict.fromkeys(run_with_progress(loaded, results, options)):
+    for path in dict.fromkeys(run_with_progress(loaded, results, options, floors)):
         console.print(f"results in {path}")
 
 
@@ -256,10 +267,10 @@ def check_executor_options(options) -> None:
         raise SpecwatchInputError(None, str(e)) from None
 
 
-def run_with_progress(loaded: list, results: Path, options) -> list[Path]:
+def run_with_progress(loaded: list, results: Path, options, floors: Optional[Path] = None) -> list[Path]:
     """``run_suites`` under a progress bar, a line per record as it lands (and one more where its
-    decode windows spread wider than the A/A runs behind its class's floor: ``pair_noise``);
-    returns the results files."""
+    decode windows spread wider than the A/A runs behind its class's floor under ``floors``, else
+    ``results``: ``pair_noise``); returns the results files."""
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -273,7 +284,7 @@ def run_with_progress(loaded: list, results: Path, options) -> list[Path]:
     from specwatch.suite import selected
 
     flt = options.where
-    noise_check = store_noise_check(results, [s.name for s in loaded])
+    noise_check = store_noise_check(floors or results, [s.name for s in loaded])
     total = len(options.faults) * sum(1 for s in loaded for p in selected(s.plan(), flt or {}) if not p.duplicate)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console) as bar:
