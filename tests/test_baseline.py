@@ -141,9 +141,40 @@ def test_overhead_is_the_probed_median_over_the_baseline_median_of_run_medians()
     assert overhead_cells(got) == {
         "overhead_probed_spread": pytest.approx(5 / 90),
         "overhead_baseline_spread": pytest.approx(24 / 111),  # over the median of every call
+        "overhead_ci_low": None,  # no rounds: the probed side ran one engine start
+        "overhead_ci_high": None,
+        "overhead_verdict": None,
     }
     assert baseline_metrics(probed, [[], []]) == {} and overhead_cells(probed.metrics) == {}
     assert overhead_text(probed.metrics) is None
+
+
+def _rounds(probed: list[float], base: list[float]) -> dict:
+    """Metrics of a group that ran ``probed0 baseline0 probed1 ...``: one value per engine start or run."""
+    rec = _rec(statistics.median(probed), probed)
+    rec.metrics["output_throughput"].engine_medians = probed
+    return {**rec.metrics, **baseline_metrics(rec, [[v] for v in base])}
+
+
+def test_rounds_pair_each_engine_start_with_the_baseline_run_after_it():
+    from specwatch.store.baseline import OverheadVerdict, rounds_overhead
+
+    # tiny bs8 on a drifting host (bf707c02b1ca@20261206T182049Z): both sides fell ~28% over the rounds
+    drift = rounds_overhead(_rounds([10061.4, 8866.8, 7315.8], [9308.9, 9688.6, 6517.4]))
+    assert drift.rounds == 3 and drift.ratio == pytest.approx(1.036, abs=1e-3)
+    assert (drift.low, drift.high) == (pytest.approx(0.791, abs=1e-3), pytest.approx(1.356, abs=1e-3))
+    assert drift.verdict is OverheadVerdict.unresolved
+    # per-round ratios 0.996 +- 0.003: resolved at the target
+    steady = _rounds([996.0, 993.0, 999.0], [1000.0, 1000.0, 1000.0])
+    assert rounds_overhead(steady).verdict is OverheadVerdict.within
+    assert overhead_text(steady).startswith("0.996x (rounds 0.996, 95% CI 0.989-1.003: within 0.98; spread:")
+    wide = rounds_overhead(_rounds([996.0, 960.0, 1030.0], [1000.0, 1000.0, 1000.0]))  # 0.98 inside
+    assert wide.low < 0.98 < wide.high and wide.verdict is OverheadVerdict.unresolved
+    slow = rounds_overhead(_rounds([950.0, 955.0, 948.0], [1000.0, 1001.0, 999.0]))
+    assert slow.verdict is OverheadVerdict.past and slow.high < 0.98
+    assert overhead_cells(_rounds([950.0, 955.0, 948.0], [1000.0, 1001.0, 999.0]))["overhead_verdict"] == "past"
+    # a baseline run that timed nothing leaves the rounds unpaired: no interval, the ratio stays
+    assert rounds_overhead(_rounds([996.0, 993.0, 999.0], [1000.0, 1000.0])) is None
 
 
 @pytest.mark.parametrize(

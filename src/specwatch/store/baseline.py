@@ -11,12 +11,20 @@ interleaved with the probed engine group (``run.baseline``). The case's record t
   harness costs nothing, 0.95: the probed run is 5% slower); its samples are each probed repeat
   over the baseline value, so their relative spread is the probed run's.
 
+Where the group ran several rounds (``probed0 baseline0 probed1 baseline1 ...``), reports also
+pair each probed engine start with the baseline run after it (``rounds_overhead``): the geometric
+mean of the per-round ratios with its 95% t interval, and whether that interval lies at or above
+``OVERHEAD_TARGET``, below it, or holds it (the host's noise then hides a 2% cost).
+
 ``details.baseline`` keeps every run's timings, the order the runs went in, and why a run failed.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
+from dataclasses import dataclass
+from enum import Enum
 from typing import Optional
 
 from specwatch.core.record import CaseRecord, Metric
@@ -29,6 +37,73 @@ OVERHEAD = "overhead"
 
 PROBED_THROUGHPUT = "output_throughput"
 """The probed record's metric the overhead is the ratio of."""
+
+OVERHEAD_TARGET = 0.98
+"""The overhead the harness may have: the probed run at 98% or more of the plain loop's tokens/s."""
+
+CI_LEVEL = 0.95
+"""Confidence of ``RoundsOverhead``'s interval."""
+
+
+class OverheadVerdict(str, Enum):
+    """Where a ``RoundsOverhead`` interval lies against ``OVERHEAD_TARGET``."""
+
+    within = "within"
+    """The whole interval at or above the target: the harness costs at most 2%."""
+    past = "past"
+    """The whole interval below the target: the harness costs more than 2%."""
+    unresolved = "unresolved"
+    """The interval holds the target: at this host's noise the rounds cannot tell."""
+
+
+@dataclass(frozen=True)
+class RoundsOverhead:
+    """The overhead over interleaved rounds: probed engine start k against baseline run k, which ran
+    right after it on the same host, so a drift of the host between rounds hits both sides of a
+    ratio and drops out of it."""
+
+    ratio: float
+    """Geometric mean of the per-round ratios (probed engine median / baseline run median)."""
+    low: float
+    """Lower end of its ``CI_LEVEL`` t interval (on the log ratios, n - 1 degrees of freedom)."""
+    high: float
+    """Upper end of that interval."""
+    rounds: int
+    """Rounds paired (at least 2)."""
+
+    @property
+    def verdict(self) -> OverheadVerdict:
+        if self.low >= OVERHEAD_TARGET:
+            return OverheadVerdict.within
+        return OverheadVerdict.past if self.high < OVERHEAD_TARGET else OverheadVerdict.unresolved
+
+    def text(self) -> str:
+        """``rounds 0.996, 95% CI 0.993-0.999: within 0.98`` (the verdict against the target)."""
+        return (
+            f"rounds {self.ratio:.3f}, {CI_LEVEL:.0%} CI {self.low:.3f}-{self.high:.3f}: "
+            f"{self.verdict.value} {OVERHEAD_TARGET}"
+        )
+
+
+def rounds_overhead(metrics: dict) -> Optional[RoundsOverhead]:
+    """``RoundsOverhead`` of a record's metrics, or None: no ``overhead``, fewer than two rounds, or
+    not one baseline run per probed engine start (a failed run leaves the rounds unpaired)."""
+    if OVERHEAD not in metrics:
+        return None
+    probed, base = metrics.get(PROBED_THROUGHPUT), metrics.get(BASELINE_THROUGHPUT)
+    p = list(getattr(probed, "engine_medians", None) or [])
+    b = list(getattr(base, "engine_medians", None) or [])
+    if len(p) < 2 or len(p) != len(b) or min(p + b) <= 0:
+        return None
+    logs = [math.log(x / y) for x, y in zip(p, b)]
+    n, mean = len(logs), statistics.fmean(logs)
+    sd = statistics.stdev(logs)
+    half = 0.0
+    if sd > 0:
+        from scipy.stats import t  # imported only where a record has rounds
+
+        half = float(t.ppf(0.5 + CI_LEVEL / 2, n - 1)) * sd / math.sqrt(n)
+    return RoundsOverhead(math.exp(mean), math.exp(mean - half), math.exp(mean + half), n)
 
 
 def relative_spread(values: list[float]) -> Optional[float]:
@@ -78,18 +153,29 @@ def overhead_spreads(metrics: dict) -> Optional[tuple[Optional[float], Optional[
 
 
 def overhead_text(metrics: dict) -> Optional[str]:
-    """A report's overhead cell: ``0.982x (spread: probed 1.3%, baseline 0.9%)``, the ratio and the probed and baseline
-    spreads (``–`` where unmeasured); None where the record has no ``overhead``."""
+    """A report's overhead cell: ``0.982x (spread: probed 1.3%, baseline 0.9%)``, the ratio and the
+    probed and baseline spreads (``–`` where unmeasured), with the rounds' interval first where the
+    group ran several (``rounds_overhead``); None where the record has no ``overhead``."""
     spreads = overhead_spreads(metrics)
     if spreads is None:
         return None
     p, b = ("–" if s is None else f"{s:.1%}" for s in spreads)
-    return f"{metrics[OVERHEAD].value:.3f}x (spread: probed {p}, baseline {b})"
+    rounds = rounds_overhead(metrics)
+    paired = f"{rounds.text()}; " if rounds is not None else ""
+    return f"{metrics[OVERHEAD].value:.3f}x ({paired}spread: probed {p}, baseline {b})"
 
 
 def overhead_cells(metrics: dict) -> dict:
-    """The records frame's spread columns beside ``overhead`` (none without it)."""
+    """The records frame's columns beside ``overhead`` (none without it): the spreads, and the
+    rounds' interval and verdict (None without rounds)."""
     spreads = overhead_spreads(metrics)
     if spreads is None:
         return {}
-    return {"overhead_probed_spread": spreads[0], "overhead_baseline_spread": spreads[1]}
+    rounds = rounds_overhead(metrics)
+    return {
+        "overhead_probed_spread": spreads[0],
+        "overhead_baseline_spread": spreads[1],
+        "overhead_ci_low": None if rounds is None else rounds.low,
+        "overhead_ci_high": None if rounds is None else rounds.high,
+        "overhead_verdict": None if rounds is None else rounds.verdict.value,
+    }
