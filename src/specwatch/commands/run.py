@@ -186,7 +186,10 @@ def run(
     address: RayAddress = None,
     floors: FloorsRoot = None,
 ) -> None:
-    """Run suites: on a GPU host through sglang.Engine; without a GPU, the CPU tier."""
+    """Run suites: on a GPU host through sglang.Engine; without a GPU, the CPU tier.
+    \f
+    Long because typer takes each of the command's options as a parameter of its own (the form
+    feed above ends the help text there)."""
     from specwatch.run.options import RunOptions
     from specwatch.suite import parse_where
 
