@@ -228,6 +228,30 @@ def test_compare_reports_an_overhead_column_only_where_the_head_has_one(tmp_path
     assert "overhead" not in without
 
 
+def test_compare_tests_two_overheads_round_by_round_where_their_rounds_pair():
+    """Two records' overheads are tested over their per-round ratios (Welch t, rounds 1.08 / 0.92 /
+    1.12 against 1.00 / 1.01 / 0.99: unchanged) where their rounds pair; over the repeats (probed
+    repeats over one baseline value, which move with the host) only where they do not."""
+    from specwatch.analysis.compare import compare_records
+    from specwatch.analysis.engine_test import TimedTest
+
+    def drifting(probed, base, spread):
+        rec = _rec(statistics.median(probed), [v * (1 + d) for v in probed for d in spread])
+        rec.metrics["output_throughput"].engine_medians = probed
+        rec.metrics = {**rec.metrics, **baseline_metrics(rec, [[v] for v in base])}
+        return rec
+
+    base = drifting([10800.0, 9200.0, 11200.0], [10000.0] * 3, (-0.01, 0.0, 0.01))
+    head = drifting([8000.0, 8080.0, 7920.0], [8000.0] * 3, (-0.01, 0.0, 0.01))
+    (row,) = [r for r in compare_records([base], [head]) if r.metric == "overhead"]
+    assert row.test is TimedTest.engine_medians and row.verdict.value == "unchanged", row.note
+    assert "3 vs 3 engine medians" in row.note
+    unpaired = head.model_copy(deep=True)
+    unpaired.metrics["baseline_output_throughput"].engine_medians = None  # one baseline run: no rounds
+    (row,) = [r for r in compare_records([base], [unpaired]) if r.metric == "overhead"]
+    assert row.test is TimedTest.repeats
+
+
 def test_the_dashboard_case_table_shows_overhead_only_where_records_carry_it():
     from specwatch.present.dashboard import cases_table
     from specwatch.store.frame import records_frame

@@ -28,7 +28,7 @@ from specwatch.analysis.rank_test import mann_whitney_p
 from specwatch.analysis.window_spread import window_spread
 from specwatch.core.errors import SpecwatchInputError
 from specwatch.core.record import CaseRecord, Metric, Status
-from specwatch.store.baseline import overhead_text
+from specwatch.store.baseline import OVERHEAD, overhead_by_rounds, overhead_text
 from specwatch.store.frame import COMPARE_COLUMN
 from specwatch.store.latest import latest_rows
 from specwatch.store.select import latest_by_case
@@ -231,6 +231,8 @@ def case_rows(
         return rows
     for name, hm in h.metrics.items():
         bm = b.metrics.get(name)
+        if name == OVERHEAD and bm is not None:  # tested round by round where the rounds pair
+            bm, hm = overhead_by_rounds(b.metrics, bm), overhead_by_rounds(h.metrics, hm)
         if bm is None:
             rows.append(Row(cid, label, name, None, hm.value, hm.unit, Verdict.new))
         else:

@@ -61,6 +61,8 @@ def welch_p(base: tuple, head: tuple) -> float:
     equal means), 0.0 where both lack spread and the means differ."""
     from scipy.stats import ttest_ind
 
+    if max(base) == min(base) and max(head) == min(head):  # undefined: scipy would warn and give nan
+        return 1.0 if base[0] == head[0] else 0.0
     p = float(ttest_ind(base, head, equal_var=False).pvalue)
     if math.isnan(p):
         return 1.0 if sum(base) / len(base) == sum(head) / len(head) else 0.0

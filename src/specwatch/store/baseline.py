@@ -21,6 +21,7 @@ mean of the per-round ratios with its 95% t interval, and whether that interval 
 
 from __future__ import annotations
 
+import copy
 import math
 import statistics
 from dataclasses import dataclass
@@ -85,9 +86,10 @@ class RoundsOverhead:
         )
 
 
-def rounds_overhead(metrics: dict) -> Optional[RoundsOverhead]:
-    """``RoundsOverhead`` of a record's metrics, or None: no ``overhead``, fewer than two rounds, or
-    not one baseline run per probed engine start (a failed run leaves the rounds unpaired)."""
+def round_ratios(metrics: dict) -> Optional[list[float]]:
+    """Each round's overhead, probed engine median k / baseline run median k, or None: no
+    ``overhead``, fewer than two rounds, or not one baseline run per probed engine start (a failed
+    run leaves the rounds unpaired)."""
     if OVERHEAD not in metrics:
         return None
     probed, base = metrics.get(PROBED_THROUGHPUT), metrics.get(BASELINE_THROUGHPUT)
@@ -95,7 +97,28 @@ def rounds_overhead(metrics: dict) -> Optional[RoundsOverhead]:
     b = list(getattr(base, "engine_medians", None) or [])
     if len(p) < 2 or len(p) != len(b) or min(p + b) <= 0:
         return None
-    logs = [math.log(x / y) for x, y in zip(p, b)]
+    return [x / y for x, y in zip(p, b)]
+
+
+def overhead_by_rounds(metrics: dict, metric):
+    """A record's ``overhead`` metric (``Metric``-like) with its per-round ratios as its
+    ``engine_medians`` where its rounds pair: compare then tests two records' overheads round by
+    round, not over probed repeats divided by one baseline value (a drifting host moves those
+    together with the baseline). ``metric`` itself where the rounds do not pair or it has them."""
+    ratios = round_ratios(metrics)
+    if ratios is None or getattr(metric, "engine_medians", None):
+        return metric
+    out = copy.copy(metric)
+    out.engine_medians = ratios
+    return out
+
+
+def rounds_overhead(metrics: dict) -> Optional[RoundsOverhead]:
+    """``RoundsOverhead`` of a record's metrics (``round_ratios``), or None where the rounds do not pair."""
+    ratios = round_ratios(metrics)
+    if ratios is None:
+        return None
+    logs = [math.log(r) for r in ratios]
     n, mean = len(logs), statistics.fmean(logs)
     sd = statistics.stdev(logs)
     half = 0.0
