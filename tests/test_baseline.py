@@ -9,7 +9,7 @@ import statistics
 import pytest
 
 from conftest import harness_suite
-from records import record
+from records import case, record
 from specwatch.core.case import Algorithm, Workload
 from specwatch.core.protocol import BaselineLine, BaselineSpec
 from specwatch.core.record import Metric, Status
@@ -144,6 +144,7 @@ def test_overhead_is_the_probed_median_over_the_baseline_median_of_run_medians()
         "overhead_ci_low": None,  # no rounds: the probed side ran one engine start
         "overhead_ci_high": None,
         "overhead_verdict": None,
+        "overhead_round_ratios": None,  # no details.baseline: no round known to prefill in full
     }
     assert baseline_metrics(probed, [[], []]) == {} and overhead_cells(probed.metrics) == {}
     assert overhead_text(probed.metrics) is None
@@ -175,6 +176,86 @@ def test_rounds_pair_each_engine_start_with_the_baseline_run_after_it():
     assert overhead_cells(_rounds([950.0, 955.0, 948.0], [1000.0, 1001.0, 999.0]))["overhead_verdict"] == "past"
     # a baseline run that timed nothing leaves the rounds unpaired: no interval, the ratio stays
     assert rounds_overhead(_rounds([996.0, 993.0, 999.0], [1000.0, 1000.0])) is None
+
+
+def _baseline_record(probed: list[float], runs: list[tuple[list[float], list[int]]], c=None, **prov_kw):
+    """A record of a group that ran ``probed0 baseline0 probed1 ...``: probed engine medians and,
+    per baseline run, its timed calls' tokens/s and cached prompt tokens (as ``run.baseline`` keeps
+    them in ``details.baseline``)."""
+    rec = record(c, tps=statistics.median(probed), **prov_kw)
+    rec.metrics["output_throughput"].engine_medians = probed
+    rec.metrics.update(baseline_metrics(rec, [tps for tps, _ in runs]))
+    rec.details.baseline = {
+        "order": [f"{kind}{k}" for k in range(len(runs)) for kind in ("probed", "baseline")],
+        "runs": [{"round": k, "output_throughput": tps, "cached_tokens": c} for k, (tps, c) in enumerate(runs)],
+    }
+    return rec
+
+
+def test_only_rounds_whose_plain_loop_prefilled_in_full_are_pooled_and_they_must_pair():
+    from specwatch.store.baseline import prefilled_round_ratios
+
+    full = _baseline_record([990.0, 1000.0], [([1000.0, 990.0, 1010.0], [0, 0, 0]), ([1000.0], [0])])
+    assert prefilled_round_ratios(full.metrics, full.details.baseline) == pytest.approx([0.99, 1.0])
+    # round 1's plain loop took 64 prompt tokens from the radix cache: less work, its round left out
+    cached = _baseline_record([990.0, 1000.0], [([1000.0], [0]), ([1100.0], [0, 64])])
+    assert prefilled_round_ratios(cached.metrics, cached.details.baseline) == pytest.approx([0.99])
+    unknown = _baseline_record([990.0, 1000.0], [([1000.0], [0]), ([1000.0], [0])])
+    unknown.details.baseline["runs"][1].pop("cached_tokens")  # not recorded: not known to prefill in full
+    assert prefilled_round_ratios(unknown.metrics, unknown.details.baseline) == pytest.approx([0.99])
+    # a run that failed leaves two probed engine starts against one run: no round pairs for sure
+    failed = _baseline_record([990.0, 1000.0], [([1000.0], [0]), ([1000.0], [0])])
+    failed.details.baseline["runs"][1] = {"round": 1, "error": "baseline process exited with code 1"}
+    assert prefilled_round_ratios(failed.metrics, failed.details.baseline) == pytest.approx([0.99])
+    shifted = _baseline_record([990.0, 1000.0], [([1000.0], [0]), ([1000.0], [0])])
+    shifted.details.baseline["runs"][1]["round"] = 2
+    assert prefilled_round_ratios(shifted.metrics, shifted.details.baseline) is None
+    short = _baseline_record([990.0, 1000.0, 995.0], [([1000.0], [0]), ([1000.0], [0])])
+    assert prefilled_round_ratios(short.metrics, short.details.baseline) is None
+    assert prefilled_round_ratios(_rec(90.0, [90.0]).metrics, None) is None
+
+
+def test_the_overhead_table_pools_every_runs_rounds_per_case_and_resolves_what_one_run_cannot():
+    from specwatch.analysis.overhead import baseline_overhead_table
+    from specwatch.store.baseline import rounds_interval
+    from specwatch.store.frame import records_frame
+
+    # three runs of one case, three rounds each, ratios 0.99-1.01: each run's interval holds 0.98
+    runs = [[0.99, 1.01, 0.985], [1.005, 0.995, 0.99], [1.0, 0.985, 1.01]]
+    recs = [
+        _baseline_record([1000.0 * r for r in ratios], [([1000.0], [0])] * 3, run_id=f"run{i}")
+        for i, ratios in enumerate(runs)
+    ]
+    assert all(rounds_interval(ratios).verdict.value == "unresolved" for ratios in runs)
+    other = _baseline_record([900.0, 905.0], [([1000.0], [0]), ([1000.0], [0])], c=case(batch_size=8), run_id="run9")
+    faulty = _baseline_record(
+        [500.0, 500.0], [([1000.0], [0]), ([1000.0], [0])], run_id="run8", fault="slow-verify-0us"
+    )
+    t = baseline_overhead_table(records_frame([*recs, other, faulty]))
+    assert len(t) == 2  # the fault record is no harness overhead
+    row = t.iloc[0]
+    pooled = rounds_interval([r for ratios in runs for r in ratios])
+    assert (row["runs"], row["rounds"], row["run ids"]) == (3, 9, "run0, run1, run2")
+    assert row["95% CI"] == f"{pooled.low:.3f}-{pooled.high:.3f}" and pooled.low >= 0.98
+    assert row["verdict vs 0.98"] == "within" and row["probed / plain loop"] == pytest.approx(0.997, abs=1e-3)
+    assert (t.iloc[1]["rounds"], t.iloc[1]["verdict vs 0.98"]) == (2, "past")
+
+
+def test_the_overhead_command_shows_pooled_rounds_and_exits_1_where_a_case_is_past(tmp_path, monkeypatch, capsys):
+    from typer.testing import CliRunner
+
+    from specwatch.cli import app
+    from specwatch.store.jsonl import append_record
+
+    root = tmp_path / "results" / "m" / "sglang-0.5.17"
+    root.mkdir(parents=True)
+    for i in range(2):
+        rec = _baseline_record([950.0, 952.0, 949.0], [([1000.0], [0])] * 3, run_id=f"run{i}")
+        append_record(root / "timing.jsonl", rec)
+    got = CliRunner().invoke(app, ["overhead", "--results", str(tmp_path / "results")])
+    assert got.exit_code == 1, got.output
+    assert "harness overhead against the plain loop" in got.output
+    assert "0 within, 1 past, 0 unresolved" in got.output
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,9 @@
 each fault's records in its own file, merged over its own engine starts only."""
 
 import os
+import warnings
+
+import pytest
 
 from conftest import harness_suite
 from records import record
@@ -134,4 +137,19 @@ def test_welch_on_two_flat_sides_is_decided_without_scipy(recwarn):
     return nan."""
     assert welch_p((0.05078125,) * 3, (0.05078125,) * 3) == 1.0
     assert welch_p((0.05,) * 3, (0.06,) * 3) == 0.0
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
+def test_welch_with_one_flat_side_equals_scipys_p_without_its_warning(recwarn):
+    """One side at one value on every engine (a count such as 793 steps on three engines) against a
+    side that moved: Welch's t is then the other side's one-sample t, n - 1 degrees of freedom."""
+    from scipy.stats import ttest_ind
+
+    flat, moved = (793.0, 793.0, 793.0), (859.0, 800.0, 790.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected = float(ttest_ind(flat, moved, equal_var=False).pvalue)
+    recwarn.clear()
+    assert welch_p(flat, moved) == pytest.approx(expected, rel=1e-9) == welch_p(moved, flat)
+    assert 0.3 < expected < 0.5
     assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]

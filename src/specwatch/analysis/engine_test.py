@@ -23,6 +23,7 @@ stay above 0.1.
 from __future__ import annotations
 
 import math
+import statistics
 from enum import Enum
 from functools import lru_cache
 from typing import Optional
@@ -58,11 +59,20 @@ def timed_test(b, h, paired: bool = False) -> Optional[TimedTest]:
 @lru_cache(maxsize=1 << 14)
 def welch_p(base: tuple, head: tuple) -> float:
     """Two-sided Welch t-test p-value; 1.0 where it is undefined (both sides without spread and
-    equal means), 0.0 where both lack spread and the means differ."""
-    from scipy.stats import ttest_ind
+    equal means), 0.0 where both lack spread and the means differ. Where one side has no spread
+    (three engines at the same count), Welch's statistic is the other side's one-sample t against
+    it, with that side's n - 1 degrees of freedom: computed so, since scipy warns of precision
+    loss on a side of equal values."""
+    from scipy.stats import t, ttest_ind
 
-    if max(base) == min(base) and max(head) == min(head):  # undefined: scipy would warn and give nan
+    flat_b, flat_h = max(base) == min(base), max(head) == min(head)
+    if flat_b and flat_h:  # undefined: scipy would warn and give nan
         return 1.0 if base[0] == head[0] else 0.0
+    if flat_b or flat_h:
+        flat, other = (base, head) if flat_b else (head, base)
+        n = len(other)
+        se = statistics.stdev(other) / math.sqrt(n)
+        return float(2 * t.sf(abs(statistics.fmean(other) - flat[0]) / se, n - 1))
     p = float(ttest_ind(base, head, equal_var=False).pvalue)
     if math.isnan(p):
         return 1.0 if sum(base) / len(base) == sum(head) / len(head) else 0.0

@@ -1,4 +1,6 @@
-"""The harness's cost: probed runs against bare runs (``specwatch run --bare``) of the same cases."""
+"""The harness's cost: probed runs against bare runs (``specwatch run --bare``) of the same cases,
+and against the plain loop of ``specwatch run --baseline``, its rounds pooled over every run of a
+case (``baseline_overhead_table``)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from typing import Optional
 
 import pandas as pd
 
-from specwatch.store.baseline import relative_spread
+from specwatch.store.baseline import OVERHEAD_TARGET, OverheadVerdict, relative_spread, rounds_interval
 
 OVERHEAD_BUDGET = 0.02
 """Harness overhead allowed: specwatch's tokens/s within 2% of a bare run's."""
@@ -87,7 +89,7 @@ def overhead_rows(ok: Optional[pd.DataFrame], metric: str = "output_throughput")
                 "machine": machine,
                 "sglang": version,
                 "suite": b.suite,
-                "case": f"{b.model} {b.algorithm} {b.attention_backend} p{b.page_size} k{b.topk} bs{b.batch_size}",
+                "case": case_label(b),
                 "runs bare / probed": f"{len(bare)} / {len(probed)}",
                 f"bare {metric}": round(bare_med, 1),
                 f"specwatch {metric}": round(probed_med, 1),
@@ -103,3 +105,71 @@ def overhead_rows(ok: Optional[pd.DataFrame], metric: str = "output_throughput")
 def _probed(values: list, probe: list) -> list:
     """The measured values (NaN and None left out) of the probed runs among ``values``."""
     return [v for v, p in zip(values, probe) if p == True and not pd.isna(v)]  # noqa: E712
+
+
+def case_label(row) -> str:
+    """``tiny EAGLE triton p64 k1 bs16``: a case as the overhead tables name it."""
+    return f"{row.model} {row.algorithm} {row.attention_backend} p{row.page_size} k{row.topk} bs{row.batch_size}"
+
+
+ROUNDS = "overhead_round_ratios"
+"""The frame's column of a record's full-prefill rounds (``store.baseline.prefilled_round_ratios``)."""
+
+
+def baseline_overhead_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Harness overhead against the plain loop (``specwatch run --baseline``), rounds pooled over
+    every run of a case: each round pairs one probed engine start with the plain-loop run right
+    after it on the same host (its ratio drops the host's drift between rounds), so rounds of
+    several runs, on one host or several of one machine kind, are samples of the same ratio.
+    Per machine, SGLang version and case: the geometric mean of all its full-prefill rounds with
+    the 95% t interval and its verdict against 0.98 (``OverheadVerdict``), and the median spread of
+    the probed repeats beside that of the plain loop's timed calls (``overhead_probed_spread``,
+    ``overhead_baseline_spread``)."""
+    return baseline_overhead_rows(baseline_overhead_reads(df))
+
+
+def baseline_overhead_reads(df: pd.DataFrame) -> Optional[pd.DataFrame]:
+    """The ok clean probed records with full-prefill rounds, cut to the columns a row reads; None:
+    no such record."""
+    if df.empty or ROUNDS not in df:
+        return None
+    keep = (df.status == "ok") & df.fault.isna() & df[ROUNDS].map(lambda v: isinstance(v, list) and len(v) > 0)
+    used = ["machine", "sglang_version", "case_id", "suite", "run_id", ROUNDS]
+    used += ["overhead_probed_spread", "overhead_baseline_spread"]
+    used += ["model", "algorithm", "attention_backend", "page_size", "topk", "batch_size"]
+    ok = df.loc[keep, [c for c in used if c in df]]
+    return ok if not ok.empty else None
+
+
+def baseline_overhead_rows(ok: Optional[pd.DataFrame]) -> pd.DataFrame:
+    """``baseline_overhead_table`` of what ``baseline_overhead_reads`` gave."""
+    if ok is None:
+        return pd.DataFrame()
+    rows = []
+    for (machine, version, _case_id), g in ok.groupby(["machine", "sglang_version", "case_id"], sort=False):
+        ratios = [r for rs in g[ROUNDS] for r in rs]
+        pooled = rounds_interval(ratios)
+        b = g.iloc[-1]
+        rows.append(
+            {
+                "machine": machine,
+                "sglang": version,
+                "suite": b.suite,
+                "case": case_label(b),
+                "runs": len(g),
+                "rounds": len(ratios),
+                "probed / plain loop": round(statistics.geometric_mean(ratios), 3),
+                "95% CI": "one round" if pooled is None else f"{pooled.low:.3f}-{pooled.high:.3f}",
+                f"verdict vs {OVERHEAD_TARGET}": (pooled.verdict if pooled else OverheadVerdict.unresolved).value,
+                "repeat spread probed / plain": f"{_median_pct(g, 'overhead_probed_spread')} / "
+                f"{_median_pct(g, 'overhead_baseline_spread')}",
+                "run ids": ", ".join(g.run_id.astype(str)),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def _median_pct(g: pd.DataFrame, column: str) -> str:
+    """The median of ``column`` over a case's records as a percentage, ``–`` where unmeasured."""
+    values = g[column].dropna() if column in g else pd.Series(dtype=float)
+    return "–" if values.empty else f"{values.median():.1%}"

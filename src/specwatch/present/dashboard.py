@@ -18,7 +18,7 @@ import pandas as pd
 
 from specwatch.analysis.dcp import dcp_markdown, dcp_rows, dcp_tables
 from specwatch.analysis.health import fault_reads, fault_rows, health_matrix, health_rows, latest_matrix, suite_plans
-from specwatch.analysis.overhead import overhead_reads, overhead_rows
+from specwatch.analysis.overhead import baseline_overhead_reads, baseline_overhead_rows, overhead_reads, overhead_rows
 from specwatch.analysis.verdict import ReleaseVerdict
 from specwatch.core.errors import SpecwatchInputError
 from specwatch.present.figures import PLOT_TITLES, draw_figures
@@ -154,9 +154,11 @@ def section_tables(
     dcp: dict,
     tables: Optional[dict[str, pd.DataFrame]],
     health: Optional[pd.DataFrame] = None,
+    baseline_overhead: Optional[pd.DataFrame] = None,
 ) -> list[tuple[str, pd.DataFrame, str]]:
     """The index's tables after the plots, in order: health matrix (``health``, where already
-    made), DCP tables per DCP suite, fault injection, harness overhead, recorded counts, then
+    made), DCP tables per DCP suite, fault injection, harness overhead against the plain loop
+    (``baseline_overhead``, rounds pooled over runs) and against bare runs, recorded counts, then
     ``tables``, as (title, frame, anchor); empty ones left out."""
     titled = [
         (
@@ -177,6 +179,11 @@ def section_tables(
         ]
     titled += [
         ("Fault injection (specwatch inject)", faults, "faults"),
+        (
+            "Harness overhead against the plain loop (specwatch run --baseline, rounds pooled over runs)",
+            baseline_overhead,
+            "baseline-overhead",
+        ),
         ("Harness overhead (specwatch run --bare)", overhead, "overhead"),
         ("Recorded cases per machine, SGLang version and suite", recorded_counts(df), "recorded"),
     ]
@@ -272,6 +279,7 @@ def build(
     check_records(df, out, source)
     faults = parts.kept("faults", lambda: fault_reads(df), fault_rows)  # kept under the rows they read
     overhead = parts.kept("overhead", lambda: overhead_reads(df), overhead_rows)
+    pooled = parts.kept("baseline-overhead", lambda: baseline_overhead_reads(df), baseline_overhead_rows)
     df = clean_records(df) if clean is None else clean
     if dcp is None:  # the DCP tables read the DCP suites' records only: kept while those are unchanged
         dcp = lambda: parts.rows_value("dcp", dcp_rows(df), lambda rows: dcp_part(rows, out / "dcp-support.md"))  # noqa: E731
@@ -281,7 +289,7 @@ def build(
         write_markdown_page(out / "dcp-support.md", dcp_page)
     plans = suite_plans(df)  # the suite files today (and the checkpoints here) decide what was planned
     health = health_part(df, plans, parts)
-    titled = section_tables(df, faults, overhead, dcp, tables() if callable(tables) else tables, health)
+    titled = section_tables(df, faults, overhead, dcp, tables() if callable(tables) else tables, health, pooled)
     sections = section_views(titled, out, parts)
     drawn = figures() if figures is not None else draw_figures(df, out / "plots")
     plots = [p.stem for p in drawn if p.suffix == ".png"]

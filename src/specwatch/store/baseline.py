@@ -118,6 +118,14 @@ def rounds_overhead(metrics: dict) -> Optional[RoundsOverhead]:
     ratios = round_ratios(metrics)
     if ratios is None:
         return None
+    return rounds_interval(ratios)
+
+
+def rounds_interval(ratios: list[float]) -> Optional[RoundsOverhead]:
+    """``RoundsOverhead`` of per-round ratios (each probed engine median over the baseline run after
+    it, of one record or pooled over several records' rounds); None with fewer than two."""
+    if len(ratios) < 2:
+        return None
     logs = [math.log(r) for r in ratios]
     n, mean = len(logs), statistics.fmean(logs)
     sd = statistics.stdev(logs)
@@ -127,6 +135,32 @@ def rounds_overhead(metrics: dict) -> Optional[RoundsOverhead]:
 
         half = float(t.ppf(0.5 + CI_LEVEL / 2, n - 1)) * sd / math.sqrt(n)
     return RoundsOverhead(math.exp(mean), math.exp(mean - half), math.exp(mean + half), n)
+
+
+def prefilled_round_ratios(metrics: dict, baseline: Optional[dict]) -> Optional[list[float]]:
+    """The overhead of each round whose plain-loop run prefilled every timed call in full, as the
+    probed batch does: probed engine median k / the median of baseline run k's timed calls, for the
+    rounds where run k recorded 0 prompt tokens from the radix cache on every call
+    (``details.baseline.runs[].cached_tokens``; ``baseline``: that ``details.baseline``). A plain
+    loop served part of its prompts from the cache did less work than the probed run, and its round
+    would read the harness slower than it is. None where the record has no ``overhead``, the rounds
+    do not pair (not one baseline run per probed engine start, run k not round k) or none is left."""
+    if OVERHEAD not in metrics or not baseline:
+        return None
+    probed = metrics.get(PROBED_THROUGHPUT)
+    medians = list(getattr(probed, "engine_medians", None) or ([probed.value] if probed is not None else []))
+    runs = list(baseline.get("runs") or [])
+    if not medians or len(medians) != len(runs) or any(r.get("round") != k for k, r in enumerate(runs)):
+        return None
+    out = []
+    for m, run in zip(medians, runs):
+        timed, cached = run.get("output_throughput"), run.get("cached_tokens")
+        if "error" in run or not timed or cached is None or any(cached) or m <= 0:
+            continue
+        base = statistics.median(timed)
+        if base > 0:
+            out.append(m / base)
+    return out or None
 
 
 def relative_spread(values: list[float]) -> Optional[float]:
@@ -188,14 +222,17 @@ def overhead_text(metrics: dict) -> Optional[str]:
     return f"{metrics[OVERHEAD].value:.3f}x ({paired}spread: probed {p}, baseline {b})"
 
 
-def overhead_cells(metrics: dict) -> dict:
-    """The records frame's columns beside ``overhead`` (none without it): the spreads, and the
-    rounds' interval and verdict (None without rounds)."""
+def overhead_cells(metrics: dict, baseline: Optional[dict] = None) -> dict:
+    """The records frame's columns beside ``overhead`` (none without it): the spreads, the rounds'
+    interval and verdict (None without rounds), and the full-prefill rounds' ratios that
+    ``analysis.overhead`` pools over records (``prefilled_round_ratios``; ``baseline``: the record's
+    ``details.baseline``)."""
     spreads = overhead_spreads(metrics)
     if spreads is None:
         return {}
     rounds = rounds_overhead(metrics)
     return {
+        "overhead_round_ratios": prefilled_round_ratios(metrics, baseline),
         "overhead_probed_spread": spreads[0],
         "overhead_baseline_spread": spreads[1],
         "overhead_ci_low": None if rounds is None else rounds.low,

@@ -285,7 +285,7 @@ def metric_cells(r: CaseRecord) -> dict:
     if dt is not None and (spread := relative_spread(dt.samples)) is not None:
         # the repeats' own spread (one engine, back to back): what a single run can resolve
         row["decode_throughput_spread"] = spread
-    row.update(overhead_cells(r.metrics))  # beside ``overhead`` (specwatch run --baseline)
+    row.update(overhead_cells(r.metrics, r.details.baseline))  # beside ``overhead`` (specwatch run --baseline)
     row.update(start_breakdown(r))
     for name, ok in r.checks.items():
         row[f"check.{name}"] = ok
