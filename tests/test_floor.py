@@ -247,3 +247,86 @@ def test_a_stored_floor_without_per_metric_margins_still_loads_and_reports_its_m
     del d["margins"]
     f = DetectionFloor(**d)
     assert f.margins == {} and "margin 1.25," in f.header()[0] and f.margin_text() == "margin 1.25"
+
+
+def _rows(*rows):
+    """One A/A pair's timed rows: (class/metric, change, spread), each testable."""
+    from specwatch.analysis.floor import AARow
+
+    return [AARow(key, change, True, spread) for key, change, spread in rows]
+
+
+def test_the_scaled_budget_is_a_held_out_factor_of_the_rows_window_spread():
+    from specwatch.analysis.floor import floor_of
+
+    # a noisy host's tiny batch 16 pair (20% at 35% spread), a quiet one's batch 8 (3% at 5%), and a
+    # noisy batch 1 pair (7% at 40%): change / spread 0.571, 0.6 and 0.175
+    pairs = [
+        _rows(("tiny/bs16/decode_throughput", 0.20, 0.35)),
+        _rows(("tiny/bs8/decode_throughput", 0.03, 0.05), ("tiny/bs1/probe_time_per_batch", 0.3, None)),
+        _rows(("tiny/bs1/decode_throughput", 0.07, 0.40), ("tiny/bs1/probe_time_per_batch", 0.3, None)),
+    ]
+    f = floor_of(pairs, [True] * 3, threshold=0.02)
+    # margin 1: the quiet pair under the others' 0.571 gets 2.86% < its 3%; at 1.25 none is flagged
+    assert f.spread_margins == {"decode_throughput": 1.25} and f.per_spread["decode_throughput"] == pytest.approx(0.75)
+    assert f.held_out_rate == 0.0 and f.timed == 5 and f.spread_min == 0.02
+    # the class floor is its noisy pair's; a quiet compared row of that class gets its own noise's
+    assert f.floor("tiny/bs16", "decode_throughput") == pytest.approx(f.margins["decode_throughput"] * 0.20)
+    assert f.budget_at("tiny/bs16", "decode_throughput", 0.04) == pytest.approx(0.03)
+    assert f.budget_at("tiny/bs16", "decode_throughput", 0.35) == pytest.approx(0.2625)
+    assert f.budget_at("tiny/bs16", "decode_throughput", 0.001) == 0.02  # never below the threshold
+    assert f.budget_at("tiny/bs16", "decode_throughput", None) == f.floor("tiny/bs16", "decode_throughput")
+    # a metric without windows keeps its class floor
+    assert "probe_time_per_batch" not in f.per_spread
+    assert f.budget_at("tiny/bs1", "probe_time_per_batch", 0.1) == f.floor("tiny/bs1", "probe_time_per_batch")
+    # the rule as applied is what the held-out rate counts: a pair far past its spread is flagged
+    wild = [*pairs, _rows(("tiny/bs16/decode_throughput", 0.30, 0.10))]  # 3.0 x its spread
+    g = floor_of(wild, [True] * 4, threshold=0.02)
+    assert g.spread_margins["decode_throughput"] == 6.0  # 6 x 0.6 x 10% = 36% > 30%
+    assert g.held_out_rate == 0.0
+
+
+def test_compare_scales_a_rows_budget_by_its_window_spread_where_the_budgets_say_so():
+    from specwatch.analysis.compare import SPREAD_KEY, budget_for
+    from specwatch.analysis.window_spread import window_spread
+
+    budgets = {"tiny/bs1/output_throughput": 0.20, f"{SPREAD_KEY}output_throughput": 0.75, SPREAD_KEY: 0.02}
+    assert budget_for(budgets, "tiny/bs1", "output_throughput", 0.05, 0.04) == pytest.approx(0.03)
+    assert budget_for(budgets, "tiny/bs1", "output_throughput", 0.05, 0.01) == 0.02
+    assert budget_for(budgets, "tiny/bs1", "output_throughput", 0.05, None) == 0.20
+    assert budget_for({"tiny/bs1/output_throughput": 0.2}, "tiny/bs1", "output_throughput", 0.05, 0.04) == 0.2
+
+    def rec(c, scale):
+        r = record(c)
+        samples = [v * scale for v in (98.0, 99.0, 100.0, 100.0, 101.0, 102.0)]
+        r.metrics = {
+            "output_throughput": Metric(value=100.0 * scale, unit="tokens/s", samples=samples, higher_is_better=True)
+        }
+        return r
+
+    c = case()
+    base, head = rec(c, 1.0), rec(c, 0.95)  # 5% slower, every window below the base's
+    spread = window_spread(base.metrics["output_throughput"])
+    (row,) = compare_records([base], [head], threshold=0.05, budgets=budgets)
+    assert row.verdict.value == "regressed" and row.spread == pytest.approx(spread)
+    assert f"budget {0.75 * spread:.1%} = 0.75 x window spread {spread:.1%}" in row.note
+    (row,) = compare_records([base], [head], threshold=0.05, budgets={"tiny/bs1/output_throughput": 0.20})
+    assert row.verdict.value == "unchanged"  # the noisy host's class floor hides it
+
+
+def test_the_report_header_gives_the_scaled_budget_at_the_reports_spread():
+    from specwatch.analysis.floor import floor_of
+
+    f = floor_of(
+        [_rows(("tiny/bs16/decode_throughput", 0.20, 0.35)), _rows(("tiny/bs16/decode_throughput", 0.03, 0.05))],
+        [True, True],
+        threshold=0.02,
+        source="noise-budgets-timing.json",
+    )
+    lines = f.header(["tiny/bs16/decode_throughput"], {"tiny/bs16/decode_throughput": 0.04})
+    k = f.per_spread["decode_throughput"]
+    assert f"tiny/bs16: decode_throughput {max(0.02, k * 0.04):.1%} at 4.0% spread" in lines[0]
+    assert (
+        lines[2].startswith("Scaled to each compared row's window spread") and f"decode_throughput {k:.2f}" in lines[2]
+    )
+    assert "x window spread" in f.frame()["class"].tolist()

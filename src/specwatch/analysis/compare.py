@@ -162,15 +162,27 @@ def noise_class(case) -> str:
     return f"{case.model_label}/bs{case.batch_size}"
 
 
+SPREAD_KEY = "per-window-spread/"
+"""A budgets key ``per-window-spread/METRIC``: the budget per unit of a row's window spread
+(``analysis.floor.DetectionFloor.per_spread``), which ``budget_for`` scales by the row's spread;
+``per-window-spread/`` alone: the least such budget (else the comparison's threshold)."""
+
+
 def budget_key(budgets: Optional[dict], klass: str, metric: str) -> Optional[str]:
     """The budget that applies to a class's timed metric: ``CLASS/METRIC``, else ``CLASS``, else None."""
     return next((k for k in (f"{klass}/{metric}", klass) if k in (budgets or {})), None)
 
 
-def budget_for(budgets: Optional[dict], klass: str, metric: str, threshold: float) -> float:
-    """The relative change a timed metric must exceed: the class/metric budget when one is set (it
-    was measured: ``specwatch noise`` never derives one below the threshold its pairs ran at), else
-    ``threshold``."""
+def budget_for(
+    budgets: Optional[dict], klass: str, metric: str, threshold: float, spread: Optional[float] = None
+) -> float:
+    """The relative change a timed metric must exceed: where the row has a window ``spread`` and
+    the budgets a ``SPREAD_KEY`` factor for the metric, that factor x the spread (at least the
+    budgets' own least scaled budget, else ``threshold``); else the class/metric budget when one is set (it was measured: ``specwatch
+    noise`` never derives one below the threshold its pairs ran at), else ``threshold``."""
+    factor = (budgets or {}).get(f"{SPREAD_KEY}{metric}") if spread is not None else None
+    if factor is not None:
+        return max(budgets.get(SPREAD_KEY, threshold), factor * spread)
     key = budget_key(budgets, klass, metric)
     return threshold if key is None else budgets[key]
 
@@ -268,18 +280,23 @@ def metric_row(
     klass = noise_class(h.case)
     paired = b.interleaved_run is not None and b.interleaved_run == h.interleaved_run
     below, test = False, None if hm.exact else timed_test(bm, hm, paired)
+    timed = test is not None and is_timing(hm)
+    spread = max((x for x in map(window_spread, (bm, hm)) if x is not None), default=None) if timed else None
     if hm.exact:
         verdict, note = _exact_verdict(bm, hm)
         if verdict is not Verdict.unchanged and name in SIZING_EXPLAINED:
             note = "; ".join(x for x in (note, sizing_change(b, h)) if x)
     else:
-        verdict, note, below = _timed_verdict(bm, hm, budget_for(budgets, klass, name, threshold), alpha, test)
-        if budgets and verdict is not Verdict.unchanged and budget_key(budgets, klass, name) is None:
+        budget = budget_for(budgets, klass, name, threshold, spread)
+        verdict, note, below = _timed_verdict(bm, hm, budget, alpha, test)
+        factor = (budgets or {}).get(f"{SPREAD_KEY}{name}") if spread is not None else None
+        if factor is not None and (verdict is not Verdict.unchanged or below):
+            # the budget came from the pair's own noise: say how, next to the verdict
+            note = f"{note}; budget {budget:.1%} = {factor:.2f} x window spread {spread:.1%}"
+        elif budgets and verdict is not Verdict.unchanged and budget_key(budgets, klass, name) is None:
             # the A/A pairs behind the budgets never measured this class/metric (a new metric, a
             # new model or batch size): the plain threshold applied, say so next to the verdict
             note = f"{note}; no noise budget for {klass}/{name}: {threshold:.0%} threshold"
-    timed = test is not None and is_timing(hm)
-    spread = max((x for x in map(window_spread, (bm, hm)) if x is not None), default=None) if timed else None
     return Row(
         cid,
         label,

@@ -23,11 +23,25 @@ bound on the rate of pairs not yet measured, not an independent estimate of it.
 The floor of a class and metric is its metric's margin x its largest A/A change over all pairs, at
 least ``threshold``. A metric no clean pair measured takes the largest margin chosen, its rate
 unmeasured; a class and metric no pair measured has the plain threshold, its rate unmeasured.
+
+**Scaled to the pair's noise.** That floor is the noise of the hosts its A/A pairs ran on: one
+noisy pair sets it for every later comparison of its class, however quiet their host. Each timed
+row also carries its pair's window spread (``AARow.spread``, the interdecile range of every timed
+window over the median), and an A/A change stays within a fraction of it: over the stored timing
+pairs, decode throughput's change / spread is 0.004-0.61 from 8b at 0.2% spread to tiny batch 16
+at 35%. So per metric name, pooled over the classes, ``per_spread`` is a margin x the largest
+change / spread of the clean pairs' rows, the margin again the smallest with no row flagged held
+out (each pair judged under the other pairs' largest ratio), and a compared row with a window
+spread gets the budget ``per_spread x its spread`` (at least ``threshold``) instead of its class
+floor (``budget_at``; ``compare_budgets`` hands both to ``compare``), at least the threshold the
+pairs were judged at, as the floors are. A row without a spread (too few
+windows; probe time and engine start time have engine medians only) keeps the class floor.
+``held_out_rate`` is over the rule as applied: scaled rows under the scaled budget, the rest under
+the floors.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 from functools import reduce
 from pathlib import Path
@@ -35,9 +49,22 @@ from typing import Iterable, Optional
 
 import pandas as pd
 
-from specwatch.analysis.compare import Row, Verdict, budget_for, compare_records, frame_rows
+from specwatch.analysis.aa_rows import (
+    AARow,
+    aa_rows,
+    held_out_flags,
+    held_out_scaled,
+    largest_changes,
+    metric_of,
+    scaled_rows,
+    timed_rows,
+    top_ratios,
+)
+from specwatch.analysis.compare import SPREAD_KEY, frame_rows
 from specwatch.analysis.noise import BudgetFile, aa_differences, condition_differences, merge_budgets
 from specwatch.core.record import CaseRecord
+
+__all__ = ["AARow", "DetectionFloor", "aa_rows", "detection_floor", "floor_of", "store_floor", "store_floors"]
 
 MARGINS: tuple[float, ...] = (1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 6.0, 10.0)
 """Margins tried, smallest first (budget = margin x the largest A/A change)."""
@@ -75,45 +102,6 @@ def _terms(spec: str) -> list[tuple[str, bool, str]]:
     return [] if Path(spec).exists() else parse_terms(spec)
 
 
-@dataclass(frozen=True)
-class AARow:
-    """One timed (case, metric) of an A/A pair."""
-
-    key: str
-    """``CLASS/METRIC`` (``compare.noise_class`` and the metric's name)."""
-    change: float
-    """``|head / base - 1|``."""
-    testable: bool
-    """Whether the Mann-Whitney test lets a change of it count (p <= alpha)."""
-    spread: Optional[float] = None
-    """The wider of the pair's two ``window_spread`` values: how noisily the A/A runs timed it."""
-
-
-def aa_rows(base: Iterable[CaseRecord], head: Iterable[CaseRecord], alpha: float = 0.1) -> list[AARow]:
-    """Every timed row of an A/A comparison, compared at threshold 0 (so only the test decides)."""
-    return _timed(compare_records(base, head, threshold=0.0, alpha=alpha))
-
-
-def _timed(rows: Iterable[Row]) -> list[AARow]:
-    return [
-        AARow(
-            f"{r.noise_class}/{r.metric}",
-            abs(r.ratio - 1.0),
-            r.verdict in (Verdict.regressed, Verdict.improved),
-            r.spread,
-        )
-        for r in rows
-        if r.timed and r.ratio is not None
-    ]
-
-
-def _spread(rows: list[AARow]) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for r in rows:
-        out[r.key] = max(out.get(r.key, 0.0), r.change)
-    return out
-
-
 @dataclass
 class DetectionFloor:
     """The floor per class and metric, and the held-out check behind it."""
@@ -143,9 +131,33 @@ class DetectionFloor:
     spreads: dict[str, float] = field(default_factory=dict)
     """``CLASS/METRIC`` -> the widest ``window_spread`` of the clean pairs' runs: the noise the
     floor was measured at (``analysis.pair_noise`` checks a compared pair against it)."""
+    per_spread: dict[str, float] = field(default_factory=dict)
+    """Metric name -> the budget per unit of a compared row's window spread: its margin of
+    ``spread_margins`` x the largest A/A change / spread of the clean pairs' rows, pooled over
+    the classes (``budget_at``). Empty: no clean pair's row had a spread."""
+    spread_margins: dict[str, float] = field(default_factory=dict)
+    """Metric name -> the margin of ``per_spread`` (``MARGINS``): the smallest at which no row of
+    the clean pairs with a spread is flagged held out under the scaled budget."""
+    spread_min: Optional[float] = None
+    """The least scaled budget: the threshold the A/A pairs were judged at (kept where a caller
+    reports the floor at another threshold, as ``floors`` keep theirs); None: ``threshold``."""
 
     def floor(self, klass: str, metric: str) -> float:
         return self.floors.get(f"{klass}/{metric}", self.threshold)
+
+    def budget_at(self, klass: str, metric: str, spread: Optional[float]) -> float:
+        """The change a row of ``klass`` and ``metric`` must exceed to be called: ``per_spread`` x
+        the row's window spread (at least the threshold) where both are known, else the class
+        floor (``floor``)."""
+        k = self.per_spread.get(metric)
+        if k is None or spread is None:
+            return self.floor(klass, metric)
+        return max(self.least_scaled, k * spread)
+
+    @property
+    def least_scaled(self) -> float:
+        """The least budget of the scaled rule (``spread_min``, else ``threshold``)."""
+        return self.threshold if self.spread_min is None else self.spread_min
 
     def frame(self) -> pd.DataFrame:
         """One row per noise class, one column per timed metric: its floor as a percentage; last, the
@@ -157,13 +169,19 @@ class DetectionFloor:
         t = s.pivot(index="class", columns="metric", values="floor")
         t = t.apply(lambda col: col.map(lambda v: f"{v:.1%}" if v == v else "-"))
         # the noise the floors hold at (analysis.pair_noise): decode throughput's A/A window spread
-        spread = {k.rsplit("/", 1)[0]: v for k, v in self.spreads.items() if _metric(k) == SPREAD_SHOWN}
+        spread = {k.rsplit("/", 1)[0]: v for k, v in self.spreads.items() if metric_of(k) == SPREAD_SHOWN}
         t[f"A/A {SPREAD_SHOWN} window spread"] = [f"{spread[c]:.1%}" if c in spread else "-" for c in t.index]
+        if self.per_spread:  # the scaled rule's row: the budget per unit of a compared row's spread
+            t.loc[PER_SPREAD_ROW] = [
+                f"{self.per_spread[m]:.2f}x" if m in self.per_spread else "-" for m in t.columns[:-1]
+            ] + ["-"]
         return t.reset_index()
 
-    def header(self, keys: Iterable[str] = ()) -> list[str]:
+    def header(self, keys: Iterable[str] = (), spreads: Optional[dict[str, float]] = None) -> list[str]:
         """The lines a ``compare`` report opens with: how the floor was measured, then the floor of
-        each ``CLASS/METRIC`` of ``keys`` (the report's timed rows; all when empty)."""
+        each ``CLASS/METRIC`` of ``keys`` (the report's timed rows; all when empty), and where the
+        scaled rule applies, the budget at the widest window spread of the report's rows of that
+        key (``spreads``) and the per-spread factors."""
         if self.margin is None:
             return [
                 f"Detection floor: no A/A pairs ({self.source or BUDGET_FILE}): a timed change is "
@@ -171,20 +189,33 @@ class DetectionFloor:
                 "",
             ]
         keys = sorted(set(keys)) or sorted(self.floors)
+        spreads = spreads or {}
         by_class: dict[str, list[str]] = {}
         for k in keys:
             klass, metric = k.rsplit("/", 1)
-            known = "" if k in self.floors else " (no A/A)"
-            by_class.setdefault(klass, []).append(f"{metric} {self.floor(klass, metric):.1%}{known}")
+            known = "" if k in self.floors or metric in self.per_spread else " (no A/A)"
+            spread = spreads.get(k)
+            at = f" at {spread:.1%} spread" if spread is not None and metric in self.per_spread else ""
+            by_class.setdefault(klass, []).append(f"{metric} {self.budget_at(klass, metric, spread):.1%}{at}{known}")
         shown = "; ".join(f"{c}: {', '.join(ms)}" for c, ms in by_class.items())
-        margins = self.margin_text([_metric(k) for k in keys if k in self.floors])
+        margins = self.margin_text([metric_of(k) for k in keys if k in self.floors])
         above = f", above the {GOAL:.0%} goal" if (self.held_out_rate or 0.0) > GOAL else ""
-        return [
+        lines = [
             f"Detection floor (smallest change called a regression with <= {GOAL:.0%} held-out A/A false "
             f"positives; {self.clean_pairs} clean of {self.pairs} A/A pairs in {self.source}, {margins}, "
             f"held out {self.held_out_rate:.1%} of {self.timed} timed metrics{above}): {shown}",
             "",
         ]
+        scaled = sorted({metric_of(k) for k in keys} & set(self.per_spread))
+        if scaled:
+            factors = ", ".join(f"{m} {self.per_spread[m]:.2f}" for m in scaled)
+            lines[-1:-1] = [
+                "",
+                "Scaled to each compared row's window spread (the budget is factor x the wider side's "
+                f"interdecile window spread, at least {self.least_scaled:.0%}; rows without one take the class "
+                f"floor): {factors}.",
+            ]
+        return lines
 
     def margin_text(self, metrics: Optional[Iterable[str]] = None) -> str:
         """``margin M`` of ``metrics`` (None: every metric of ``margins``), M the margin most of
@@ -220,59 +251,53 @@ def floor_of(
     rows: list[list[AARow]], clean: list[bool], threshold: float, source: Optional[str] = None
 ) -> DetectionFloor:
     """The floor from each A/A pair's timed rows (``aa_rows``) and whether the pair is clean: per
-    metric the smallest margin with no held-out flag (``_held_out_flags``), then the overall
+    metric the smallest margin with no held-out flag (``aa_rows.held_out_flags``), then the overall
     held-out rate at those margins (``GOAL`` is checked on it: ``header`` says where it is above)
     and the floors."""
-    spreads = [_spread(r) for r in rows]
+    spreads = [largest_changes(r) for r in rows]
     out = DetectionFloor(threshold, len(rows), sum(clean), source=source)
     if not rows:
         return out
     judged = [i for i, c in enumerate(clean) if c] or list(range(len(rows)))
     out.timed = sum(len(rows[i]) for i in judged)
-    flags = {margin: _held_out_flags(rows, spreads, judged, margin, threshold) for margin in MARGINS}
-    measured = sorted({_metric(r.key) for i in judged for r in rows[i]})
+    flags = {margin: held_out_flags(rows, spreads, judged, margin, threshold) for margin in MARGINS}
+    measured = sorted({metric_of(r.key) for i in judged for r in rows[i]})
     margins = {m: next((g for g in MARGINS if not flags[g].get(m)), MARGINS[-1]) for m in measured}
     out.margin = max(margins.values(), default=MARGINS[0])
     flagged = sum(flags[g].get(m, 0) for m, g in margins.items())
     out.held_out_rate = flagged / out.timed if out.timed else 0.0
     merged = reduce(merge_budgets, spreads, {})
     # a metric only the pairs not judged measured: the largest margin chosen, its rate unmeasured
-    out.margins = {m: margins.get(m, out.margin) for m in sorted({_metric(k) for k in merged} | set(margins))}
-    out.floors = {k: max(threshold, out.margins[_metric(k)] * v) for k, v in sorted(merged.items())}
+    out.margins = {m: margins.get(m, out.margin) for m in sorted({metric_of(k) for k in merged} | set(margins))}
+    out.floors = {k: max(threshold, out.margins[metric_of(k)] * v) for k, v in sorted(merged.items())}
     for r in (r for i in judged for r in rows[i] if r.spread is not None):
         out.spreads[r.key] = max(out.spreads.get(r.key, 0.0), r.spread)
     out.spreads = dict(sorted(out.spreads.items()))
+    # the scaled rule: per metric, a margin x the largest change / spread, held out as the floors are
+    top = top_ratios(rows, judged)
+    if not top:
+        return out
+    scaled_flags = {margin: held_out_scaled(rows, judged, margin, threshold) for margin in MARGINS}
+    out.spread_margins = {m: next((g for g in MARGINS if not scaled_flags[g].get(m)), MARGINS[-1]) for m in top}
+    out.per_spread = {m: out.spread_margins[m] * v for m, v in sorted(top.items())}
+    out.spread_min = threshold
+    # the held-out rate of the rule as applied: scaled rows under their margin, the rest under the floors'
+    skip = scaled_rows(rows, judged)
+    fixed = {g: held_out_flags(rows, spreads, judged, g, threshold, skip) for g in set(margins.values())}
+    flagged = sum(scaled_flags[g].get(m, 0) for m, g in out.spread_margins.items())
+    flagged += sum(fixed[g].get(m, 0) for m, g in margins.items())
+    out.held_out_rate = flagged / out.timed if out.timed else 0.0
     return out
 
 
 SPREAD_SHOWN = "decode_throughput"
 """The metric whose A/A window spread ``DetectionFloor.frame`` shows beside the floors."""
 
-FLOOR_FIELDS = 2
+PER_SPREAD_ROW = "x window spread"
+"""``DetectionFloor.frame``'s row of the scaled rule's factors (``per_spread``)."""
+
+FLOOR_FIELDS = 3
 """Bumped when ``DetectionFloor`` gains a field: a floor kept in the store without it is computed again."""
-
-
-def _metric(key: str) -> str:
-    """The metric name of a ``CLASS/METRIC`` key."""
-    return key.rsplit("/", 1)[1]
-
-
-def _held_out_flags(
-    rows: list[list[AARow]], spreads: list[dict[str, float]], judged: list[int], margin: float, threshold: float
-) -> dict[str, int]:
-    """Metric name -> rows of the ``judged`` pairs that count (``testable``) and change more than
-    the budget the other pairs give their class and metric at ``margin`` (the plain threshold where
-    no other pair measured it)."""
-    flagged: Counter[str] = Counter()
-    for i in judged:
-        others = ({k: max(threshold, margin * v) for k, v in sp.items()} for j, sp in enumerate(spreads) if j != i)
-        budgets = reduce(merge_budgets, others, {})
-        flagged.update(
-            _metric(r.key)
-            for r in rows[i]
-            if r.testable and r.change > budget_for(budgets, *r.key.rsplit("/", 1), threshold)
-        )
-    return dict(flagged)
 
 
 def store_floor(
@@ -315,9 +340,13 @@ def file_threshold(path: Optional[Path], default: float = 0.05) -> float:
 
 def compare_budgets(floor: DetectionFloor) -> Optional[dict[str, float]]:
     """The budgets a ``compare`` without ``--budgets`` applies: each measured class and metric's
-    floor, so a change is called exactly where the report's header says it can be; None where no
-    A/A pair measured any (the plain threshold then)."""
-    return dict(floor.floors) or None
+    floor, and each metric's budget per unit of window spread under ``compare.SPREAD_KEY`` (which
+    ``compare.budget_for`` scales by a row's spread), so a change is called exactly where the
+    report's header says it can be; None where no A/A pair measured any (the plain threshold then)."""
+    scaled = {f"{SPREAD_KEY}{m}": k for m, k in floor.per_spread.items()}
+    if scaled:
+        scaled[SPREAD_KEY] = floor.least_scaled  # the least scaled budget
+    return {**floor.floors, **scaled} or None
 
 
 def store_floors(root: Path, threshold: float = 0.05, alpha: float = 0.1) -> tuple[DetectionFloor, ...]:
@@ -339,7 +368,7 @@ def _pairs_floor(pairs: list, root: Path, threshold: float, alpha: float, source
     for p in pairs:
         b, h = (select_rows(s, root, [*SELECT_COLUMNS, CONDITIONS_COLUMN]) for s in p.selections())
         if not b.empty and not h.empty:
-            rows.append(_timed(frame_rows(b, h, threshold=0.0, alpha=alpha)))
+            rows.append(timed_rows(frame_rows(b, h, threshold=0.0, alpha=alpha)))
             b_cond, h_cond = ([orjson.loads(c) for c in side[CONDITIONS_COLUMN]] for side in (b, h))
             clean.append(not condition_differences(b_cond, h_cond))
     return floor_of(rows, clean, threshold, source=source)

@@ -47,11 +47,17 @@ def compare(
 
     source = budgets or budget_file_for(results, (base, head))
     # floors measured at the file's own threshold; a class its pairs never measured: compare's
-    floor = replace(store_floor(results, source, file_threshold(source, threshold), alpha), threshold=threshold)
+    measured = store_floor(results, source, file_threshold(source, threshold), alpha)
+    floor = replace(measured, threshold=threshold, spread_min=measured.least_scaled)
     applied = budget_values(budgets) if budgets else compare_budgets(floor)
     rows = compare_specs(base, head, results, threshold=threshold, alpha=alpha, budgets=applied)
     mark_noisier(rows, floor)
-    header = floor.header(f"{r.noise_class}/{r.metric}" for r in rows if r.timed) + noise_lines(rows, floor)
+    spreads: dict[str, float] = {}  # the widest window spread of the report's rows per class and metric
+    for r in rows:
+        if r.timed and r.spread is not None:
+            key = f"{r.noise_class}/{r.metric}"
+            spreads[key] = max(spreads.get(key, 0.0), r.spread)
+    header = floor.header((f"{r.noise_class}/{r.metric}" for r in rows if r.timed), spreads) + noise_lines(rows, floor)
     text = markdown(rows, base, head, show_unchanged=all_rows, header=header)
     if output:
         output.write_text(text)

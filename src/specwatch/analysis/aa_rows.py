@@ -1,0 +1,126 @@
+"""A/A pairs' timed rows and the held-out judgments the detection floor (``analysis.floor``) is
+chosen by: each clean pair's rows judged under what the other pairs alone would set, by class floor
+(``held_out_flags``: margin x the others' largest change per class and metric) and by the scaled
+rule (``held_out_scaled``: margin x the others' largest change / window spread per metric x the
+row's own spread).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from functools import reduce
+from typing import Iterable, Optional
+
+from specwatch.analysis.compare import Row, Verdict, budget_for, compare_records
+from specwatch.analysis.noise import merge_budgets
+from specwatch.core.record import CaseRecord
+
+
+@dataclass(frozen=True)
+class AARow:
+    """One timed (case, metric) of an A/A pair."""
+
+    key: str
+    """``CLASS/METRIC`` (``compare.noise_class`` and the metric's name)."""
+    change: float
+    """``|head / base - 1|``."""
+    testable: bool
+    """Whether the Mann-Whitney test lets a change of it count (p <= alpha)."""
+    spread: Optional[float] = None
+    """The wider of the pair's two ``window_spread`` values: how noisily the A/A runs timed it."""
+
+
+def aa_rows(base: Iterable[CaseRecord], head: Iterable[CaseRecord], alpha: float = 0.1) -> list[AARow]:
+    """Every timed row of an A/A comparison, compared at threshold 0 (so only the test decides)."""
+    return timed_rows(compare_records(base, head, threshold=0.0, alpha=alpha))
+
+
+def timed_rows(rows: Iterable[Row]) -> list[AARow]:
+    return [
+        AARow(
+            f"{r.noise_class}/{r.metric}",
+            abs(r.ratio - 1.0),
+            r.verdict in (Verdict.regressed, Verdict.improved),
+            r.spread,
+        )
+        for r in rows
+        if r.timed and r.ratio is not None
+    ]
+
+
+def largest_changes(rows: list[AARow]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for r in rows:
+        out[r.key] = max(out.get(r.key, 0.0), r.change)
+    return out
+
+
+def metric_of(key: str) -> str:
+    """The metric name of a ``CLASS/METRIC`` key."""
+    return key.rsplit("/", 1)[1]
+
+
+def held_out_flags(
+    rows: list[list[AARow]],
+    spreads: list[dict[str, float]],
+    judged: list[int],
+    margin: float,
+    threshold: float,
+    skip: Optional[set[tuple[int, int]]] = None,
+) -> dict[str, int]:
+    """Metric name -> rows of the ``judged`` pairs that count (``testable``) and change more than
+    the budget the other pairs give their class and metric at ``margin`` (the plain threshold where
+    no other pair measured it); the (pair, row) of ``skip`` left out."""
+    flagged: Counter[str] = Counter()
+    for i in judged:
+        others = ({k: max(threshold, margin * v) for k, v in sp.items()} for j, sp in enumerate(spreads) if j != i)
+        budgets = reduce(merge_budgets, others, {})
+        flagged.update(
+            metric_of(r.key)
+            for n, r in enumerate(rows[i])
+            if (i, n) not in (skip or ())
+            and r.testable
+            and r.change > budget_for(budgets, *r.key.rsplit("/", 1), threshold)
+        )
+    return dict(flagged)
+
+
+def _ratio(r: AARow) -> Optional[float]:
+    """A row's change over its window spread; None without a positive spread."""
+    return r.change / r.spread if r.spread else None
+
+
+def top_ratios(rows: list[list[AARow]], pairs: Iterable[int]) -> dict[str, float]:
+    """Metric name -> the largest change / spread over the rows of ``pairs``."""
+    top: dict[str, float] = {}
+    for i in pairs:
+        for r in rows[i]:
+            if (q := _ratio(r)) is not None:
+                top[metric_of(r.key)] = max(top.get(metric_of(r.key), 0.0), q)
+    return top
+
+
+def scaled_rows(rows: list[list[AARow]], judged: list[int]) -> set[tuple[int, int]]:
+    """(pair, row) of the judged rows the scaled rule judges held out: a spread, and another judged
+    pair with a ratio of the same metric."""
+    out = set()
+    for i in judged:
+        others = top_ratios(rows, (j for j in judged if j != i))
+        out |= {(i, n) for n, r in enumerate(rows[i]) if r.spread and metric_of(r.key) in others}
+    return out
+
+
+def held_out_scaled(rows: list[list[AARow]], judged: list[int], margin: float, threshold: float) -> dict[str, int]:
+    """Metric name -> rows of the ``judged`` pairs that count and change more than ``margin`` x the
+    other judged pairs' largest change / spread of that metric x the row's own spread (at least
+    ``threshold``); rows without a spread, or of a metric no other pair has a ratio of, are not
+    judged so (``scaled_rows``)."""
+    flagged: Counter[str] = Counter()
+    for i in judged:
+        others = top_ratios(rows, (j for j in judged if j != i))
+        for r in rows[i]:
+            k = others.get(metric_of(r.key))
+            if r.spread and k is not None and r.testable and r.change > max(threshold, margin * k * r.spread):
+                flagged[metric_of(r.key)] += 1
+    return dict(flagged)
