@@ -287,7 +287,7 @@ def test_the_scaled_budget_is_a_held_out_factor_of_the_rows_window_spread():
 
 
 def test_compare_scales_a_rows_budget_by_its_window_spread_where_the_budgets_say_so():
-    from specwatch.analysis.compare import SPREAD_KEY, budget_for
+    from specwatch.analysis.budget_rule import SPREAD_KEY, budget_for
     from specwatch.analysis.window_spread import window_spread
 
     budgets = {"tiny/bs1/output_throughput": 0.20, f"{SPREAD_KEY}output_throughput": 0.75, SPREAD_KEY: 0.02}
@@ -309,9 +309,21 @@ def test_compare_scales_a_rows_budget_by_its_window_spread_where_the_budgets_say
     spread = window_spread(base.metrics["output_throughput"])
     (row,) = compare_records([base], [head], threshold=0.05, budgets=budgets)
     assert row.verdict.value == "regressed" and row.spread == pytest.approx(spread)
-    assert f"budget {0.75 * spread:.1%} = 0.75 x window spread {spread:.1%}" in row.note
+    budget = budget_for(budgets, "tiny/bs1", "output_throughput", 0.05, spread)
+    assert (
+        budget == pytest.approx(0.75 * spread)
+        and f"budget {budget:.1%} = 0.75 x window spread {spread:.1%}" in row.note
+    )
     (row,) = compare_records([base], [head], threshold=0.05, budgets={"tiny/bs1/output_throughput": 0.20})
     assert row.verdict.value == "unchanged"  # the noisy host's class floor hides it
+    # the A/A row whose change / spread set the factor (``aa_rows``: |head / base - 1|) is within its
+    # own budget, not past it by rounding ((head - base) / base reads 7e-17 more at these values)
+    b_tps, h_tps = 1852.1, 1958.9
+    base, head = rec(c, b_tps / 100.0), rec(c, h_tps / 100.0)
+    (row,) = compare_records([base], [head], threshold=0.05)
+    own = {f"{SPREAD_KEY}output_throughput": abs(row.ratio - 1) / row.spread, SPREAD_KEY: 0.02}
+    (row,) = compare_records([base], [head], threshold=0.05, budgets=own)
+    assert (h_tps - b_tps) / b_tps > h_tps / b_tps - 1 and row.verdict.value == "unchanged"
 
 
 def test_the_report_header_gives_the_scaled_budget_at_the_reports_spread():

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from functools import reduce
 from typing import Iterable, Optional
 
-from specwatch.analysis.compare import Row, Verdict, budget_for, compare_records
+from specwatch.analysis.budget_rule import ROUNDING, budget_for
+from specwatch.analysis.compare import Row, Verdict, compare_records
 from specwatch.analysis.noise import merge_budgets
 from specwatch.core.record import CaseRecord
 
@@ -121,6 +122,11 @@ def held_out_scaled(rows: list[list[AARow]], judged: list[int], margin: float, t
         others = top_ratios(rows, (j for j in judged if j != i))
         for r in rows[i]:
             k = others.get(metric_of(r.key))
-            if r.spread and k is not None and r.testable and r.change > max(threshold, margin * k * r.spread):
+            if (
+                r.spread
+                and k is not None
+                and r.testable
+                and r.change > max(threshold, margin * k * r.spread * (1 + ROUNDING))
+            ):
                 flagged[metric_of(r.key)] += 1
     return dict(flagged)

@@ -23,6 +23,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Iterable, Iterator, Optional
 
+from specwatch.analysis.budget_rule import SPREAD_KEY, budget_for, budget_key
 from specwatch.analysis.engine_test import TimedTest, paired_p, timed_test, welch_p
 from specwatch.analysis.rank_test import mann_whitney_p
 from specwatch.analysis.window_spread import window_spread
@@ -160,31 +161,6 @@ def noise_class(case) -> str:
     bound by the CPU scheduler and far noisier between runs than an 8b model at batch 8); the
     model by ``Case.model_label``, so each own model is a class of its own, by its name."""
     return f"{case.model_label}/bs{case.batch_size}"
-
-
-SPREAD_KEY = "per-window-spread/"
-"""A budgets key ``per-window-spread/METRIC``: the budget per unit of a row's window spread
-(``analysis.floor.DetectionFloor.per_spread``), which ``budget_for`` scales by the row's spread;
-``per-window-spread/`` alone: the least such budget (else the comparison's threshold)."""
-
-
-def budget_key(budgets: Optional[dict], klass: str, metric: str) -> Optional[str]:
-    """The budget that applies to a class's timed metric: ``CLASS/METRIC``, else ``CLASS``, else None."""
-    return next((k for k in (f"{klass}/{metric}", klass) if k in (budgets or {})), None)
-
-
-def budget_for(
-    budgets: Optional[dict], klass: str, metric: str, threshold: float, spread: Optional[float] = None
-) -> float:
-    """The relative change a timed metric must exceed: where the row has a window ``spread`` and
-    the budgets a ``SPREAD_KEY`` factor for the metric, that factor x the spread (at least the
-    budgets' own least scaled budget, else ``threshold``); else the class/metric budget when one is set (it was measured: ``specwatch
-    noise`` never derives one below the threshold its pairs ran at), else ``threshold``."""
-    factor = (budgets or {}).get(f"{SPREAD_KEY}{metric}") if spread is not None else None
-    if factor is not None:
-        return max(budgets.get(SPREAD_KEY, threshold), factor * spread)
-    key = budget_key(budgets, klass, metric)
-    return threshold if key is None else budgets[key]
 
 
 SIZING_EXPLAINED = frozenset(

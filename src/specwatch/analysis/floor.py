@@ -60,7 +60,8 @@ from specwatch.analysis.aa_rows import (
     timed_rows,
     top_ratios,
 )
-from specwatch.analysis.compare import SPREAD_KEY, frame_rows
+from specwatch.analysis.budget_rule import ROUNDING, SPREAD_KEY
+from specwatch.analysis.compare import frame_rows
 from specwatch.analysis.noise import BudgetFile, aa_differences, condition_differences, merge_budgets
 from specwatch.core.record import CaseRecord
 
@@ -152,7 +153,7 @@ class DetectionFloor:
         k = self.per_spread.get(metric)
         if k is None or spread is None:
             return self.floor(klass, metric)
-        return max(self.least_scaled, k * spread)
+        return max(self.least_scaled, k * spread * (1 + ROUNDING))
 
     @property
     def least_scaled(self) -> float:
@@ -340,8 +341,8 @@ def file_threshold(path: Optional[Path], default: float = 0.05) -> float:
 
 def compare_budgets(floor: DetectionFloor) -> Optional[dict[str, float]]:
     """The budgets a ``compare`` without ``--budgets`` applies: each measured class and metric's
-    floor, and each metric's budget per unit of window spread under ``compare.SPREAD_KEY`` (which
-    ``compare.budget_for`` scales by a row's spread), so a change is called exactly where the
+    floor, and each metric's budget per unit of window spread under ``budget_rule.SPREAD_KEY`` (which
+    ``budget_rule.budget_for`` scales by a row's spread), so a change is called exactly where the
     report's header says it can be; None where no A/A pair measured any (the plain threshold then)."""
     scaled = {f"{SPREAD_KEY}{m}": k for m, k in floor.per_spread.items()}
     if scaled:

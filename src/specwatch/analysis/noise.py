@@ -11,7 +11,8 @@ from typing import Iterable, Optional
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from specwatch.analysis.compare import Row, Verdict, budget_key, compare_records
+from specwatch.analysis.budget_rule import budget_key
+from specwatch.analysis.compare import Row, Verdict, compare_records
 from specwatch.core.errors import SpecwatchInputError
 from specwatch.core.record import CaseRecord
 from specwatch.store.frame import run_conditions
