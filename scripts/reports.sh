@@ -88,6 +88,11 @@ report baseline-timing-tiny-full-prefill "suite=timing,model=tiny,run=20261206T0
 # interleaved with a clean pass: past the floors above, or not
 planted=run=20261206T041819Z-e480fb
 report fault-slow-verify-150us-timing-tiny "suite=timing,model=tiny,$planted" "suite=timing,fault=slow-verify-150us,model=tiny,$planted"
+# the same stall at batch 16 on an H200 whose decode windows spread 29%: called where the budget
+# scaled to that noise allows (SGLang's 10th-percentile step), within it elsewhere
+planted=run=20261206T203824Z-93de08
+report fault-slow-verify-150us-timing-tiny-bs16-h200 "suite=timing,model=tiny,$planted" \
+  "suite=timing,fault=slow-verify-150us,model=tiny,$planted"
 "$bin/specwatch" noise-holdout results/noise-budgets-timing.json --threshold 0.02 -o "$out/aa-holdout-timing.md" >/dev/null
 echo "$out/aa-holdout-timing.md: $(sed -n 3p "$out/aa-holdout-timing.md")"
 # every A/A pair of the budget file under the other pairs' budgets (the held-out false-positive rate)
