@@ -295,6 +295,8 @@ def test_compare_scales_a_rows_budget_by_its_window_spread_where_the_budgets_say
     assert budget_for(budgets, "tiny/bs1", "output_throughput", 0.05, 0.01) == 0.02
     assert budget_for(budgets, "tiny/bs1", "output_throughput", 0.05, None) == 0.20
     assert budget_for({"tiny/bs1/output_throughput": 0.2}, "tiny/bs1", "output_throughput", 0.05, 0.04) == 0.2
+    # a class no A/A pair measured keeps the plain threshold: the factor is not carried over to it
+    assert budget_for(budgets, "tiny/bs16", "output_throughput", 0.05, 0.04) == 0.05
 
     def rec(c, scale):
         r = record(c)
@@ -321,7 +323,7 @@ def test_compare_scales_a_rows_budget_by_its_window_spread_where_the_budgets_say
     b_tps, h_tps = 1852.1, 1958.9
     base, head = rec(c, b_tps / 100.0), rec(c, h_tps / 100.0)
     (row,) = compare_records([base], [head], threshold=0.05)
-    own = {f"{SPREAD_KEY}output_throughput": abs(row.ratio - 1) / row.spread, SPREAD_KEY: 0.02}
+    own = {**budgets, f"{SPREAD_KEY}output_throughput": abs(row.ratio - 1) / row.spread}
     (row,) = compare_records([base], [head], threshold=0.05, budgets=own)
     assert (h_tps - b_tps) / b_tps > h_tps / b_tps - 1 and row.verdict.value == "unchanged"
 

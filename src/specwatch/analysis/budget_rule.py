@@ -27,12 +27,16 @@ def budget_key(budgets: Optional[dict], klass: str, metric: str) -> Optional[str
 def budget_for(
     budgets: Optional[dict], klass: str, metric: str, threshold: float, spread: Optional[float] = None
 ) -> float:
-    """The relative change a timed metric must exceed: where the row has a window ``spread`` and
-    the budgets a ``SPREAD_KEY`` factor for the metric, that factor x the spread (at least the
-    budgets' own least scaled budget, else ``threshold``); else the class/metric budget when one is set (it was measured: ``specwatch
-    noise`` never derives one below the threshold its pairs ran at), else ``threshold``."""
-    factor = (budgets or {}).get(f"{SPREAD_KEY}{metric}") if spread is not None else None
+    """The relative change a timed metric must exceed. Where an A/A pair measured the class and
+    metric (a budget is set for it), the row has a window ``spread`` and the budgets a
+    ``SPREAD_KEY`` factor for the metric: that factor x the spread, at least the budgets' own least
+    scaled budget (else ``threshold``). Else the class/metric budget when one is set (it was
+    measured: ``specwatch noise`` never derives one below the threshold its pairs ran at), else
+    ``threshold``: a class no pair measured is not scaled from the others."""
+    key = budget_key(budgets, klass, metric)
+    if key is None:
+        return threshold
+    factor = budgets.get(f"{SPREAD_KEY}{metric}") if spread is not None else None
     if factor is not None:
         return max(budgets.get(SPREAD_KEY, threshold), factor * spread * (1 + ROUNDING))
-    key = budget_key(budgets, klass, metric)
-    return threshold if key is None else budgets[key]
+    return budgets[key]

@@ -32,10 +32,11 @@ pairs, decode throughput's change / spread is 0.004-0.61 from 8b at 0.2% spread 
 at 35%. So per metric name, pooled over the classes, ``per_spread`` is a margin x the largest
 change / spread of the clean pairs' rows, the margin again the smallest with no row flagged held
 out (each pair judged under the other pairs' largest ratio), and a compared row with a window
-spread gets the budget ``per_spread x its spread`` (at least ``threshold``) instead of its class
-floor (``budget_at``; ``compare_budgets`` hands both to ``compare``), at least the threshold the
-pairs were judged at, as the floors are. A row without a spread (too few
-windows; probe time and engine start time have engine medians only) keeps the class floor.
+spread, of a class and metric some pair measured, gets the budget ``per_spread x its spread``
+instead of its class floor (``budget_at``; ``compare_budgets`` hands both to ``compare``), at least
+the threshold the pairs were judged at, as the floors are. A row without a spread (too few windows;
+probe time and engine start time have engine medians only) keeps the class floor, and a class no
+pair measured the plain threshold: the factor is not carried to classes it was not measured on.
 ``held_out_rate`` is over the rule as applied: scaled rows under the scaled budget, the rest under
 the floors.
 """
@@ -147,13 +148,17 @@ class DetectionFloor:
         return self.floors.get(f"{klass}/{metric}", self.threshold)
 
     def budget_at(self, klass: str, metric: str, spread: Optional[float]) -> float:
-        """The change a row of ``klass`` and ``metric`` must exceed to be called: ``per_spread`` x
-        the row's window spread (at least the threshold) where both are known, else the class
-        floor (``floor``)."""
-        k = self.per_spread.get(metric)
-        if k is None or spread is None:
+        """The change a row of ``klass`` and ``metric`` must exceed to be called (as
+        ``budget_rule.budget_for`` under ``compare_budgets``): ``per_spread`` x the row's window
+        spread (at least ``least_scaled``) where a pair measured the class and metric and both are
+        known, else the class floor (``floor``; the threshold for a class no pair measured)."""
+        if not self.scales(klass, metric, spread):
             return self.floor(klass, metric)
-        return max(self.least_scaled, k * spread * (1 + ROUNDING))
+        return max(self.least_scaled, self.per_spread[metric] * spread * (1 + ROUNDING))
+
+    def scales(self, klass: str, metric: str, spread: Optional[float]) -> bool:
+        """Whether a row's budget is scaled to its ``spread`` (``budget_at``)."""
+        return spread is not None and metric in self.per_spread and f"{klass}/{metric}" in self.floors
 
     @property
     def least_scaled(self) -> float:
@@ -194,9 +199,9 @@ class DetectionFloor:
         by_class: dict[str, list[str]] = {}
         for k in keys:
             klass, metric = k.rsplit("/", 1)
-            known = "" if k in self.floors or metric in self.per_spread else " (no A/A)"
+            known = "" if k in self.floors else " (no A/A)"
             spread = spreads.get(k)
-            at = f" at {spread:.1%} spread" if spread is not None and metric in self.per_spread else ""
+            at = f" at {spread:.1%} spread" if self.scales(klass, metric, spread) else ""
             by_class.setdefault(klass, []).append(f"{metric} {self.budget_at(klass, metric, spread):.1%}{at}{known}")
         shown = "; ".join(f"{c}: {', '.join(ms)}" for c, ms in by_class.items())
         margins = self.margin_text([metric_of(k) for k in keys if k in self.floors])

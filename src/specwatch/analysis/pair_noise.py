@@ -32,12 +32,21 @@ QUIET_SPREAD = 0.01
 runs spread 0.2-1.2%, where twice the widest is still quiet."""
 
 
-def hidden_change(spread: float, calm: float, floor: float) -> Optional[float]:
-    """The change that could hide under ``floor`` in a run of window spread ``spread``, whose A/A
-    runs spread ``calm``: the floor scaled by the ratio of the spreads; None where the run is within
-    ``NOISIER_FACTOR`` times the A/A spread (or ``QUIET_SPREAD``, the larger), so the floor applies."""
+def hidden_change(spread: float, calm: float, floor: float, scaled: Optional[float] = None) -> Optional[float]:
+    """The change that could hide in a run of window spread ``spread``, whose A/A runs spread
+    ``calm``: the budget ``scaled`` to that spread where the row has one (``DetectionFloor.budget_at``:
+    the verdict applied it), else ``floor`` scaled by the ratio of the spreads; None where the run
+    is within ``NOISIER_FACTOR`` times the A/A spread (or ``QUIET_SPREAD``, the larger)."""
     calm = max(calm, QUIET_SPREAD)
-    return None if spread <= NOISIER_FACTOR * calm else floor * spread / calm
+    if spread <= NOISIER_FACTOR * calm:
+        return None
+    return scaled if scaled is not None else floor * spread / calm
+
+
+def _hidden(floor: DetectionFloor, klass: str, metric: str, spread: float, calm: float) -> Optional[float]:
+    """``hidden_change`` of a row of ``klass`` and ``metric`` under ``floor``."""
+    scaled = floor.budget_at(klass, metric, spread) if floor.scales(klass, metric, spread) else None
+    return hidden_change(spread, calm, floor.floor(klass, metric), scaled)
 
 
 def mark_noisier(rows: Iterable[Row], floor: DetectionFloor) -> list[Row]:
@@ -49,7 +58,7 @@ def mark_noisier(rows: Iterable[Row], floor: DetectionFloor) -> list[Row]:
         calm = floor.spreads.get(f"{r.noise_class}/{r.metric}")
         if not r.timed or r.spread is None or calm is None:
             continue
-        if (hidden := hidden_change(r.spread, calm, floor.floor(r.noise_class, r.metric))) is None:
+        if (hidden := _hidden(floor, r.noise_class, r.metric, r.spread, calm)) is None:
             continue
         r.noisier = (
             f"window spread {r.spread:.0%} against <= {calm:.1%} in the floor's A/A runs: "
@@ -83,8 +92,9 @@ def noise_lines(rows: list[Row], floor: DetectionFloor) -> list[str]:
     classes = "; ".join(f"{k}: up to {s:.0%} against <= {c:.1%}" for k, (s, c) in sorted(by_class.items()))
     return [
         f"**Noise check: {len(noisy)} of {len(checked)} checked timed metrics ran noisier than the floor's A/A "
-        f"runs** (window spread over {NOISIER_FACTOR:g}x theirs; {classes}). The floor's false-positive rate "
-        "does not cover them: their verdicts rest on the test alone, and an unchanged one can hide a change "
+        f"runs** (window spread over {NOISIER_FACTOR:g}x theirs; {classes}). Their class's A/A runs never ran "
+        "this noisily: where a budget is scaled to the row's spread it extrapolates the A/A change per unit "
+        "of spread, elsewhere the verdict rests on the test alone, and an unchanged row can hide a change "
         "above the floor (each row's note says how large). Rerun them on a quieter host.",
         "",
     ]
@@ -100,7 +110,7 @@ def record_noise(rec, floor: DetectionFloor, metric: str = "decode_throughput") 
     calm = floor.spreads.get(f"{klass}/{metric}")
     if m is None or calm is None or (spread := window_spread(m)) is None:
         return None
-    if (hidden := hidden_change(spread, calm, floor.floor(klass, metric))) is None:
+    if (hidden := _hidden(floor, klass, metric, spread, calm)) is None:
         return None
     return (
         f"noisy host: {metric} windows spread {spread:.0%} against <= {calm:.1%} in the A/A runs of {klass} "
