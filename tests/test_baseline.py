@@ -239,6 +239,9 @@ def test_the_overhead_table_pools_every_runs_rounds_per_case_and_resolves_what_o
     assert row["95% CI"] == f"{pooled.low:.3f}-{pooled.high:.3f}" and pooled.low >= 0.98
     assert row["verdict vs 0.98"] == "within" and row["probed / plain loop"] == pytest.approx(0.997, abs=1e-3)
     assert (t.iloc[1]["rounds"], t.iloc[1]["verdict vs 0.98"]) == (2, "past")
+    assert row["rounds to resolve"] == t.iloc[1]["rounds to resolve"] == "–"  # both resolved
+    one = baseline_overhead_table(records_frame(recs[:1])).iloc[0]  # one run's three rounds: unresolved
+    assert one["verdict vs 0.98"] == "unresolved" and 3 < int(one["rounds to resolve"]) <= 9
 
 
 def test_the_overhead_command_shows_pooled_rounds_and_exits_1_where_a_case_is_past(tmp_path, monkeypatch, capsys):
@@ -603,3 +606,23 @@ run_suite(load_suite({str(tmp_path / "b.toml")!r}), {str(tmp_path / "results")!r
     while time.monotonic() < deadline and not (pid_file.exists() and pid_file.read_text()):
         time.sleep(0.1)
     return runner, pid_file
+
+
+def test_rounds_to_resolve_is_the_fewest_rounds_whose_interval_clears_the_target_at_this_spread():
+    import math
+
+    from scipy.stats import t
+
+    from specwatch.store.baseline import MAX_ROUNDS_SHOWN, rounds_interval, rounds_to_resolve
+
+    ratios = [0.99, 1.01, 0.985]  # mean 0.995, its interval holds 0.98
+    assert rounds_interval(ratios).verdict.value == "unresolved"
+    n = rounds_to_resolve(ratios)
+    logs = [math.log(r) for r in ratios]
+    gap, sd = statistics.fmean(logs) - math.log(0.98), statistics.stdev(logs)
+    assert t.ppf(0.975, n - 1) * sd / math.sqrt(n) < gap <= t.ppf(0.975, n - 2) * sd / math.sqrt(n - 1)
+    assert 3 < n < 20
+    # below the target resolves too (as past); a mean on the target never does
+    assert rounds_to_resolve([0.90, 0.95, 0.92]) is not None
+    assert rounds_to_resolve([0.97, 0.99, 0.98 * 0.98 / (0.97 * 0.99) * 0.98]) is None
+    assert rounds_to_resolve([1.0]) is None and MAX_ROUNDS_SHOWN == 1000

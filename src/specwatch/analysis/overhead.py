@@ -11,7 +11,14 @@ from typing import Optional
 
 import pandas as pd
 
-from specwatch.store.baseline import OVERHEAD_TARGET, OverheadVerdict, relative_spread, rounds_interval
+from specwatch.store.baseline import (
+    MAX_ROUNDS_SHOWN,
+    OVERHEAD_TARGET,
+    OverheadVerdict,
+    relative_spread,
+    rounds_interval,
+    rounds_to_resolve,
+)
 
 OVERHEAD_BUDGET = 0.02
 """Harness overhead allowed: specwatch's tokens/s within 2% of a bare run's."""
@@ -161,12 +168,22 @@ def baseline_overhead_rows(ok: Optional[pd.DataFrame]) -> pd.DataFrame:
                 "probed / plain loop": round(statistics.geometric_mean(ratios), 3),
                 "95% CI": "one round" if pooled is None else f"{pooled.low:.3f}-{pooled.high:.3f}",
                 f"verdict vs {OVERHEAD_TARGET}": (pooled.verdict if pooled else OverheadVerdict.unresolved).value,
+                "rounds to resolve": _rounds_needed(ratios, pooled),
                 "repeat spread probed / plain": f"{_median_pct(g, 'overhead_probed_spread')} / "
                 f"{_median_pct(g, 'overhead_baseline_spread')}",
                 "run ids": ", ".join(g.run_id.astype(str)),
             }
         )
     return pd.DataFrame(rows)
+
+
+def _rounds_needed(ratios: list[float], pooled) -> str:
+    """The table's ``rounds to resolve`` cell: ``–`` where resolved, else ``rounds_to_resolve`` at
+    these rounds' mean and spread (``> 1000``: the host's noise hides the target)."""
+    if pooled is not None and pooled.verdict is not OverheadVerdict.unresolved:
+        return "–"
+    n = rounds_to_resolve(ratios)
+    return f"> {MAX_ROUNDS_SHOWN}" if n is None else str(n)
 
 
 def _median_pct(g: pd.DataFrame, column: str) -> str:

@@ -137,6 +137,31 @@ def rounds_interval(ratios: list[float]) -> Optional[RoundsOverhead]:
     return RoundsOverhead(math.exp(mean), math.exp(mean - half), math.exp(mean + half), n)
 
 
+MAX_ROUNDS_SHOWN = 1000
+"""``rounds_to_resolve`` gives up past this many rounds (the host's noise hides the target)."""
+
+
+def rounds_to_resolve(ratios: list[float]) -> Optional[int]:
+    """How many rounds in all, at these rounds' mean and spread of log ratios, would put the 95%
+    interval clear of ``OVERHEAD_TARGET`` on one side (``within`` or ``past``): the smallest n with
+    t(n - 1) x sd / sqrt(n) below |mean - log target|. None with fewer than two rounds, or where
+    more than ``MAX_ROUNDS_SHOWN`` would be needed (a mean at the target needs infinitely many)."""
+    if len(ratios) < 2:
+        return None
+    from scipy.stats import t
+
+    logs = [math.log(r) for r in ratios]
+    gap, sd = abs(statistics.fmean(logs) - math.log(OVERHEAD_TARGET)), statistics.stdev(logs)
+    if sd == 0:
+        return len(ratios) if gap > 0 else None
+    if gap == 0 or t.ppf(0.5 + CI_LEVEL / 2, MAX_ROUNDS_SHOWN - 1) * sd / math.sqrt(MAX_ROUNDS_SHOWN) >= gap:
+        return None
+    n = 2
+    while float(t.ppf(0.5 + CI_LEVEL / 2, n - 1)) * sd / math.sqrt(n) >= gap:
+        n += 1
+    return n
+
+
 def prefilled_round_ratios(metrics: dict, baseline: Optional[dict]) -> Optional[list[float]]:
     """The overhead of each round whose plain-loop run prefilled every timed call in full, as the
     probed batch does: probed engine median k / the median of baseline run k's timed calls, for the
