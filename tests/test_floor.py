@@ -318,6 +318,11 @@ def test_compare_scales_a_rows_budget_by_its_window_spread_where_the_budgets_say
     )
     (row,) = compare_records([base], [head], threshold=0.05, budgets={"tiny/bs1/output_throughput": 0.20})
     assert row.verdict.value == "unchanged"  # the noisy host's class floor hides it
+    # a class no pair measured: the threshold applies, and the note says so, not a scaled budget
+    other = case(batch_size=16)
+    (row,) = compare_records([rec(other, 1.0)], [rec(other, 0.9)], threshold=0.05, budgets=budgets)
+    assert row.verdict.value == "regressed" and "no noise budget for tiny/bs16/output_throughput" in row.note
+    assert "window spread" not in row.note
     # the A/A row whose change / spread set the factor (``aa_rows``: |head / base - 1|) is within its
     # own budget, not past it by rounding ((head - base) / base reads 7e-17 more at these values)
     b_tps, h_tps = 1852.1, 1958.9

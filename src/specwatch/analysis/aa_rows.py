@@ -102,31 +102,39 @@ def top_ratios(rows: list[list[AARow]], pairs: Iterable[int]) -> dict[str, float
     return top
 
 
-def scaled_rows(rows: list[list[AARow]], judged: list[int]) -> set[tuple[int, int]]:
-    """(pair, row) of the judged rows the scaled rule judges held out: a spread, and another judged
-    pair with a ratio of the same metric."""
-    out = set()
-    for i in judged:
-        others = top_ratios(rows, (j for j in judged if j != i))
-        out |= {(i, n) for n, r in enumerate(rows[i]) if r.spread and metric_of(r.key) in others}
-    return out
+@dataclass(frozen=True)
+class Others:
+    """What the judged pairs other than one give the scaled rule, for judging that one held out."""
+
+    ratios: dict[str, float]
+    """Metric name -> their largest change / spread (``top_ratios``)."""
+
+    def factor(self, r: AARow) -> Optional[float]:
+        """The factor the scaled rule judges ``r`` by, or None where it keeps the class budget: no
+        spread, or no ratio of its metric among the others."""
+        return self.ratios.get(metric_of(r.key)) if r.spread else None
 
 
-def held_out_scaled(rows: list[list[AARow]], judged: list[int], margin: float, threshold: float) -> dict[str, int]:
-    """Metric name -> rows of the ``judged`` pairs that count and change more than ``margin`` x the
-    other judged pairs' largest change / spread of that metric x the row's own spread (at least
-    ``threshold``); rows without a spread, or of a metric no other pair has a ratio of, are not
-    judged so (``scaled_rows``)."""
+def leave_one_out(rows: list[list[AARow]], judged: list[int]) -> dict[int, Others]:
+    """Each judged pair -> what the other judged pairs give the scaled rule."""
+    return {i: Others(top_ratios(rows, (j for j in judged if j != i))) for i in judged}
+
+
+def scaled_rows(rows: list[list[AARow]], others: dict[int, Others]) -> set[tuple[int, int]]:
+    """(pair, row) of the judged rows the scaled rule judges held out (``Others.factor``)."""
+    return {(i, n) for i, o in others.items() for n, r in enumerate(rows[i]) if o.factor(r) is not None}
+
+
+def held_out_scaled(
+    rows: list[list[AARow]], others: dict[int, Others], margin: float, threshold: float
+) -> dict[str, int]:
+    """Metric name -> rows of the judged pairs (``others``' keys) that count and change more than
+    ``margin`` x the other pairs' largest change / spread of that metric x the row's own spread (at
+    least ``threshold``); the rows ``Others.factor`` leaves to the class budget are not judged so."""
     flagged: Counter[str] = Counter()
-    for i in judged:
-        others = top_ratios(rows, (j for j in judged if j != i))
+    for i, o in others.items():
         for r in rows[i]:
-            k = others.get(metric_of(r.key))
-            if (
-                r.spread
-                and k is not None
-                and r.testable
-                and r.change > max(threshold, margin * k * r.spread * (1 + ROUNDING))
-            ):
+            k = o.factor(r)
+            if k is not None and r.testable and r.change > max(threshold, margin * k * r.spread * (1 + ROUNDING)):
                 flagged[metric_of(r.key)] += 1
     return dict(flagged)

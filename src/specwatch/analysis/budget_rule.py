@@ -24,19 +24,25 @@ def budget_key(budgets: Optional[dict], klass: str, metric: str) -> Optional[str
     return next((k for k in (f"{klass}/{metric}", klass) if k in (budgets or {})), None)
 
 
+def spread_factor(budgets: Optional[dict], klass: str, metric: str, spread: Optional[float]) -> Optional[float]:
+    """The factor a row's budget is scaled by (``budget_for``): the budgets' ``SPREAD_KEY`` factor of
+    the metric, where the row has a window ``spread`` and a budget is set for its class and metric
+    (an A/A pair measured them); None where the row keeps its class budget or the threshold."""
+    if spread is None or budget_key(budgets, klass, metric) is None:
+        return None
+    return budgets.get(f"{SPREAD_KEY}{metric}")
+
+
 def budget_for(
     budgets: Optional[dict], klass: str, metric: str, threshold: float, spread: Optional[float] = None
 ) -> float:
-    """The relative change a timed metric must exceed. Where an A/A pair measured the class and
-    metric (a budget is set for it), the row has a window ``spread`` and the budgets a
-    ``SPREAD_KEY`` factor for the metric: that factor x the spread, at least the budgets' own least
-    scaled budget (else ``threshold``). Else the class/metric budget when one is set (it was
-    measured: ``specwatch noise`` never derives one below the threshold its pairs ran at), else
-    ``threshold``: a class no pair measured is not scaled from the others."""
-    key = budget_key(budgets, klass, metric)
-    if key is None:
-        return threshold
-    factor = budgets.get(f"{SPREAD_KEY}{metric}") if spread is not None else None
+    """The relative change a timed metric must exceed: where ``spread_factor`` gives one, that factor
+    x the row's window ``spread``, at least the budgets' own least scaled budget (else
+    ``threshold``); else the class/metric budget when one is set (it was measured: ``specwatch
+    noise`` never derives one below the threshold its pairs ran at), else ``threshold``: a class no
+    pair measured is not scaled from the others."""
+    factor = spread_factor(budgets, klass, metric, spread)
     if factor is not None:
         return max(budgets.get(SPREAD_KEY, threshold), factor * spread * (1 + ROUNDING))
-    return budgets[key]
+    key = budget_key(budgets, klass, metric)
+    return threshold if key is None else budgets[key]

@@ -23,7 +23,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Iterable, Iterator, Optional
 
-from specwatch.analysis.budget_rule import SPREAD_KEY, budget_for, budget_key
+from specwatch.analysis.budget_rule import budget_for, budget_key, spread_factor
 from specwatch.analysis.engine_test import TimedTest, paired_p, timed_test, welch_p
 from specwatch.analysis.rank_test import mann_whitney_p
 from specwatch.analysis.window_spread import window_spread
@@ -265,7 +265,7 @@ def metric_row(
     else:
         budget = budget_for(budgets, klass, name, threshold, spread)
         verdict, note, below = _timed_verdict(bm, hm, budget, alpha, test)
-        factor = (budgets or {}).get(f"{SPREAD_KEY}{name}") if spread is not None else None
+        factor = spread_factor(budgets, klass, name, spread)
         if factor is not None and (verdict is not Verdict.unchanged or below):
             # the budget came from the pair's own noise: say how, next to the verdict
             note = f"{note}; budget {budget:.1%} = {factor:.2f} x window spread {spread:.1%}"

@@ -56,12 +56,13 @@ from specwatch.analysis.aa_rows import (
     held_out_flags,
     held_out_scaled,
     largest_changes,
+    leave_one_out,
     metric_of,
     scaled_rows,
     timed_rows,
     top_ratios,
 )
-from specwatch.analysis.budget_rule import ROUNDING, SPREAD_KEY
+from specwatch.analysis.budget_rule import SPREAD_KEY, budget_for, spread_factor
 from specwatch.analysis.compare import frame_rows
 from specwatch.analysis.noise import BudgetFile, aa_differences, condition_differences, merge_budgets
 from specwatch.core.record import CaseRecord
@@ -147,18 +148,24 @@ class DetectionFloor:
     def floor(self, klass: str, metric: str) -> float:
         return self.floors.get(f"{klass}/{metric}", self.threshold)
 
+    def budgets(self) -> dict[str, float]:
+        """The budgets ``compare`` applies under this floor (``budget_rule.budget_for``): each measured
+        class and metric's floor, and each metric's ``per_spread`` factor under
+        ``budget_rule.SPREAD_KEY`` with the least scaled budget under the key alone."""
+        scaled = {f"{SPREAD_KEY}{m}": k for m, k in self.per_spread.items()}
+        if scaled:
+            scaled[SPREAD_KEY] = self.least_scaled
+        return {**self.floors, **scaled}
+
     def budget_at(self, klass: str, metric: str, spread: Optional[float]) -> float:
-        """The change a row of ``klass`` and ``metric`` must exceed to be called (as
-        ``budget_rule.budget_for`` under ``compare_budgets``): ``per_spread`` x the row's window
-        spread (at least ``least_scaled``) where a pair measured the class and metric and both are
-        known, else the class floor (``floor``; the threshold for a class no pair measured)."""
-        if not self.scales(klass, metric, spread):
-            return self.floor(klass, metric)
-        return max(self.least_scaled, self.per_spread[metric] * spread * (1 + ROUNDING))
+        """The change a row of ``klass`` and ``metric`` with window ``spread`` must exceed to be
+        called: ``budget_rule.budget_for`` under ``budgets`` (``per_spread`` x the spread where a pair
+        measured the class and metric, else the class floor, else the threshold)."""
+        return budget_for(self.budgets(), klass, metric, self.threshold, spread)
 
     def scales(self, klass: str, metric: str, spread: Optional[float]) -> bool:
-        """Whether a row's budget is scaled to its ``spread`` (``budget_at``)."""
-        return spread is not None and metric in self.per_spread and f"{klass}/{metric}" in self.floors
+        """Whether a row's budget is scaled to its ``spread`` (``budget_rule.spread_factor``)."""
+        return spread_factor(self.budgets(), klass, metric, spread) is not None
 
     @property
     def least_scaled(self) -> float:
@@ -283,12 +290,13 @@ def floor_of(
     top = top_ratios(rows, judged)
     if not top:
         return out
-    scaled_flags = {margin: held_out_scaled(rows, judged, margin, threshold) for margin in MARGINS}
+    others = leave_one_out(rows, judged)
+    scaled_flags = {margin: held_out_scaled(rows, others, margin, threshold) for margin in MARGINS}
     out.spread_margins = {m: next((g for g in MARGINS if not scaled_flags[g].get(m)), MARGINS[-1]) for m in top}
     out.per_spread = {m: out.spread_margins[m] * v for m, v in sorted(top.items())}
     out.spread_min = threshold
     # the held-out rate of the rule as applied: scaled rows under their margin, the rest under the floors'
-    skip = scaled_rows(rows, judged)
+    skip = scaled_rows(rows, others)
     fixed = {g: held_out_flags(rows, spreads, judged, g, threshold, skip) for g in set(margins.values())}
     flagged = sum(scaled_flags[g].get(m, 0) for m, g in out.spread_margins.items())
     flagged += sum(fixed[g].get(m, 0) for m, g in margins.items())
@@ -349,10 +357,7 @@ def compare_budgets(floor: DetectionFloor) -> Optional[dict[str, float]]:
     floor, and each metric's budget per unit of window spread under ``budget_rule.SPREAD_KEY`` (which
     ``budget_rule.budget_for`` scales by a row's spread), so a change is called exactly where the
     report's header says it can be; None where no A/A pair measured any (the plain threshold then)."""
-    scaled = {f"{SPREAD_KEY}{m}": k for m, k in floor.per_spread.items()}
-    if scaled:
-        scaled[SPREAD_KEY] = floor.least_scaled  # the least scaled budget
-    return {**floor.floors, **scaled} or None
+    return floor.budgets() or None
 
 
 def store_floors(root: Path, threshold: float = 0.05, alpha: float = 0.1) -> tuple[DetectionFloor, ...]:

@@ -127,14 +127,16 @@ def rounds_interval(ratios: list[float]) -> Optional[RoundsOverhead]:
     if len(ratios) < 2:
         return None
     logs = [math.log(r) for r in ratios]
-    n, mean = len(logs), statistics.fmean(logs)
-    sd = statistics.stdev(logs)
-    half = 0.0
-    if sd > 0:
-        from scipy.stats import t  # imported only where a record has rounds
-
-        half = float(t.ppf(0.5 + CI_LEVEL / 2, n - 1)) * sd / math.sqrt(n)
+    n, mean, sd = len(logs), statistics.fmean(logs), statistics.stdev(logs)
+    half = _half_width(sd, n) if sd > 0 else 0.0
     return RoundsOverhead(math.exp(mean), math.exp(mean - half), math.exp(mean + half), n)
+
+
+def _half_width(sd: float, n: int) -> float:
+    """Half the ``CI_LEVEL`` t interval of a mean of ``n`` log ratios of standard deviation ``sd``."""
+    from scipy.stats import t  # imported only where a record has rounds
+
+    return float(t.ppf(0.5 + CI_LEVEL / 2, n - 1)) * sd / math.sqrt(n)
 
 
 MAX_ROUNDS_SHOWN = 1000
@@ -148,16 +150,14 @@ def rounds_to_resolve(ratios: list[float]) -> Optional[int]:
     more than ``MAX_ROUNDS_SHOWN`` would be needed (a mean at the target needs infinitely many)."""
     if len(ratios) < 2:
         return None
-    from scipy.stats import t
-
     logs = [math.log(r) for r in ratios]
     gap, sd = abs(statistics.fmean(logs) - math.log(OVERHEAD_TARGET)), statistics.stdev(logs)
     if sd == 0:
         return len(ratios) if gap > 0 else None
-    if gap == 0 or t.ppf(0.5 + CI_LEVEL / 2, MAX_ROUNDS_SHOWN - 1) * sd / math.sqrt(MAX_ROUNDS_SHOWN) >= gap:
+    if gap == 0 or _half_width(sd, MAX_ROUNDS_SHOWN) >= gap:
         return None
     n = 2
-    while float(t.ppf(0.5 + CI_LEVEL / 2, n - 1)) * sd / math.sqrt(n) >= gap:
+    while _half_width(sd, n) >= gap:
         n += 1
     return n
 
