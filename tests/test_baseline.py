@@ -227,6 +227,9 @@ def test_the_overhead_table_pools_every_runs_rounds_per_case_and_resolves_what_o
         for i, ratios in enumerate(runs)
     ]
     assert all(rounds_interval(ratios).verdict.value == "unresolved" for ratios in runs)
+    for rec, cost in zip(recs, (20.0, 22.0, 30.0)):  # the probe's own clock: µs per batch, 4 ms steps
+        rec.metrics["probe_time_per_batch"] = Metric(value=cost, unit="us", higher_is_better=False)
+        rec.metrics["step_time"] = Metric(value=4.0, unit="ms", higher_is_better=False)
     other = _baseline_record([900.0, 905.0], [([1000.0], [0]), ([1000.0], [0])], c=case(batch_size=8), run_id="run9")
     faulty = _baseline_record(
         [500.0, 500.0], [([1000.0], [0]), ([1000.0], [0])], run_id="run8", fault="slow-verify-0us"
@@ -240,6 +243,7 @@ def test_the_overhead_table_pools_every_runs_rounds_per_case_and_resolves_what_o
     assert row["verdict vs 0.98"] == "within" and row["probed / plain loop"] == pytest.approx(0.997, abs=1e-3)
     assert (t.iloc[1]["rounds"], t.iloc[1]["verdict vs 0.98"]) == (2, "past")
     assert row["rounds to resolve"] == t.iloc[1]["rounds to resolve"] == "–"  # both resolved
+    assert (row["probe per step"], t.iloc[1]["probe per step"]) == ("0.55%", "not recorded")  # 22 µs / 4 ms
     one = baseline_overhead_table(records_frame(recs[:1])).iloc[0]  # one run's three rounds: unresolved
     assert one["verdict vs 0.98"] == "unresolved" and 3 < int(one["rounds to resolve"]) <= 9
 

@@ -131,7 +131,9 @@ def baseline_overhead_table(df: pd.DataFrame) -> pd.DataFrame:
     Per machine, SGLang version and case: the geometric mean of all its full-prefill rounds with
     the 95% t interval and its verdict against 0.98 (``OverheadVerdict``), and the median spread of
     the probed repeats beside that of the plain loop's timed calls (``overhead_probed_spread``,
-    ``overhead_baseline_spread``)."""
+    ``overhead_baseline_spread``), and the probe's own clock: its timed cost per batch over the step
+    time (``probe_share``), the part of the gap the probe in SGLang's scheduler can explain where the
+    rounds cannot resolve the ratio."""
     return baseline_overhead_rows(baseline_overhead_reads(df))
 
 
@@ -142,7 +144,7 @@ def baseline_overhead_reads(df: pd.DataFrame) -> Optional[pd.DataFrame]:
         return None
     keep = (df.status == "ok") & df.fault.isna() & df[ROUNDS].map(lambda v: isinstance(v, list) and len(v) > 0)
     used = ["machine", "sglang_version", "case_id", "suite", "run_id", ROUNDS]
-    used += ["overhead_probed_spread", "overhead_baseline_spread"]
+    used += ["overhead_probed_spread", "overhead_baseline_spread", "probe_time_per_batch", "step_time"]
     used += ["model", "algorithm", "attention_backend", "page_size", "topk", "batch_size"]
     ok = df.loc[keep, [c for c in used if c in df]]
     return ok if not ok.empty else None
@@ -171,6 +173,7 @@ def baseline_overhead_rows(ok: Optional[pd.DataFrame]) -> pd.DataFrame:
                 "rounds to resolve": _rounds_needed(ratios, pooled),
                 "repeat spread probed / plain": f"{_median_pct(g, 'overhead_probed_spread')} / "
                 f"{_median_pct(g, 'overhead_baseline_spread')}",
+                "probe per step": _probe_share(g),
                 "run ids": ", ".join(g.run_id.astype(str)),
             }
         )
@@ -190,3 +193,20 @@ def _median_pct(g: pd.DataFrame, column: str) -> str:
     """The median of ``column`` over a case's records as a percentage, ``–`` where unmeasured."""
     values = g[column].dropna() if column in g else pd.Series(dtype=float)
     return "–" if values.empty else f"{values.median():.1%}"
+
+
+def probe_share(g: pd.DataFrame) -> Optional[float]:
+    """The probe's own clock over a case's records: the median of its timed cost per batch
+    (``probe_time_per_batch``, µs) over the median step time (ms); None where either is unrecorded."""
+    if "probe_time_per_batch" not in g or "step_time" not in g:
+        return None
+    cost, steps = g.probe_time_per_batch.dropna(), g.step_time.dropna()
+    if cost.empty or steps.empty or steps.median() <= 0:
+        return None
+    return float(cost.median()) / 1000 / float(steps.median())
+
+
+def _probe_share(g: pd.DataFrame) -> str:
+    """The table's ``probe per step`` cell (``probe_share``), ``not recorded`` where it is None."""
+    share = probe_share(g)
+    return "not recorded" if share is None else f"{share:.2%}"
