@@ -74,16 +74,16 @@ def test_probed_and_baseline_runs_alternate_and_records_carry_the_overhead(tmp_p
         assert overhead_text(r.metrics) == "0.900x (spread: probed 11.1%, baseline 4.0%)"
 
 
-def test_with_engine_starts_the_group_goes_a_b_a_b_and_the_baseline_has_run_medians(tmp_path):
-    recs, order = _run(tmp_path, _suite(tmp_path, "engine_starts = 2"), FAKE_BASELINE_TPS="100,110,90")
-    assert order == ["probed", "baseline", "probed", "baseline"] * 4
+def test_with_engine_starts_the_group_goes_a_b_b_a_and_the_baseline_has_run_medians(tmp_path):
+    recs, order = _run(tmp_path, _suite(tmp_path, "engine_starts = 3"), FAKE_BASELINE_TPS="100,110,90")
+    assert order == ["probed", "baseline", "baseline", "probed", "probed", "baseline"] * 4  # serpentine
     r = recs[0]
-    assert r.details.baseline["order"] == ["probed0", "baseline0", "probed1", "baseline1"]
-    assert [e["round"] for e in r.details.baseline["runs"]] == [0, 1]
+    assert r.details.baseline["order"] == ["probed0", "baseline0", "baseline1", "probed1", "probed2", "baseline2"]
+    assert [e["round"] for e in r.details.baseline["runs"]] == [0, 1, 2]
     base = r.metrics[BASELINE_THROUGHPUT]
-    assert base.engine_medians == [100.0, 100.0] and len(base.samples) == 6
+    assert base.engine_medians == [100.0] * 3 and len(base.samples) == 9
     assert r.metrics[OVERHEAD].value == pytest.approx(r.metrics["output_throughput"].value / 100.0)
-    assert r.details.engine_starts["ran"] == 2  # the probed starts merged as without --baseline
+    assert r.details.engine_starts["ran"] == 3  # the probed starts merged as without --baseline
 
 
 def test_a_crashed_baseline_is_a_recorded_reason_not_a_lost_case(tmp_path):

@@ -34,7 +34,8 @@ def _run(tmp_path, suite, faults=(None, NULL), **kw):
 def test_engine_starts_alternate_between_the_faults_round_by_round(tmp_path):
     suite = harness_suite(tmp_path, topks="[1]", header="engine_starts = 3")
     recs, order = _run(tmp_path, suite)
-    one_group = ["probed", f"probed {NULL} p1"] * 3  # none0 null0 none1 null1 none2 null2
+    a, b = "probed", f"probed {NULL} p1"
+    one_group = [a, b, b, a, a, b]  # serpentine: none0 null0 null1 none1 none2 null2
     assert order == one_group + [line.replace("p1", "p64") for line in one_group]
     for fault, rs in recs.items():
         assert len(rs) == 4 and all(r.status is Status.ok and r.provenance.fault == fault for r in rs)
@@ -153,3 +154,18 @@ def test_welch_with_one_flat_side_equals_scipys_p_without_its_warning(recwarn):
     assert welch_p(flat, moved) == pytest.approx(expected, rel=1e-9) == welch_p(moved, flat)
     assert 0.3 < expected < 0.5
     assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
+def test_the_serpentine_order_cancels_a_steady_drift_of_the_host():
+    """A host whose speed grows steadily moves every later slot up: in a fixed ``A B A B`` order that
+    reads as B faster than A every round; reversed every other round it cancels over each two."""
+    from specwatch.run.engine_starts import round_order
+
+    when: dict[str, list[int]] = {"A": [], "B": []}
+    t = 0
+    for k in range(4):
+        for slot in round_order(k, ["A", "B"]):
+            when[slot].append(t)
+            t += 1
+    assert sum(b - a for a, b in zip(when["A"], when["B"])) == 0
+    assert round_order(2, ["A", "B", "C"]) == ["A", "B", "C"] and round_order(3, ["A", "B", "C"]) == ["C", "B", "A"]

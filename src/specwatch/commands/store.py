@@ -160,7 +160,7 @@ def _findings(out: Path, df, cache) -> None:
 
 def overhead(results: StoredResults = Path("results")) -> None:
     """Harness overhead. Against the plain loop (``specwatch run SUITE --baseline``): per case, the
-    rounds of every run pooled (each probed engine start over the plain-loop run after it), their
+    rounds of every run pooled (each probed engine start over the plain-loop run of its round), their
     geometric mean, 95% interval and verdict against 0.98. Against bare runs (``specwatch run SUITE
     --bare``): tokens/s with specwatch's probe next to without, medians over all runs of each kind.
     Exit 1 when a case's pooled interval lies below 0.98, or a case is more than 2% slower than its

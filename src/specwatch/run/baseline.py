@@ -4,8 +4,10 @@ After each engine start of a group (``[suite] engine_starts``, one by default) t
 baseline process (``python -m specwatch.worker.baseline``) on the group's speculative cases that
 are still ok: one ``sglang.Engine`` with the worker's engine arguments, then per case
 ``flush_cache()``, one warm-up ``generate`` and ``repeats`` timed ``generate`` calls. The group's
-runs go ``probed0 baseline0 probed1 baseline1 ...`` on one host, as asv's ``--interleave-rounds``
-does, so a drift of the host hits both kinds alike. The baseline runs without the probe on
+runs go ``probed0 baseline0 baseline1 probed1 probed2 baseline2 ...`` on one host: interleaved, as
+asv's ``--interleave-rounds`` does, so a drift of the host between rounds hits both kinds alike, and
+in serpentine order (``run.engine_starts.round_order``), so a steady drift within the run favours
+the plain loop in one round and the probed run in the next instead of one of them every round. The baseline runs without the probe on
 ``PYTHONPATH`` and without ``SPECWATCH_*`` variables (``baseline_env``).
 
 The probed ok records of those cases are held until the group's last baseline run, then appended
@@ -35,7 +37,7 @@ from specwatch.core.placement import ExecutorKind
 from specwatch.core.protocol import BaselineLine, BaselineSpec
 from specwatch.core.record import CaseRecord, Status
 from specwatch.rules.crashlog import crash_cause
-from specwatch.run.engine_starts import run_engine_starts
+from specwatch.run.engine_starts import round_order, run_engine_starts
 from specwatch.run.group import _ACTIVE_WORKERS, PROBE_DIR, STOP_FLUSHES, GroupJob, finally_kill, run_once
 from specwatch.run.options import RunOptions
 from specwatch.store.baseline import baseline_metrics
@@ -178,13 +180,19 @@ class BaselineBoard:
         self.emit(rec)
 
     def round(self, k: int, launch: Callable[[list[Case]], BaselineRun]) -> None:
-        """After probed start ``k``: the baseline run ``k`` on the cases still ok."""
-        self.order.append(f"probed{k}")
+        """Round ``k``'s baseline run on the cases still ok: right after probed start ``k`` on even
+        rounds, right before it on odd ones (``run.engine_starts.round_order``)."""
+        probed_first = round_order(k, ["probed", "baseline"])[0] == "probed"
+        if probed_first:  # it ran before this call
+            self.order.append(f"probed{k}")
         pending = [c for c in self.cases if c.case_id not in self.dropped]
-        if not pending:
+        run = launch(pending) if pending else None
+        if run is not None:
+            self.order.append(f"baseline{k}")
+        if not probed_first:  # it runs next
+            self.order.append(f"probed{k}")
+        if run is None:
             return
-        run = launch(pending)
-        self.order.append(f"baseline{k}")
         for c in pending:
             self.runs.setdefault(c.case_id, []).append(_run_entry(k, run.lines.get(c.case_id), run.error))
 
@@ -226,21 +234,22 @@ def launch(job: GroupJob, options: RunOptions, cases: list[Case], k: int) -> Bas
 
 
 def run_interleaved(job: GroupJob, options: RunOptions, on_event: Optional[Callable[[str], None]] = None) -> None:
-    """The group's engine starts, each followed by a baseline run (``BaselineBoard.round``)."""
+    """The group's engine starts, each paired with a baseline run (``BaselineBoard.round``), after
+    it on even rounds and before it on odd ones."""
     board = BaselineBoard(job.emit, job.cases)
     probed = replace(job, emit=board.probed_emit)
     starts = job.suite.spec.suite.engine_starts
 
-    def after(k: int) -> None:
+    def beside(k: int) -> None:
         board.round(k, lambda cases: launch(job, options, cases, k))
 
     STOP_FLUSHES.append(board.flush)  # a SIGTERM exits from its handler: no finally runs then
     try:
         if starts > 1:
-            run_engine_starts(probed, starts, lambda j: run_once(j, options, on_event), after)
+            run_engine_starts(probed, starts, lambda j: run_once(j, options, on_event), beside)
         else:
             run_once(probed, options, on_event)
-            after(0)
+            beside(0)
     finally:  # a run stopped mid-group (Ctrl-C, an error) still appends what was measured
         STOP_FLUSHES.remove(board.flush)
         board.flush()

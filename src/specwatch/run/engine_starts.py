@@ -159,20 +159,33 @@ def _board(job, starts: int) -> EngineStarts:
 
 
 def run_engine_starts(
-    job, starts: int, run_once: Callable[[object], None], after_start: Optional[Callable[[int], None]] = None
+    job, starts: int, run_once: Callable[[object], None], beside: Optional[Callable[[int], None]] = None
 ) -> None:
     """Run ``job`` (a ``GroupJob``) ``starts`` times through ``run_once``, each time on the cases
-    no start has recorded yet, then append the merged records. ``after_start``: called with each
-    start's index after it (``run.baseline`` runs a baseline there)."""
-    run_engine_rounds([job], starts, run_once, after_start)
+    no start has recorded yet, then append the merged records. ``beside``: another run paired with
+    each start (``run.baseline`` runs a plain-loop baseline there), called with the start's index,
+    in the serpentine order of ``run_engine_rounds``."""
+    run_engine_rounds([job], starts, run_once, beside)
+
+
+def round_order(k: int, slots: list) -> list:
+    """Round ``k``'s order of ``slots``: as listed on even rounds, reversed on odd ones (``A0 B0 B1 A1
+    A2 B2 ...``). A host that drifts steadily over the run then moves each pair's later slot up in
+    one round and down in the next, so the drift cancels over each two rounds instead of reading,
+    every round alike, as the difference between the slots (a fixed ``A B A B`` order)."""
+    return list(slots) if k % 2 == 0 else list(reversed(slots))
+
+
+BESIDE = object()
+"""``run_engine_rounds``' slot of the ``beside`` run in a round's order."""
 
 
 def run_engine_rounds(
-    jobs: list, starts: int, run_once: Callable[[object], None], after_start: Optional[Callable[[int], None]] = None
+    jobs: list, starts: int, run_once: Callable[[object], None], beside: Optional[Callable[[int], None]] = None
 ) -> None:
     """``run_engine_starts`` over several jobs of one engine group, start by start: round ``k`` runs
-    each job's start ``k`` in list order (``A0 B0 A1 B1 ...``), so each job's records merge only its
-    own starts (``run.interleave``: one job per fault)."""
+    each job's start ``k`` (and ``beside(k)`` after them), in ``round_order`` (``A0 B0 B1 A1 A2 B2
+    ...``), so each job's records merge only its own starts (``run.interleave``: one job per fault)."""
     boards = [_board(job, starts) for job in jobs]
     if len(boards) > 1:  # interleaved passes: adopt only the rounds every pass has, so rounds pair
         for cid in {c.case_id for job in jobs for c in job.cases}:
@@ -180,16 +193,17 @@ def run_engine_rounds(
             common = min(len(es.held.get(cid, ())) for es in sharing)
             for es in sharing:
                 es.keep(cid, common)
+    slots = [*zip(jobs, boards), *([BESIDE] if beside is not None else [])]
     for k in range(starts):
-        ran = False
-        for job, es in zip(jobs, boards):
+        if not any(es.needs(c.case_id) for job, es in zip(jobs, boards) for c in job.cases):
+            break
+        for slot in round_order(k, slots):
+            if slot is BESIDE:
+                beside(k)
+                continue
+            job, es = slot
             pending = [c for c in job.cases if es.needs(c.case_id)]
             if pending:
                 run_once(replace(job, cases=pending, emit=es.start_emit()))
-                ran = True
-        if not ran:
-            break
-        if after_start is not None:
-            after_start(k)
     for job, es in zip(jobs, boards):
         es.flush([c.case_id for c in job.cases])

@@ -4,9 +4,10 @@ A run given ``--fault none --fault slow-verify-gpu-500us`` times one engine grou
 Run one fault's groups after the other's and a drift of the host between them reads as the
 fault's effect (a clean tiny smoke pair run back to back on an H200 shifted as a whole, up to 35.5%;
 the host's Python speed moved up to 2x between its cores and from one pass to the next). Here the
-passes of one engine group go ``A0 B0 A1 B1 ...``: engine start ``k`` of every fault, in the
-``--fault`` order, before start ``k + 1`` of any (asv's ``--interleave-rounds``), on one host and,
-with ``--executor gpus``, on one GPU set. Each fault's records still go to its own results file
+passes of one engine group go ``A0 B0 B1 A1 A2 B2 ...``: engine start ``k`` of every fault before
+start ``k + 1`` of any (asv's ``--interleave-rounds``), in the ``--fault`` order on even rounds and
+the reverse on odd ones (``run.engine_starts.round_order``: a steady drift within the run cancels
+over each two rounds), on one host and, with ``--executor gpus``, on one GPU set. Each fault's records still go to its own results file
 and merge only its own engine starts (``run.engine_starts``).
 
 With a null fault as the second pass (``slow-verify-0us``: the slowdown's edit, no time added) the

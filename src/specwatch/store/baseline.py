@@ -11,8 +11,8 @@ interleaved with the probed engine group (``run.baseline``). The case's record t
   harness costs nothing, 0.95: the probed run is 5% slower); its samples are each probed repeat
   over the baseline value, so their relative spread is the probed run's.
 
-Where the group ran several rounds (``probed0 baseline0 probed1 baseline1 ...``), reports also
-pair each probed engine start with the baseline run after it (``rounds_overhead``): the geometric
+Where the group ran several rounds (``probed0 baseline0 baseline1 probed1 ...``), reports also
+pair each probed engine start with the baseline run of its round (``rounds_overhead``): the geometric
 mean of the per-round ratios with its 95% t interval, and whether that interval lies at or above
 ``OVERHEAD_TARGET``, below it, or holds it (the host's noise then hides a 2% cost).
 
@@ -60,8 +60,8 @@ class OverheadVerdict(str, Enum):
 @dataclass(frozen=True)
 class RoundsOverhead:
     """The overhead over interleaved rounds: probed engine start k against baseline run k, which ran
-    right after it on the same host, so a drift of the host between rounds hits both sides of a
-    ratio and drops out of it."""
+    right after it (right before it on odd rounds) on the same host, so a drift of the host between
+    rounds hits both sides of a ratio and drops out of it."""
 
     ratio: float
     """Geometric mean of the per-round ratios (probed engine median / baseline run median)."""
@@ -122,8 +122,8 @@ def rounds_overhead(metrics: dict) -> Optional[RoundsOverhead]:
 
 
 def rounds_interval(ratios: list[float]) -> Optional[RoundsOverhead]:
-    """``RoundsOverhead`` of per-round ratios (each probed engine median over the baseline run after
-    it, of one record or pooled over several records' rounds); None with fewer than two."""
+    """``RoundsOverhead`` of per-round ratios (each probed engine median over the baseline run of its
+    round, of one record or pooled over several records' rounds); None with fewer than two."""
     if len(ratios) < 2:
         return None
     logs = [math.log(r) for r in ratios]
