@@ -259,12 +259,12 @@ def _rows(*rows):
 def test_the_scaled_budget_is_a_held_out_factor_of_the_rows_window_spread():
     from specwatch.analysis.floor import floor_of
 
-    # a noisy host's tiny batch 16 pair (20% at 35% spread), a quiet one's batch 8 (3% at 5%), and a
-    # noisy batch 1 pair (7% at 40%): change / spread 0.571, 0.6 and 0.175
+    # tiny batch 16 on three hosts: a noisy one (20% at 35% spread), a quiet one (3% at 5%) and a
+    # noisier one (7% at 40%): change / spread 0.571, 0.6 and 0.175
     pairs = [
         _rows(("tiny/bs16/decode_throughput", 0.20, 0.35)),
-        _rows(("tiny/bs8/decode_throughput", 0.03, 0.05), ("tiny/bs1/probe_time_per_batch", 0.3, None)),
-        _rows(("tiny/bs1/decode_throughput", 0.07, 0.40), ("tiny/bs1/probe_time_per_batch", 0.3, None)),
+        _rows(("tiny/bs16/decode_throughput", 0.03, 0.05), ("tiny/bs1/probe_time_per_batch", 0.3, None)),
+        _rows(("tiny/bs16/decode_throughput", 0.07, 0.40), ("tiny/bs1/probe_time_per_batch", 0.3, None)),
     ]
     f = floor_of(pairs, [True] * 3, threshold=0.02)
     # margin 1: the quiet pair under the others' 0.571 gets 2.86% < its 3%; at 1.25 none is flagged
@@ -284,6 +284,11 @@ def test_the_scaled_budget_is_a_held_out_factor_of_the_rows_window_spread():
     g = floor_of(wild, [True] * 4, threshold=0.02)
     assert g.spread_margins["decode_throughput"] == 6.0  # 6 x 0.6 x 10% = 36% > 30%
     assert g.held_out_rate == 0.0
+    # held out, a row of a class no other pair measured keeps the class budget, as compare gives it
+    # (the plain threshold): it is flagged there and does not widen the factor's margin (scaled by
+    # the others' 0.6, it would need 6); its own 3.0 lifts the factor the quiet pair is judged by
+    lone = floor_of([*pairs, _rows(("tiny/bs8/decode_throughput", 0.30, 0.10))], [True] * 4, threshold=0.02)
+    assert lone.spread_margins["decode_throughput"] == 1.0 and lone.held_out_rate == pytest.approx(1 / 6)
 
 
 def test_compare_scales_a_rows_budget_by_its_window_spread_where_the_budgets_say_so():

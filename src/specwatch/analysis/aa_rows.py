@@ -108,16 +108,23 @@ class Others:
 
     ratios: dict[str, float]
     """Metric name -> their largest change / spread (``top_ratios``)."""
+    measured: frozenset[str] = frozenset()
+    """The ``CLASS/METRIC`` keys of their rows: where ``compare`` would set a budget from them."""
 
     def factor(self, r: AARow) -> Optional[float]:
-        """The factor the scaled rule judges ``r`` by, or None where it keeps the class budget: no
-        spread, or no ratio of its metric among the others."""
-        return self.ratios.get(metric_of(r.key)) if r.spread else None
+        """The factor the scaled rule judges ``r`` by, or None where it keeps the class budget, as
+        ``compare`` does (``budget_rule.spread_factor``): no spread, no other pair measured its
+        class and metric, or no ratio of its metric among the others."""
+        return self.ratios.get(metric_of(r.key)) if r.spread and r.key in self.measured else None
 
 
 def leave_one_out(rows: list[list[AARow]], judged: list[int]) -> dict[int, Others]:
     """Each judged pair -> what the other judged pairs give the scaled rule."""
-    return {i: Others(top_ratios(rows, (j for j in judged if j != i))) for i in judged}
+    out = {}
+    for i in judged:
+        others = [j for j in judged if j != i]
+        out[i] = Others(top_ratios(rows, others), frozenset(r.key for j in others for r in rows[j]))
+    return out
 
 
 def scaled_rows(rows: list[list[AARow]], others: dict[int, Others]) -> set[tuple[int, int]]:
