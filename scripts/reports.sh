@@ -93,6 +93,12 @@ report fault-slow-verify-150us-timing-tiny "suite=timing,model=tiny,$planted" "s
 planted=run=20261206T203824Z-93de08
 report fault-slow-verify-150us-timing-tiny-bs16-h200 "suite=timing,model=tiny,$planted" \
   "suite=timing,fault=slow-verify-150us,model=tiny,$planted"
+# batch 16 on an H100 host, the clean pass, the null fault and the 150 µs stall in serpentine rounds:
+# an A/A pair (clean vs null) and the stall, which its fast-state steps did not show
+bs16=run=20261206T224057Z-088f73
+report aa-timing-tiny-bs16-h100-serpentine "suite=timing,model=tiny,$bs16" "suite=timing,fault=slow-verify-0us,model=tiny,$bs16"
+report fault-slow-verify-150us-timing-tiny-bs16-h100 "suite=timing,model=tiny,$bs16" \
+  "suite=timing,fault=slow-verify-150us,model=tiny,$bs16"
 "$bin/specwatch" noise-holdout results/noise-budgets-timing.json --threshold 0.02 -o "$out/aa-holdout-timing.md" >/dev/null
 echo "$out/aa-holdout-timing.md: $(sed -n 3p "$out/aa-holdout-timing.md")"
 # every A/A pair of the budget file under the other pairs' budgets (the held-out false-positive rate)
