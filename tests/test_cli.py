@@ -282,6 +282,7 @@ def test_noise_holdout_judges_each_pair_under_the_other_pairs_budgets(tmp_path):
     assert "held out, clean pairs: 1 of 2 timed metrics flagged (50.0%" in res.output
     rows = [line for line in md.read_text().splitlines() if line.startswith("| ") and ".jsonl" in line]
     assert len(rows) == 2 and all(line.count(" | ") == 6 for line in rows)
+    assert f"The rule checked is `compare --budgets {budgets}`" in md.read_text()  # not the scaled floor's
     # what the low rate costs: the merged budget (A's 45%) is the smallest change called a regression
     price = md.read_text().split("## Smallest change called a regression")[1]
     assert [line for line in price.splitlines() if line.startswith("| ") and "45%" in line]

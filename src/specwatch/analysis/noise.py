@@ -256,11 +256,19 @@ class HoldoutReport:
     """One line: the held-out false-positive rate over the clean pairs."""
     price: pd.DataFrame
     """Per noise class (rows) and timed metric (columns): the smallest change called a regression."""
+    margin: float = 1.5
+    """The margin the pairs were judged at (the file's first pair's)."""
 
     def markdown(self, budget_file: Path, threshold: float) -> str:
         table = self.pairs.assign(pair=self.pairs.pair.str.replace("|", "\\|", regex=False)).to_markdown(index=False)
+        rule = (
+            f"The rule checked is `compare --budgets {budget_file}`: each pair under the other pairs' "
+            f"class budgets at margin {self.margin:g}, none scaled to a row's window spread. `compare` "
+            "without `--budgets` judges by the detection floor instead (budgets scaled to each row's "
+            "window spread); its held-out rate is the one each report's header gives."
+        )
         return (
-            f"# Held-out A/A check of {budget_file}\n\n{self.summary}\n\n{table}\n\n"
+            f"# Held-out A/A check of {budget_file}\n\n{self.summary}\n\n{rule}\n\n{table}\n\n"
             "## Smallest change called a regression\n\n"
             "Per noise class and timed metric, the budget `compare --budgets` applies (all pairs "
             "merged): a change below it is noise by the A/A pairs' measure. Classes not listed "
@@ -309,4 +317,4 @@ def holdout_report(
         .apply(lambda col: col.map(lambda v: f"{v:.0%}" if v == v else "-"))
         .reset_index()
     )
-    return HoldoutReport(t, summary, price)
+    return HoldoutReport(t, summary, price, margin)
