@@ -39,7 +39,9 @@ def test_engine_starts_alternate_between_the_faults_round_by_round(tmp_path):
     assert order == one_group + [line.replace("p1", "p64") for line in one_group]
     for fault, rs in recs.items():
         assert len(rs) == 4 and all(r.status is Status.ok and r.provenance.fault == fault for r in rs)
-        assert all(r.details["interleaved"] == {"faults": ["none", NULL], "rounds": 3} for r in rs)
+        assert all(
+            r.details["interleaved"] == {"faults": ["none", NULL], "rounds": 3, "order": "serpentine"} for r in rs
+        )
         assert all(len(r.metrics["output_throughput"].engine_medians) == 3 for r in rs)  # its own starts only
     (summary,) = read_runs(next((tmp_path / "results").rglob(RUNS_FILE)))
     assert not summary.stopped_early and summary.engine_groups == 2  # two groups, each interleaved

@@ -108,8 +108,10 @@ class Details(BaseModel):
     interleaved: Optional[dict] = Field(
         default=None,
         description="``specwatch run`` with several ``--fault``: the engine group's passes alternated "
-        "start by start (``run.interleave``): ``faults`` in the order they went in each round "
-        "(``none``: the clean pass) and ``rounds`` (engine starts per fault).",
+        "start by start (``run.interleave``): ``faults`` in the order they went in the first round "
+        "(``none``: the clean pass), ``rounds`` (engine starts per fault) and ``order`` "
+        "(``run.engine_starts.RoundOrder``: ``serpentine``, odd rounds reversed; records without it "
+        "went in the listed order every round).",
     )
     timed_windows: Optional[dict] = Field(
         default=None,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import replace
+from enum import Enum
 from typing import Callable, Optional
 
 from specwatch.core.record import CaseRecord, Metric, Status
@@ -166,6 +167,15 @@ def run_engine_starts(
     each start (``run.baseline`` runs a plain-loop baseline there), called with the start's index,
     in the serpentine order of ``run_engine_rounds``."""
     run_engine_rounds([job], starts, run_once, beside)
+
+
+class RoundOrder(str, Enum):
+    """The order a run's interleaved rounds went in (``details.interleaved["order"]``)."""
+
+    serpentine = "serpentine"
+    """Listed order on even rounds, reversed on odd ones (``round_order``)."""
+    fixed = "fixed"
+    """Listed order every round: records without ``order`` ran so."""
 
 
 def round_order(k: int, slots: list) -> list:

@@ -23,7 +23,7 @@ from typing import Callable, Optional
 from specwatch.core.case import Case
 from specwatch.core.placement import ExecutorKind
 from specwatch.core.record import CaseRecord
-from specwatch.run.engine_starts import run_engine_rounds
+from specwatch.run.engine_starts import RoundOrder, run_engine_rounds
 from specwatch.run.group import GroupJob, run_once
 from specwatch.run.options import RunOptions
 from specwatch.suite import Suite
@@ -71,7 +71,8 @@ class InterleavedJob:
     def deliver(self, rec: CaseRecord) -> None:
         """Stamp ``details.interleaved`` and append ``rec`` through its fault's member."""
         faults = [fault_label(m.fault) for m in self.members]
-        rec.details["interleaved"] = {"faults": faults, "rounds": self.suite.spec.suite.engine_starts}
+        rounds = self.suite.spec.suite.engine_starts
+        rec.details["interleaved"] = {"faults": faults, "rounds": rounds, "order": RoundOrder.serpentine.value}
         by_fault = {m.fault: m for m in self.members}
         by_fault.get(rec.provenance.fault, self.members[0]).emit(rec)
 
