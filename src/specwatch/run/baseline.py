@@ -7,8 +7,9 @@ are still ok: one ``sglang.Engine`` with the worker's engine arguments, then per
 runs go ``probed0 baseline0 baseline1 probed1 probed2 baseline2 ...`` on one host: interleaved, as
 asv's ``--interleave-rounds`` does, so a drift of the host between rounds hits both kinds alike, and
 in serpentine order (``run.engine_starts.round_order``), so a steady drift within the run favours
-the plain loop in one round and the probed run in the next instead of one of them every round. The baseline runs without the probe on
-``PYTHONPATH`` and without ``SPECWATCH_*`` variables (``baseline_env``).
+the plain loop in one round and the probed run in the next instead of one of them every round.
+The baseline runs without the probe on ``PYTHONPATH`` and without ``SPECWATCH_*`` variables
+(``baseline_env``).
 
 The probed ok records of those cases are held until the group's last baseline run, then appended
 with ``baseline_output_throughput`` and ``overhead`` (``store.baseline``) and ``details.baseline``;

@@ -7,8 +7,9 @@ the host's Python speed moved up to 2x between its cores and from one pass to th
 passes of one engine group go ``A0 B0 B1 A1 A2 B2 ...``: engine start ``k`` of every fault before
 start ``k + 1`` of any (asv's ``--interleave-rounds``), in the ``--fault`` order on even rounds and
 the reverse on odd ones (``run.engine_starts.round_order``: a steady drift within the run cancels
-over each two rounds), on one host and, with ``--executor gpus``, on one GPU set. Each fault's records still go to its own results file
-and merge only its own engine starts (``run.engine_starts``).
+over each two rounds), on one host and, with ``--executor gpus``, on one GPU set. Each fault's
+records still go to its own results file and merge only its own engine starts
+(``run.engine_starts``).
 
 With a null fault as the second pass (``slow-verify-0us``: the slowdown's edit, no time added) the
 same interleaving gives A/A pairs measured exactly as the fault pairs are: ``specwatch noise`` on
