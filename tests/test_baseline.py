@@ -215,6 +215,22 @@ def test_only_rounds_whose_plain_loop_prefilled_in_full_are_pooled_and_they_must
     assert prefilled_round_ratios(_rec(90.0, [90.0]).metrics, None) is None
 
 
+def test_a_records_own_interval_leaves_out_the_rounds_whose_plain_loop_read_the_cache():
+    from specwatch.store.baseline import prefilled_round_ratios, rounds_interval, rounds_overhead
+
+    # round 1's plain loop took 64 prompt tokens from the radix cache and ran faster (less prefill)
+    rec = _baseline_record([990.0, 995.0, 1000.0], [([1000.0], [0]), ([1300.0], [0, 64]), ([1000.0], [0])])
+    prefilled = rounds_interval(prefilled_round_ratios(rec.metrics, rec.details.baseline))
+    own = rounds_overhead(rec.metrics, rec.details.baseline)
+    assert (own.rounds, own.ratio) == (2, prefilled.ratio) and own.ratio == pytest.approx(0.995, abs=1e-3)
+    assert rounds_overhead(rec.metrics).rounds == 3  # the metrics alone: every paired round
+    cells = overhead_cells(rec.metrics, rec.details.baseline)
+    assert (cells["overhead_ci_low"], cells["overhead_ci_high"]) == (own.low, own.high)
+    assert overhead_text(rec.metrics, rec.details.baseline).startswith(
+        f"{rec.metrics[OVERHEAD].value:.3f}x ({own.text()}"
+    )
+
+
 def test_the_overhead_table_pools_every_runs_rounds_per_case_and_resolves_what_one_run_cannot():
     from specwatch.analysis.overhead import baseline_overhead_table
     from specwatch.store.baseline import rounds_interval

@@ -234,7 +234,7 @@ def case_rows(
     if "speedup" in h.metrics:  # the speedup column (store.twins)
         for r in rows:
             r.speedup = h.metrics["speedup"].value
-    if (cell := overhead_text(h.metrics)) is not None:  # the overhead column (run --baseline)
+    if (cell := overhead_text(h.metrics, h.details.baseline)) is not None:  # the overhead column (run --baseline)
         for r in rows:
             r.overhead = cell
     return rows
@@ -314,7 +314,7 @@ class RecordView:
         self.status = Status(row["status"])
         self.reason = cell["r"]
         self.checks = cell["c"]
-        self.details = SimpleNamespace(sglang_sizing=cell["s"])
+        self.details = SimpleNamespace(sglang_sizing=cell["s"], baseline=cell.get("b"))
         self.interleaved_run = cell.get("i")
         # the frame's model column is the model's name (``store.frame.case_cells``)
         self.case = SimpleNamespace(label=lambda: cell["l"], model_label=row["model"], batch_size=row["batch_size"])

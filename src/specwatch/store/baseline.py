@@ -113,9 +113,11 @@ def overhead_by_rounds(metrics: dict, metric):
     return out
 
 
-def rounds_overhead(metrics: dict) -> Optional[RoundsOverhead]:
-    """``RoundsOverhead`` of a record's metrics (``round_ratios``), or None where the rounds do not pair."""
-    ratios = round_ratios(metrics)
+def rounds_overhead(metrics: dict, baseline: Optional[dict] = None) -> Optional[RoundsOverhead]:
+    """``RoundsOverhead`` of a record: over its full-prefill rounds where its ``details.baseline`` is
+    given (``prefilled_round_ratios``, the rounds ``analysis.overhead`` pools), over every paired
+    round of its metrics alone otherwise (``round_ratios``); None with fewer than two rounds."""
+    ratios = prefilled_round_ratios(metrics, baseline) if baseline is not None else round_ratios(metrics)
     if ratios is None:
         return None
     return rounds_interval(ratios)
@@ -234,28 +236,29 @@ def overhead_spreads(metrics: dict) -> Optional[tuple[Optional[float], Optional[
     return relative_spread(list(metrics[OVERHEAD].samples)), relative_spread(list(base.samples) if base else [])
 
 
-def overhead_text(metrics: dict) -> Optional[str]:
+def overhead_text(metrics: dict, baseline: Optional[dict] = None) -> Optional[str]:
     """A report's overhead cell: ``0.982x (spread: probed 1.3%, baseline 0.9%)``, the ratio and the
     probed and baseline spreads (``–`` where unmeasured), with the rounds' interval first where the
-    group ran several (``rounds_overhead``); None where the record has no ``overhead``."""
+    group ran several (``rounds_overhead``; ``baseline``: the record's ``details.baseline``); None
+    where the record has no ``overhead``."""
     spreads = overhead_spreads(metrics)
     if spreads is None:
         return None
     p, b = ("–" if s is None else f"{s:.1%}" for s in spreads)
-    rounds = rounds_overhead(metrics)
+    rounds = rounds_overhead(metrics, baseline)
     paired = f"{rounds.text()}; " if rounds is not None else ""
     return f"{metrics[OVERHEAD].value:.3f}x ({paired}spread: probed {p}, baseline {b})"
 
 
 def overhead_cells(metrics: dict, baseline: Optional[dict] = None) -> dict:
     """The records frame's columns beside ``overhead`` (none without it): the spreads, the rounds'
-    interval and verdict (None without rounds), and the full-prefill rounds' ratios that
-    ``analysis.overhead`` pools over records (``prefilled_round_ratios``; ``baseline``: the record's
-    ``details.baseline``)."""
+    interval and verdict (``rounds_overhead``: over the full-prefill rounds where ``baseline``, the
+    record's ``details.baseline``, is given; None with fewer than two), and those rounds' ratios,
+    which ``analysis.overhead`` pools over records (``prefilled_round_ratios``)."""
     spreads = overhead_spreads(metrics)
     if spreads is None:
         return {}
-    rounds = rounds_overhead(metrics)
+    rounds = rounds_overhead(metrics, baseline)
     return {
         "overhead_round_ratios": prefilled_round_ratios(metrics, baseline),
         "overhead_probed_spread": spreads[0],
