@@ -99,7 +99,7 @@ BaselineOpt = Annotated[
     bool,
     typer.Option(
         "--baseline",
-        help="GPU: after each engine start of a group, time its speculative cases in a plain "
+        help="GPU: beside each engine start of a group (after it, before it on odd rounds), time its speculative cases in a plain "
         "sglang.Engine loop with no specwatch code in SGLang's processes (A B B A ...); records gain "
         "baseline_output_throughput and overhead (probed / baseline). Not with --bare, --fault, "
         "--parallel-starts or another --executor.",
