@@ -4,7 +4,6 @@ case (``baseline_overhead_table``)."""
 
 from __future__ import annotations
 
-import math
 import statistics
 from types import SimpleNamespace
 from typing import Optional
@@ -82,9 +81,8 @@ def overhead_rows(ok: Optional[pd.DataFrame], metric: str = "output_throughput")
         gap = abs(ratio - 1)
         # the probe's own clock: its per-batch cost over the step time (ms), in its probed runs
         share = None
-        if "probe_time_per_batch" in col and (cost := _probed(col["probe_time_per_batch"], probe)):
-            steps = _probed(col["step_time"], probe)
-            share = statistics.median(cost) / 1000 / (statistics.median(steps) if steps else math.nan)
+        if "probe_time_per_batch" in col:
+            share = step_share(_probed(col["probe_time_per_batch"], probe), _probed(col["step_time"], probe))
         if gap <= OVERHEAD_BUDGET:
             verdict = f"within {OVERHEAD_BUDGET:.0%}"
         elif noise is not None and gap <= noise:
@@ -125,8 +123,8 @@ ROUNDS = "overhead_round_ratios"
 
 def baseline_overhead_table(df: pd.DataFrame) -> pd.DataFrame:
     """Harness overhead against the plain loop (``specwatch run --baseline``), rounds pooled over
-    every run of a case: each round pairs one probed engine start with the plain-loop run right
-    after it on the same host (its ratio drops the host's drift between rounds), so rounds of
+    every run of a case: each round pairs one probed engine start with the plain-loop run of its
+    round on the same host (its ratio drops the host's drift between rounds), so rounds of
     several runs, on one host or several of one machine kind, are samples of the same ratio.
     Per machine, SGLang version and case: the geometric mean of all its full-prefill rounds with
     the 95% t interval and its verdict against 0.98 (``OverheadVerdict``), and the median spread of
@@ -195,15 +193,19 @@ def _median_pct(g: pd.DataFrame, column: str) -> str:
     return "–" if values.empty else f"{values.median():.1%}"
 
 
+def step_share(costs_us: list, steps_ms: list) -> Optional[float]:
+    """The probe's own clock: the median of its timed cost per batch (``probe_time_per_batch``, µs)
+    over the median step time (ms); None where either is unrecorded."""
+    if not costs_us or not steps_ms or statistics.median(steps_ms) <= 0:
+        return None
+    return statistics.median(costs_us) / 1000 / statistics.median(steps_ms)
+
+
 def probe_share(g: pd.DataFrame) -> Optional[float]:
-    """The probe's own clock over a case's records: the median of its timed cost per batch
-    (``probe_time_per_batch``, µs) over the median step time (ms); None where either is unrecorded."""
+    """``step_share`` over a case's records."""
     if "probe_time_per_batch" not in g or "step_time" not in g:
         return None
-    cost, steps = g.probe_time_per_batch.dropna(), g.step_time.dropna()
-    if cost.empty or steps.empty or steps.median() <= 0:
-        return None
-    return float(cost.median()) / 1000 / float(steps.median())
+    return step_share(g.probe_time_per_batch.dropna().tolist(), g.step_time.dropna().tolist())
 
 
 def _probe_share(g: pd.DataFrame) -> str:

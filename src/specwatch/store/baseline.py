@@ -113,11 +113,16 @@ def overhead_by_rounds(metrics: dict, metric):
     return out
 
 
+def record_round_ratios(metrics: dict, baseline: Optional[dict] = None) -> Optional[list[float]]:
+    """The rounds a record's own interval is over: its full-prefill rounds where its
+    ``details.baseline`` is given (``prefilled_round_ratios``, the rounds ``analysis.overhead``
+    pools), every paired round of its metrics alone otherwise (``round_ratios``)."""
+    return prefilled_round_ratios(metrics, baseline) if baseline is not None else round_ratios(metrics)
+
+
 def rounds_overhead(metrics: dict, baseline: Optional[dict] = None) -> Optional[RoundsOverhead]:
-    """``RoundsOverhead`` of a record: over its full-prefill rounds where its ``details.baseline`` is
-    given (``prefilled_round_ratios``, the rounds ``analysis.overhead`` pools), over every paired
-    round of its metrics alone otherwise (``round_ratios``); None with fewer than two rounds."""
-    ratios = prefilled_round_ratios(metrics, baseline) if baseline is not None else round_ratios(metrics)
+    """``RoundsOverhead`` of a record over ``record_round_ratios``; None with fewer than two rounds."""
+    ratios = record_round_ratios(metrics, baseline)
     if ratios is None:
         return None
     return rounds_interval(ratios)
@@ -258,9 +263,10 @@ def overhead_cells(metrics: dict, baseline: Optional[dict] = None) -> dict:
     spreads = overhead_spreads(metrics)
     if spreads is None:
         return {}
-    rounds = rounds_overhead(metrics, baseline)
+    ratios = record_round_ratios(metrics, baseline)  # the full-prefill rounds where baseline is given
+    rounds = rounds_interval(ratios) if ratios is not None else None
     return {
-        "overhead_round_ratios": prefilled_round_ratios(metrics, baseline),
+        "overhead_round_ratios": ratios if baseline is not None else None,
         "overhead_probed_spread": spreads[0],
         "overhead_baseline_spread": spreads[1],
         "overhead_ci_low": None if rounds is None else rounds.low,
