@@ -127,7 +127,7 @@ def test_without_twins_a_speedup_suite_plans_its_spec_cases_alone_under_its_own_
     from specwatch.cli import app
 
     _, suite = speedup_suite(tmp_path)
-    bare = suite.without_twins()
+    bare = suite.with_header(speedup=False)
     assert [p.case.case_id for p in bare.plan()] == [p.case.case_id for p in suite.plan() if not p.twin]
     assert (bare.name, bare.sha256, bare.path) == (suite.name, suite.sha256, suite.path)
     assert suite.spec.suite.speedup  # the loaded suite is left as it was

@@ -55,6 +55,17 @@ def test_each_engine_start_is_a_fresh_worker_and_each_case_gets_one_record_with_
     assert len(recs[0].details["engine_starts"]["engines"]) == 3 and recs[0].checks[AGREE_CHECK]
 
 
+def test_engine_starts_given_to_run_replace_the_suites_own_and_keep_its_name_and_hash(tmp_path):
+    from specwatch.commands.options import load_suite_file
+
+    plain = _suite(tmp_path, "engine_starts = 2", topks="[1]")
+    suite = load_suite_file(plain.path, engine_starts=3)
+    assert (suite.name, suite.sha256, suite.spec.suite.speedup) == (plain.name, plain.sha256, plain.spec.suite.speedup)
+    assert plain.spec.suite.engine_starts == 2  # the file's own value, left as it was
+    recs, starts = _run(tmp_path, suite)
+    assert starts == 2 * 3 and {r.details["engine_starts"]["ran"] for r in recs} == {3}
+
+
 def test_a_case_that_crashes_on_an_engine_start_is_recorded_once_and_not_run_again(tmp_path):
     recs, starts = _run(tmp_path, _suite(tmp_path, "engine_starts = 2"))
     crashed = [r for r in recs if r.status is Status.crashed]

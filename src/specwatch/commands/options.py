@@ -56,6 +56,15 @@ Twins = Annotated[
         "them out (spec records then carry no speedup), e.g. to repeat spec cases whose twins are measured.",
     ),
 ]
+EngineStarts = Annotated[
+    Optional[int],
+    typer.Option(
+        min=1,
+        max=50,
+        help="GPU: fresh engines per case (rounds), in place of the suites' [suite] engine_starts, e.g. "
+        "the rounds 'specwatch overhead' says a case needs to resolve.",
+    ),
+]
 Results = Annotated[Path, typer.Option("--results", help="Results root directory.")]
 StoredResults = Annotated[Path, typer.Option("--results", exists=True, file_okay=False, help="Results root.")]
 ResultsArg = Annotated[Path, typer.Argument(exists=True, file_okay=False, help="Results root.")]
@@ -91,12 +100,16 @@ def check_output_folder(path: Optional[Path]) -> Optional[Path]:
 CsvOut = Annotated[Optional[Path], typer.Option(callback=check_output_folder, help="Also write the table as CSV.")]
 
 
-def load_suite_file(path: Path, twins: bool = True):
-    """The suite at ``path``; without its plain-decoding twins when ``twins`` is False."""
+def load_suite_file(path: Path, twins: bool = True, engine_starts: Optional[int] = None):
+    """The suite at ``path``; without its plain-decoding twins when ``twins`` is False, on
+    ``engine_starts`` fresh engines per case where given (else its ``[suite] engine_starts``)."""
     from specwatch.suite import load_suite
 
+    header = {} if twins else {"speedup": False}
+    if engine_starts is not None:
+        header["engine_starts"] = engine_starts
     s = load_suite(path)
-    return s if twins else s.without_twins()
+    return s.with_header(**header) if header else s
 
 
 def selections(base: str, head: str, results: Path):

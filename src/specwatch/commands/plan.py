@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 from rich.text import Text
 
-from specwatch.commands.options import Twins, Where, fault_passes, load_suite_file
+from specwatch.commands.options import EngineStarts, Twins, Where, fault_passes, load_suite_file
 from specwatch.commands.output import console, print_table
 from specwatch.core.errors import SpecwatchInputError
 from specwatch.core.placement import TimingScope
@@ -40,6 +40,7 @@ def plan(
     as_json: bool = typer.Option(False, "--json", help="Print JSON lines instead of a table."),
     where: Where = [],
     twins: Twins = True,
+    engine_starts: EngineStarts = None,
     known: Optional[Path] = typer.Option(
         None,
         exists=True,
@@ -73,7 +74,7 @@ def plan(
     what a run would still do, its engine groups and, from the machine's past runs, its device time."""
     from specwatch.suite import parse_where, selected
 
-    s = load_suite_file(suite, twins)
+    s = load_suite_file(suite, twins, engine_starts)
     flt = parse_where(where)
     if known is not None and not (machine and sglang_version):
         raise SpecwatchInputError(

@@ -11,6 +11,7 @@ from typing import Annotated, Optional
 import typer
 
 from specwatch.commands.options import (
+    EngineStarts,
     Results,
     Twins,
     Where,
@@ -165,6 +166,7 @@ def run(
     shard: ShardOpt = None,
     where: Where = [],
     twins: Twins = True,
+    engine_starts: EngineStarts = None,
     fault: Faults = [],
     models_dir: ModelsDir = Path("/tmp/specwatch-models"),
     cpu_tier: CpuTier = False,
@@ -195,7 +197,7 @@ def run(
 
     if overlay is not None:
         use_overlay(overlay)
-    loaded, flt = [load_suite_file(p, twins) for p in suites], parse_where(where)
+    loaded, flt = [load_suite_file(p, twins, engine_starts) for p in suites], parse_where(where)
     if cpu_tier or (executor is ExecutorKind.local and not _cuda_available()):
         bad = [cpu_tier_tables(s, flt, context_len, out, strict, announce=not cpu_tier) for s in loaded]
         raise typer.Exit(1 if any(bad) else 0)

@@ -42,6 +42,7 @@ pair is (``run.interleave``)."""
 SLOW_VERIFY_GPU_US: dict[str, int] = {
     NULL_GPU_SLOWDOWN: 0,
     "slow-verify-gpu-100us": 100,
+    "slow-verify-gpu-150us": 150,
     "slow-verify-gpu-250us": 250,
     "slow-verify-gpu-500us": 500,
     "slow-verify-gpu-2000us": 2000,
@@ -49,7 +50,9 @@ SLOW_VERIFY_GPU_US: dict[str, int] = {
 """GPU-time slowdowns, by fault name -> microseconds of GPU time queued per EAGLE verify step
 (8b's steps take 7.9 ms at batch 1 and 9.8 ms at batch 8 on the H200: 500 µs is 6.3% and 5.1%;
 the tiny oracle's EAGLE chain steps take 4.2 ms at batch 8 and 5.4 ms at batch 16 in
-``timing`` run ``20261202T061432Z-9222c9``: 250 µs is 5.9% and 4.6%)."""
+``timing`` run ``20261202T061432Z-9222c9``: 250 µs is 5.9% and 4.6%; at batch 16 on an H100 host its
+fast steps, ``sglang_step_time_p10``, took 2.97-2.99 ms in ``8fa79f993a7d@20261206T224223Z``: 150 µs
+is 5.0%)."""
 
 CALIBRATION_CYCLES = 2_000_000
 """GPU clock cycles of one calibration sleep (about 1 ms on an H200)."""

@@ -310,9 +310,9 @@ class Suite:
         """The plan one case at a time (``iter_expand``)."""
         return iter_expand(self.spec)
 
-    def without_twins(self) -> "Suite":
-        """This suite with ``[suite] speedup`` off (no plain twins planned), path and hash kept."""
-        header = self.spec.suite.model_copy(update={"speedup": False})
+    def with_header(self, **fields) -> "Suite":
+        """This suite with ``[suite]`` fields replaced (``speedup=False``: no plain twins), path and hash kept."""
+        header = self.spec.suite.model_copy(update=fields)
         return replace(self, spec=self.spec.model_copy(update={"suite": header}))
 
 
