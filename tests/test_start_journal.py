@@ -115,7 +115,7 @@ def test_interleaved_passes_adopt_only_the_rounds_every_pass_measured(tmp_path):
         job.emit(record(c, tps=20.0, started_at=_at(9), finished_at=_at(9)))
 
     run_engine_rounds(jobs, 3, run_once)
-    assert ran == ["a.jsonl", "b.jsonl", "b.jsonl", "a.jsonl"]  # two more rounds of each pass, serpentine
+    assert ran == ["b.jsonl", "a.jsonl", "a.jsonl", "b.jsonl"]  # rounds 1 and 2 of each pass, serpentine
     for f in files:
         (merged,) = got[str(f)]
         assert merged.metrics["output_throughput"].engine_medians == [10.0, 20.0, 20.0]

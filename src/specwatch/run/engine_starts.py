@@ -190,12 +190,20 @@ BESIDE = object()
 """``run_engine_rounds``' slot of the ``beside`` run in a round's order."""
 
 
+def _rounds_held(jobs: list, boards: list[EngineStarts], starts: int) -> int:
+    """The rounds every case still lacking a start already holds (adopted from the journal on
+    ``--resume``): the resumed run goes on at that round, in its serpentine order and index."""
+    held = [len(es.held.get(c.case_id, ())) for job, es in zip(jobs, boards) for c in job.cases if es.needs(c.case_id)]
+    return min(held, default=starts)
+
+
 def run_engine_rounds(
     jobs: list, starts: int, run_once: Callable[[object], None], beside: Optional[Callable[[int], None]] = None
 ) -> None:
     """``run_engine_starts`` over several jobs of one engine group, start by start: round ``k`` runs
     each job's start ``k`` (and ``beside(k)`` after them), in ``round_order`` (``A0 B0 B1 A1 A2 B2
-    ...``), so each job's records merge only its own starts (``run.interleave``: one job per fault)."""
+    ...``), so each job's records merge only its own starts (``run.interleave``: one job per fault).
+    A resumed run starts at the first round its cases lack (``_rounds_held``)."""
     boards = [_board(job, starts) for job in jobs]
     if len(boards) > 1:  # interleaved passes: adopt only the rounds every pass has, so rounds pair
         for cid in {c.case_id for job in jobs for c in job.cases}:
@@ -204,7 +212,7 @@ def run_engine_rounds(
             for es in sharing:
                 es.keep(cid, common)
     slots = [*zip(jobs, boards), *([BESIDE] if beside is not None else [])]
-    for k in range(starts):
+    for k in range(_rounds_held(jobs, boards, starts), starts):
         if not any(es.needs(c.case_id) for job, es in zip(jobs, boards) for c in job.cases):
             break
         for slot in round_order(k, slots):
