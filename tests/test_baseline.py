@@ -5,6 +5,7 @@ fake baseline (``tests/fake_baseline.py``)."""
 import json
 import os
 import statistics
+from types import SimpleNamespace
 
 import pytest
 
@@ -145,6 +146,7 @@ def test_overhead_is_the_probed_median_over_the_baseline_median_of_run_medians()
         "overhead_ci_high": None,
         "overhead_verdict": None,
         "overhead_round_ratios": None,  # no details.baseline: no round known to prefill in full
+        "overhead_step_round_ratios": None,  # nor any step time of the plain loop's
     }
     assert baseline_metrics(probed, [[], []]) == {} and overhead_cells(probed.metrics) == {}
     assert overhead_text(probed.metrics) is None
@@ -213,6 +215,53 @@ def test_only_rounds_whose_plain_loop_prefilled_in_full_are_pooled_and_they_must
     short = _baseline_record([990.0, 1000.0, 995.0], [([1000.0], [0]), ([1000.0], [0])])
     assert prefilled_round_ratios(short.metrics, short.details.baseline) is None
     assert prefilled_round_ratios(_rec(90.0, [90.0]).metrics, None) is None
+
+
+def test_the_step_clock_pairs_each_probed_engines_fast_step_with_its_rounds_plain_loop():
+    from specwatch.analysis.overhead import baseline_overhead_table
+    from specwatch.store.baseline import STEP_CLOCK, step_round_ratios
+    from specwatch.store.frame import records_frame
+
+    def with_steps(rec, probed_ms, plain_ms):
+        rec.metrics[STEP_CLOCK] = Metric(value=statistics.median(probed_ms), unit="ms", engine_medians=probed_ms)
+        for run, ms in zip(rec.details.baseline["runs"], plain_ms):
+            if ms is not None:
+                run["sglang_step_times"] = {STEP_CLOCK: ms, "sglang_step_time": ms * 1.2}
+        return rec
+
+    # the plain loop's fast steps 2.0 ms, the probed engine's 2.01-2.02: 0.5-1% slower per step
+    three = _baseline_record([990.0, 1000.0, 995.0], [([1000.0], [0])] * 3, run_id="run0")
+    rec = with_steps(three, [2.02, 2.01, 2.02], [2.0] * 3)
+    assert step_round_ratios(rec.metrics, rec.details.baseline) == pytest.approx([2 / 2.02, 2 / 2.01, 2 / 2.02])
+    gap = with_steps(_baseline_record([990.0, 1000.0], [([1000.0], [0])] * 2), [2.02, 2.01], [2.0, None])
+    assert step_round_ratios(gap.metrics, gap.details.baseline) == pytest.approx([2 / 2.02])  # round 1 unrecorded
+    short = with_steps(_baseline_record([990.0, 1000.0], [([1000.0], [0])] * 2), [2.02], [2.0, 2.0])
+    assert step_round_ratios(short.metrics, short.details.baseline) is None  # the rounds do not pair
+    plain = _baseline_record([990.0, 1000.0], [([1000.0], [0])] * 2, run_id="run1")
+    assert step_round_ratios(plain.metrics, plain.details.baseline) is None
+    (row,) = baseline_overhead_table(records_frame([rec])).to_dict("records")
+    assert row["step clock p10 plain / probed"] == "0.992 (0.985-0.999, within)"  # t interval, 2 df
+    (row,) = baseline_overhead_table(records_frame([plain])).to_dict("records")
+    assert row["step clock p10 plain / probed"] == "not recorded"
+
+
+def test_a_baseline_runs_entry_keeps_its_step_clock_and_the_spec_asks_for_it_with_the_suites_step_times(
+    tmp_path, monkeypatch
+):
+    from specwatch.run import baseline as run_baseline_mod
+
+    line = BaselineLine(case_id="c", output_throughput=[1.0], sglang_step_times={"sglang_step_time_p10": 2.0})
+    entry = run_baseline_mod._run_entry(3, line, None)
+    assert entry["round"] == 3 and entry["sglang_step_times"] == {"sglang_step_time_p10": 2.0}
+    assert "sglang_step_times_error" not in entry
+    seen = []
+    suite = harness_suite(tmp_path, header="step_times = true")
+    job = SimpleNamespace(suite=suite, timeout_s=10)
+    monkeypatch.setattr(
+        run_baseline_mod, "run_baseline", lambda spec, *a: seen.append(spec) or run_baseline_mod.BaselineRun()
+    )
+    run_baseline_mod.launch(job, _opts(), [p.case for p in suite.plan()][:1], 0)
+    assert seen[0].step_times is True
 
 
 def test_a_records_own_interval_leaves_out_the_rounds_whose_plain_loop_read_the_cache():
@@ -381,7 +430,7 @@ def test_the_baseline_worker_writes_a_line_per_case_on_a_fake_engine(tmp_path, m
             self.shut = True
 
     case = CASE.model_copy(update={"batch_size": 4, "input_len": 40, "output_len": 16})
-    monkeypatch.setattr(worker_baseline, "start_engine", lambda cases, models_dir: Engine(cases[0]))
+    monkeypatch.setattr(worker_baseline, "start_engine", lambda cases, models_dir, steps: (Engine(cases[0]), None))
     spec = tmp_path / "spec.json"
     out = tmp_path / "out.jsonl"
     spec.write_text(BaselineSpec(cases=[case], repeats=2, models_dir=str(tmp_path), results=str(out)).model_dump_json())
@@ -397,6 +446,30 @@ def test_the_baseline_worker_writes_a_line_per_case_on_a_fake_engine(tmp_path, m
     monkeypatch.setattr(lifeline, "hold", lambda *args: armed.append(args))
     assert worker_baseline.main(str(spec), "7", "4242") == 0
     assert armed == [(None, 7, 4242)]
+
+    # the suite's step_times: the engine starts with SGLang's recording, each line has its window
+    from specwatch.rules.release_step_times import step_time_source
+    from specwatch.worker.step_times import StepWindow
+    from test_timing_noise import SteppingEngine
+
+    asked = []
+
+    def stepping(cases, models_dir, steps):
+        asked.append(steps)
+        eng = SteppingEngine(cases[0])
+        eng.shutdown = lambda: None
+        return eng, lambda: StepWindow(eng, "0.5.17", step_time_source("0.5.17"))
+
+    monkeypatch.setattr(worker_baseline, "start_engine", stepping)
+    spec.write_text(
+        BaselineSpec(
+            cases=[case], repeats=2, models_dir=str(tmp_path), results=str(out), step_times=True
+        ).model_dump_json()
+    )
+    out.unlink()
+    assert worker_baseline.main(str(spec)) == 0
+    (line,) = [BaselineLine.model_validate_json(x) for x in out.read_text().splitlines()]
+    assert asked == [True] and line.sglang_step_times["sglang_step_time_p10"] >= 4.0
 
 
 def test_with_windows_each_baseline_repeat_holds_min_timed_s_of_calls_until_the_ci_target(tmp_path, monkeypatch):
@@ -422,7 +495,7 @@ def test_with_windows_each_baseline_repeat_holds_min_timed_s_of_calls_until_the_
             pass
 
     case = CASE.model_copy(update={"batch_size": 2, "input_len": 40, "output_len": 16})
-    monkeypatch.setattr(worker_baseline, "start_engine", lambda cases, models_dir: Engine(cases[0]))
+    monkeypatch.setattr(worker_baseline, "start_engine", lambda cases, models_dir, steps: (Engine(cases[0]), None))
     monkeypatch.setattr(worker_baseline.time, "perf_counter", lambda: clock["t"])
     spec, out = tmp_path / "spec.json", tmp_path / "out.jsonl"
     spec.write_text(
@@ -461,7 +534,7 @@ def test_every_timed_baseline_call_prefills_in_full_as_the_probed_batch_does(tmp
             pass
 
     case = CASE.model_copy(update={"batch_size": 16, "input_len": 128, "output_len": 16})
-    monkeypatch.setattr(worker_baseline, "start_engine", lambda cases, models_dir: Engine(cases[0]))
+    monkeypatch.setattr(worker_baseline, "start_engine", lambda cases, models_dir, steps: (Engine(cases[0]), None))
     spec, out = tmp_path / "spec.json", tmp_path / "out.jsonl"
     timing = {"min_timed_s": 1e-9, "ci_half_width": 0.01, "max_repeats": 4} if windows else {}
     spec.write_text(
@@ -518,9 +591,9 @@ def test_with_pin_cores_the_baseline_pins_after_the_engine_starts_and_each_line_
         def shutdown(self):
             pass
 
-    def started(cases, models_dir):
+    def started(cases, models_dir, steps):
         events.append("engine")
-        return Engine(cases[0])
+        return Engine(cases[0]), None
 
     layout = {"pinned": True, "processes": [{"pid": 1, "role": "scheduler", "cpus": [1, 2]}], "allowed_cpus": [0, 1, 2]}
     monkeypatch.setattr(worker_baseline, "start_engine", started)

@@ -281,6 +281,24 @@ def test_step_times_of_the_timed_window_only_with_each_batchs_gap_dropped():
     assert metrics["sglang_step_time"]["unit"] == "ms" and details["batch_sizes"] == [CASE.batch_size]
 
 
+def test_the_plain_loop_reads_sglangs_step_clock_over_its_timed_calls_only():
+    """The baseline reads the same clock as the probed case (``StepWindow`` around its timed calls):
+    the warm-up's steps stay out, each timed call's first step (the gap before it) is dropped."""
+    from specwatch.worker.baseline import plain_loop
+
+    eng = SteppingEngine(CASE, gap_s=0.2)
+    window = step_times.StepWindow(eng, "0.5.17", step_time_source("0.5.17"))
+    out = plain_loop(eng, CASE, repeats=3, window=window)
+    got = out["sglang_step_times"]
+    assert set(got) == set(step_times.QUANTILES) and 4.0 <= got["sglang_step_time_p10"] <= got["sglang_step_time"]
+    assert got["sglang_step_time_p90"] <= 4.08  # no 200 ms gap left in the window
+    silent = SteppingEngine(CASE, recording=False)
+    out = plain_loop(
+        silent, CASE, repeats=2, window=step_times.StepWindow(silent, "0.5.17", step_time_source("0.5.17"))
+    )
+    assert "sglang_step_times" not in out and "step_time_dict" in out["sglang_step_times_error"]
+
+
 class _StepDict:
     """An engine whose scheduler recorded ``steps`` (seconds, in order) at batch size 8."""
 

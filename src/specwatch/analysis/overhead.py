@@ -120,6 +120,9 @@ def case_label(row) -> str:
 ROUNDS = "overhead_round_ratios"
 """The frame's column of a record's full-prefill rounds (``store.baseline.prefilled_round_ratios``)."""
 
+STEP_ROUNDS = "overhead_step_round_ratios"
+"""The frame's column of a record's rounds on SGLang's step clock (``store.baseline.step_round_ratios``)."""
+
 
 def baseline_overhead_table(df: pd.DataFrame) -> pd.DataFrame:
     """Harness overhead against the plain loop (``specwatch run --baseline``), rounds pooled over
@@ -131,7 +134,8 @@ def baseline_overhead_table(df: pd.DataFrame) -> pd.DataFrame:
     the probed repeats beside that of the plain loop's timed calls (``overhead_probed_spread``,
     ``overhead_baseline_spread``), and the probe's own clock: its timed cost per batch over the step
     time (``probe_share``), the part of the gap the probe in SGLang's scheduler can explain where the
-    rounds cannot resolve the ratio."""
+    rounds cannot resolve the ratio; and where both loops recorded SGLang's own step times, the
+    rounds pooled on that clock (``step_clock_cell``)."""
     return baseline_overhead_rows(baseline_overhead_reads(df))
 
 
@@ -141,7 +145,7 @@ def baseline_overhead_reads(df: pd.DataFrame) -> Optional[pd.DataFrame]:
     if df.empty or ROUNDS not in df:
         return None
     keep = (df.status == "ok") & df.fault.isna() & df[ROUNDS].map(lambda v: isinstance(v, list) and len(v) > 0)
-    used = ["machine", "sglang_version", "case_id", "suite", "run_id", ROUNDS]
+    used = ["machine", "sglang_version", "case_id", "suite", "run_id", ROUNDS, STEP_ROUNDS]
     used += ["overhead_probed_spread", "overhead_baseline_spread", "probe_time_per_batch", "step_time"]
     used += ["model", "algorithm", "attention_backend", "page_size", "topk", "batch_size"]
     ok = df.loc[keep, [c for c in used if c in df]]
@@ -172,10 +176,24 @@ def baseline_overhead_rows(ok: Optional[pd.DataFrame]) -> pd.DataFrame:
                 "repeat spread probed / plain": f"{_median_pct(g, 'overhead_probed_spread')} / "
                 f"{_median_pct(g, 'overhead_baseline_spread')}",
                 "probe per step": _probe_share(g),
+                "step clock p10 plain / probed": step_clock_cell(g),
                 "run ids": ", ".join(g.run_id.astype(str)),
             }
         )
     return pd.DataFrame(rows)
+
+
+def step_clock_cell(g: pd.DataFrame) -> str:
+    """The overhead on SGLang's own step clock, a case's rounds pooled over its records
+    (``STEP_ROUNDS``): ``0.995 (0.990-1.001, unresolved)``, the geometric mean with its 95% interval
+    and verdict against 0.98; ``not recorded`` where no round has it."""
+    ratios = [r for rs in (g[STEP_ROUNDS] if STEP_ROUNDS in g else []) if isinstance(rs, list) for r in rs]
+    if not ratios:
+        return "not recorded"
+    pooled = rounds_interval(ratios)
+    if pooled is None:
+        return f"{ratios[0]:.3f} (one round)"
+    return f"{pooled.ratio:.3f} ({pooled.low:.3f}-{pooled.high:.3f}, {pooled.verdict.value})"
 
 
 def _rounds_needed(ratios: list[float], pooled) -> str:

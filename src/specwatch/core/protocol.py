@@ -139,6 +139,11 @@ class BaselineSpec(BaseModel):
     """The suite's ``pin_cores``: after the engine starts, SGLang's processes and the baseline
     process get cores of their own as the probed worker's do (``worker.pinning``), so the overhead
     compares a pinned loop with a pinned loop."""
+    step_times: bool = False
+    """The suite's ``step_times``: SGLang's own step-time recording on, as the probed engine has it
+    (``worker.step_times.enable``: SGLang's environment variable and ``decode_log_interval``), and
+    each case's timed window read from the ``step_time_dict`` of ``Engine.get_server_info()``:
+    the clock both loops share."""
 
 
 class BaselineLine(BaseModel):
@@ -170,6 +175,13 @@ class BaselineLine(BaseModel):
     core_pinning: Optional[dict] = None
     """``BaselineSpec.pin_cores``: what was pinned where, or why nothing was (as the probed
     record's ``details.core_pinning``)."""
+    sglang_step_times: Optional[dict[str, float]] = None
+    """``BaselineSpec.step_times``: SGLang's own decode step time over the case's timed window, ms,
+    by the probed record's metric names (``sglang_step_time``, ``_p10``, ``_p90``: the window's
+    quantiles, ``worker.step_times.StepWindow``)."""
+    sglang_step_times_error: Optional[str] = None
+    """``BaselineSpec.step_times``: why the window has no step times (no recording known for the
+    release, none returned, no decode step inside the window)."""
 
 
 class _Line(BaseModel):

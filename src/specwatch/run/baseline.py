@@ -142,6 +142,8 @@ def _run_entry(k: int, line: Optional[BaselineLine], error: Optional[str]) -> di
         "cached_tokens": line.cached_tokens,
         **({"batches_per_repeat": line.batches_per_repeat} if line.batches_per_repeat is not None else {}),
         **({"core_pinning": line.core_pinning} if line.core_pinning is not None else {}),
+        **({"sglang_step_times": line.sglang_step_times} if line.sglang_step_times is not None else {}),
+        **({"sglang_step_times_error": line.sglang_step_times_error} if line.sglang_step_times_error else {}),
     }
 
 
@@ -227,6 +229,7 @@ def launch(job: GroupJob, options: RunOptions, cases: list[Case], k: int) -> Bas
             ci_half_width=header.ci_half_width,
             max_repeats=header.max_repeats,
             pin_cores=header.pin_cores,
+            step_times=header.step_times,
         )
         env = baseline_env(options.extra_env)
         return run_baseline(

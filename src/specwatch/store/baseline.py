@@ -16,6 +16,11 @@ pair each probed engine start with the baseline run of its round (``rounds_overh
 mean of the per-round ratios with its 95% t interval, and whether that interval lies at or above
 ``OVERHEAD_TARGET``, below it, or holds it (the host's noise then hides a 2% cost).
 
+Where both loops recorded SGLang's own step times (the suite's ``step_times``), each round also
+reads the overhead on that clock (``step_round_ratios``): the plain loop's fast-state decode step
+(``sglang_step_time_p10``) over the probed engine's, the probe's cost inside SGLang's step without
+the wall-clock noise of a host whose cores change speed within seconds.
+
 ``details.baseline`` keeps every run's timings, the order the runs went in, and why a run failed.
 """
 
@@ -38,6 +43,9 @@ OVERHEAD = "overhead"
 
 PROBED_THROUGHPUT = "output_throughput"
 """The probed record's metric the overhead is the ratio of."""
+
+STEP_CLOCK = "sglang_step_time_p10"
+"""The step clock's metric (``worker.step_times``): both loops' fast-state decode step, ms."""
 
 OVERHEAD_TARGET = 0.98
 """The overhead the harness may have: the probed run at 98% or more of the plain loop's tokens/s."""
@@ -195,6 +203,23 @@ def prefilled_round_ratios(metrics: dict, baseline: Optional[dict]) -> Optional[
     return out or None
 
 
+def step_round_ratios(metrics: dict, baseline: Optional[dict]) -> Optional[list[float]]:
+    """The overhead of each round on SGLang's own step clock: baseline run k's ``STEP_CLOCK`` over
+    probed engine k's (below 1: the probed engine's fast steps are slower), for the rounds where
+    both recorded it (``details.baseline.runs[].sglang_step_times``; ``baseline``: that
+    ``details.baseline``). None where the rounds do not pair or none has both."""
+    probed = metrics.get(STEP_CLOCK)
+    runs = list((baseline or {}).get("runs") or [])
+    if probed is None or not runs:
+        return None
+    medians = list(getattr(probed, "engine_medians", None) or [probed.value])
+    if len(medians) != len(runs) or any(r.get("round") != k for k, r in enumerate(runs)):
+        return None
+    plain = [(r.get("sglang_step_times") or {}).get(STEP_CLOCK) for r in runs]
+    out = [b / m for m, b in zip(medians, plain) if b and m and b > 0 and m > 0]
+    return out or None
+
+
 def relative_spread(values: list[float]) -> Optional[float]:
     """(max - min) / median of ``values``; None with fewer than two or a zero median."""
     if len(values) < 2:
@@ -259,7 +284,8 @@ def overhead_cells(metrics: dict, baseline: Optional[dict] = None) -> dict:
     """The records frame's columns beside ``overhead`` (none without it): the spreads, the rounds'
     interval and verdict (``rounds_overhead``: over the full-prefill rounds where ``baseline``, the
     record's ``details.baseline``, is given; None with fewer than two), and those rounds' ratios,
-    which ``analysis.overhead`` pools over records (``prefilled_round_ratios``)."""
+    which ``analysis.overhead`` pools over records (``prefilled_round_ratios``), beside the rounds'
+    ratios on SGLang's step clock (``step_round_ratios``)."""
     spreads = overhead_spreads(metrics)
     if spreads is None:
         return {}
@@ -267,6 +293,7 @@ def overhead_cells(metrics: dict, baseline: Optional[dict] = None) -> dict:
     rounds = rounds_interval(ratios) if ratios is not None else None
     return {
         "overhead_round_ratios": ratios if baseline is not None else None,
+        "overhead_step_round_ratios": step_round_ratios(metrics, baseline),
         "overhead_probed_spread": spreads[0],
         "overhead_baseline_spread": spreads[1],
         "overhead_ci_low": None if rounds is None else rounds.low,

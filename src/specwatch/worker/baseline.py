@@ -1,8 +1,9 @@
 """``python -m specwatch.worker.baseline SPEC.json [FD PID]``: the baseline, a plain loop of ``sglang.Engine.generate``.
 
 One ``sglang.Engine`` with specwatch's own engine arguments for the group (``engine_kwargs`` as
-the worker computes them: the same pool, batch size, CUDA graphs and sampling; no step-time
-recording), then per case: ``flush_cache()``, one warm-up ``generate``, then ``repeats`` timed
+the worker computes them: the same pool, batch size, CUDA graphs and sampling; with the suite's
+``step_times`` SGLang's own step-time recording as the probed engine has it, read through
+``Engine.get_server_info()`` around each case's timed window), then per case: ``flush_cache()``, one warm-up ``generate``, then ``repeats`` timed
 ``generate`` calls on the worker's timed prompts; with the suite's ``min_timed_s`` /
 ``ci_half_width`` each repeat is a window of calls and repeats go on to the CI target, as the
 probed run's (``windowed``), so the two spreads measure the same thing. Each timed call prefills
@@ -26,12 +27,13 @@ from pathlib import Path
 from typing import Optional
 
 
-def plain_loop(engine, case, repeats: int, flushed: bool = False, plan=None) -> dict:
+def plain_loop(engine, case, repeats: int, flushed: bool = False, plan=None, window=None) -> dict:
     """The plain loop on a started engine: output tokens/s and radix-cache tokens of each timed
     repeat. ``plan``: a ``worker.windows.RepeatPlan`` with windows or a CI target (``windowed``);
-    without one a repeat is one timed batch. ``flushed``: then the flushed pattern on the same
-    engine (each timed batch after a flush, a prefill-only batch and a second flush), as
-    ``flushed_output_throughput``."""
+    without one a repeat is one timed batch. ``window``: a ``worker.step_times.StepWindow`` read
+    right before the first timed repeat and after the last (``sglang_step_times``). ``flushed``:
+    then the flushed pattern on the same engine (each timed batch after a flush, a prefill-only
+    batch and a second flush), as ``flushed_output_throughput``."""
     from specwatch.oracle.predict import Oracle
     from specwatch.oracle.prompts import timed_tag
     from specwatch.oracle.shapes import SHAPES
@@ -47,6 +49,8 @@ def plain_loop(engine, case, repeats: int, flushed: bool = False, plan=None) -> 
     engine.flush_cache()
     engine.generate(input_ids=prompts.batch("warmup")[0], sampling_params=sp)
     out: dict = {"output_throughput": [], "cached_tokens": []}
+    if window is not None:
+        window.start()
     if plan is not None and not plan.fixed:
         out.update(windowed(engine, prompts, sp, plan))
     else:
@@ -54,6 +58,8 @@ def plain_loop(engine, case, repeats: int, flushed: bool = False, plan=None) -> 
             tps, cached = timed(fresh_batch(engine, prompts, sp, r))
             out["output_throughput"].append(tps)
             out["cached_tokens"].append(cached)
+    if window is not None:
+        out.update(step_times(window, sum(out.get("batches_per_repeat") or [repeats]), len(out["output_throughput"])))
     if not flushed:
         return out
     out["flushed_output_throughput"], out["flushed_cached_tokens"] = [], []
@@ -65,6 +71,18 @@ def plain_loop(engine, case, repeats: int, flushed: bool = False, plan=None) -> 
         out["flushed_output_throughput"].append(tps)
         out["flushed_cached_tokens"].append(cached)
     return out
+
+
+def step_times(window, timed_batches: int, repeats: int) -> dict:
+    """``BaselineLine``'s step-time fields from a finished ``StepWindow``: each quantile's value
+    over the window, or why there is none."""
+    from specwatch.worker.step_times import QUANTILES
+
+    metrics, details = window.finish(timed_batches, repeats)
+    got = {name: float(metrics[name]["value"]) for name in QUANTILES if name in metrics}
+    if not got:
+        return {"sglang_step_times_error": str(details.get("error", "no step time recorded"))}
+    return {"sglang_step_times": got}
 
 
 def fresh_batch(engine, prompts, sp: dict, r: int) -> list[list[int]]:
@@ -125,22 +143,28 @@ def windowed(engine, prompts, sp: dict, plan) -> dict:
     return {"output_throughput": tps, "cached_tokens": cached, "batches_per_repeat": list(loop.batches)}
 
 
-def start_engine(cases: list, models_dir: str):
+def start_engine(cases: list, models_dir: str, step_times: bool = False):
     """``sglang.Engine`` for the group with the worker's engine arguments (``worker.main.start_engine``
-    less step-time recording and the probe's reads)."""
+    less the probe's reads), and a ``StepWindow`` maker where ``step_times`` turned SGLang's own
+    step-time recording on (None otherwise)."""
     import sglang
 
     from specwatch.oracle.checkpoints import case_models
+    from specwatch.rules.releases import running_version
     from specwatch.worker.engine_args import engine_kwargs, fit_server_args, rendezvous_port, server_arg_names
     from specwatch.worker.near_full import kv_pool_tokens
+    from specwatch.worker.step_times import StepWindow, enable
 
     first = cases[0]
     target, draft = case_models(models_dir, first, device="cuda")
     kwargs = engine_kwargs(first, target, draft, max(c.batch_size for c in cases), kv_pool_tokens(cases))
     kwargs["nccl_port"] = rendezvous_port()
+    version = running_version()
+    source = enable(version, kwargs) if step_times else None
     known = server_arg_names()
     kwargs = fit_server_args(kwargs, known)[0] if known else kwargs
-    return sglang.Engine(**kwargs)
+    engine = sglang.Engine(**kwargs)
+    return engine, (lambda: StepWindow(engine, version, source)) if step_times else None
 
 
 def main(spec_path: str, lifeline_fd: Optional[str] = None, runner_pid: Optional[str] = None) -> int:
@@ -156,7 +180,7 @@ def main(spec_path: str, lifeline_fd: Optional[str] = None, runner_pid: Optional
 
     spec = BaselineSpec.model_validate_json(Path(spec_path).read_text())
     plan = RepeatPlan(spec.repeats, spec.min_timed_s, spec.ci_half_width, spec.max_repeats)
-    engine = start_engine(spec.cases, spec.models_dir)
+    engine, new_window = start_engine(spec.cases, spec.models_dir, spec.step_times)
     pinning = None
     if spec.pin_cores:
         from specwatch.worker.pinning import pin_cores
@@ -167,7 +191,8 @@ def main(spec_path: str, lifeline_fd: Optional[str] = None, runner_pid: Optional
             for case in spec.cases:
                 started = datetime.now(timezone.utc)
                 try:
-                    got = plain_loop(engine, case, spec.repeats, spec.flushed, plan)
+                    window = new_window() if new_window is not None else None
+                    got = plain_loop(engine, case, spec.repeats, spec.flushed, plan, window)
                     line = BaselineLine(case_id=case.case_id, started_at=started, **got)
                 except Exception as e:  # noqa: BLE001 - one case's loop: reported, the next case runs
                     line = BaselineLine(case_id=case.case_id, ok=False, reason=f"{type(e).__name__}: {e}"[:2000])
