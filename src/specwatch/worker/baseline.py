@@ -1,21 +1,22 @@
 """``python -m specwatch.worker.baseline SPEC.json [FD PID]``: the baseline, a plain loop of ``sglang.Engine.generate``.
 
-One ``sglang.Engine`` with specwatch's own engine arguments for the group (``engine_kwargs`` as
-the worker computes them: the same pool, batch size, CUDA graphs and sampling; with the suite's
+One ``sglang.Engine`` with specwatch's own engine arguments for the group (``engine_kwargs`` as the
+worker computes them: the same pool, batch size, CUDA graphs and sampling; with the suite's
 ``step_times`` SGLang's own step-time recording as the probed engine has it, read through
-``Engine.get_server_info()`` around each case's timed window), then per case: ``flush_cache()``, one warm-up ``generate``, then ``repeats`` timed
-``generate`` calls on the worker's timed prompts; with the suite's ``min_timed_s`` /
-``ci_half_width`` each repeat is a window of calls and repeats go on to the CI target, as the
-probed run's (``windowed``), so the two spreads measure the same thing. Each timed call prefills
-its prompts in full, as the probed run's timed batch does (``fresh_batch``): before it, outside the
-timed window, the radix cache is flushed and, where ``worker.measure.warm_after_flush`` holds, an
-untimed prefill-only batch on other chain starts refills the CUDA allocator the flush emptied.
-Nothing else runs between timed calls. The runner starts it without the probe on ``PYTHONPATH`` and without ``SPECWATCH_*``
-variables (``run.baseline.baseline_env``), so SGLang's processes carry no specwatch code; with the
-suite's ``pin_cores`` it pins them and itself after the engine starts, from the outside, as the
-worker does (``worker.pinning.pin_cores``), so both loops run on the same core layout; this
-module imports nothing of specwatch at module level, since SGLang's spawned processes import the
-main module again. One ``BaselineLine`` per case goes to the spec's ``results`` file.
+``Engine.get_server_info()`` around each case's timed window), then per case: ``flush_cache()``, one
+warm-up ``generate``, then ``repeats`` timed ``generate`` calls on the worker's timed prompts; with
+the suite's ``min_timed_s`` / ``ci_half_width`` each repeat is a window of calls and repeats go on
+to the CI target, as the probed run's (``windowed``), so the two spreads measure the same thing.
+Each timed call prefills its prompts in full, as the probed run's timed batch does
+(``fresh_batch``): before it, outside the timed window, the radix cache is flushed and, where
+``worker.measure.warm_after_flush`` holds, an untimed prefill-only batch on other chain starts
+refills the CUDA allocator the flush emptied. Nothing else runs between timed calls. The runner
+starts it without the probe on ``PYTHONPATH`` and without ``SPECWATCH_*`` variables
+(``run.baseline.baseline_env``), so SGLang's processes carry no specwatch code; with the suite's
+``pin_cores`` it pins them and itself after the engine starts, from the outside, as the worker does
+(``worker.pinning.pin_cores``), so both loops run on the same core layout; this module imports
+nothing of specwatch at module level, since SGLang's spawned processes import the main module again.
+One ``BaselineLine`` per case goes to the spec's ``results`` file.
 """
 
 from __future__ import annotations
@@ -59,7 +60,9 @@ def plain_loop(engine, case, repeats: int, flushed: bool = False, plan=None, win
             out["output_throughput"].append(tps)
             out["cached_tokens"].append(cached)
     if window is not None:
-        out.update(step_times(window, sum(out.get("batches_per_repeat") or [repeats]), len(out["output_throughput"])))
+        out.update(
+            window_step_times(window, sum(out.get("batches_per_repeat") or [repeats]), len(out["output_throughput"]))
+        )
     if not flushed:
         return out
     out["flushed_output_throughput"], out["flushed_cached_tokens"] = [], []
@@ -73,7 +76,7 @@ def plain_loop(engine, case, repeats: int, flushed: bool = False, plan=None, win
     return out
 
 
-def step_times(window, timed_batches: int, repeats: int) -> dict:
+def window_step_times(window, timed_batches: int, repeats: int) -> dict:
     """``BaselineLine``'s step-time fields from a finished ``StepWindow``: each quantile's value
     over the window, or why there is none."""
     from specwatch.worker.step_times import QUANTILES
