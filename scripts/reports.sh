@@ -84,6 +84,10 @@ report aa-timing-tiny-bs1-bs16-interleaved-sglang-0.5.17 "suite=timing,model=tin
 # the one that prefills every call in full (head), batch 8 and 16, each on its own H100 host
 report baseline-timing-tiny-full-prefill "suite=timing,model=tiny,run=20261206T060714Z-bfbb88" \
   "suite=timing,model=tiny,run=20261206T182004Z-eb73fd"
+# two plain-loop runs that prefill in full, each on an H100 host; the head's rounds serpentine and
+# both of its loops on SGLang's step clock
+report baseline-timing-tiny-step-clock "suite=timing,model=tiny,run=20261206T182004Z-eb73fd" \
+  "suite=timing,model=tiny,run=20261207T002215Z-0ceb10"
 # a planted 150 µs host stall per verify step (about 5% of the clean step) on the same case and host,
 # interleaved with a clean pass: past the floors above, or not
 planted=run=20261206T041819Z-e480fb

@@ -241,6 +241,9 @@ def test_the_step_clock_pairs_each_probed_engines_fast_step_with_its_rounds_plai
     assert step_round_ratios(plain.metrics, plain.details.baseline) is None
     (row,) = baseline_overhead_table(records_frame([rec])).to_dict("records")
     assert row["step clock p10 plain / probed"] == "0.992 (0.985-0.999, within)"  # t interval, 2 df
+    assert "; step clock 0.992, 95% CI 0.985-0.999: within 0.98; spread" in overhead_text(
+        rec.metrics, rec.details.baseline
+    )
     (row,) = baseline_overhead_table(records_frame([plain])).to_dict("records")
     assert row["step clock p10 plain / probed"] == "not recorded"
 

@@ -86,10 +86,10 @@ class RoundsOverhead:
             return OverheadVerdict.within
         return OverheadVerdict.past if self.high < OVERHEAD_TARGET else OverheadVerdict.unresolved
 
-    def text(self) -> str:
+    def text(self, name: str = "rounds") -> str:
         """``rounds 0.996, 95% CI 0.993-0.999: within 0.98`` (the verdict against the target)."""
         return (
-            f"rounds {self.ratio:.3f}, {CI_LEVEL:.0%} CI {self.low:.3f}-{self.high:.3f}: "
+            f"{name} {self.ratio:.3f}, {CI_LEVEL:.0%} CI {self.low:.3f}-{self.high:.3f}: "
             f"{self.verdict.value} {OVERHEAD_TARGET}"
         )
 
@@ -269,14 +269,17 @@ def overhead_spreads(metrics: dict) -> Optional[tuple[Optional[float], Optional[
 def overhead_text(metrics: dict, baseline: Optional[dict] = None) -> Optional[str]:
     """A report's overhead cell: ``0.982x (spread: probed 1.3%, baseline 0.9%)``, the ratio and the
     probed and baseline spreads (``–`` where unmeasured), with the rounds' interval first where the
-    group ran several (``rounds_overhead``; ``baseline``: the record's ``details.baseline``); None
-    where the record has no ``overhead``."""
+    group ran several (``rounds_overhead``; ``baseline``: the record's ``details.baseline``) and on
+    SGLang's step clock where both loops recorded it (``step_round_ratios``); None where the record
+    has no ``overhead``."""
     spreads = overhead_spreads(metrics)
     if spreads is None:
         return None
     p, b = ("–" if s is None else f"{s:.1%}" for s in spreads)
     rounds = rounds_overhead(metrics, baseline)
     paired = f"{rounds.text()}; " if rounds is not None else ""
+    steps = rounds_interval(step_round_ratios(metrics, baseline) or [])
+    paired += f"{steps.text('step clock')}; " if steps is not None else ""
     return f"{metrics[OVERHEAD].value:.3f}x ({paired}spread: probed {p}, baseline {b})"
 
 
