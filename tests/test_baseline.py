@@ -233,6 +233,9 @@ def test_the_step_clock_pairs_each_probed_engines_fast_step_with_its_rounds_plai
     three = _baseline_record([990.0, 1000.0, 995.0], [([1000.0], [0])] * 3, run_id="run0")
     rec = with_steps(three, [2.02, 2.01, 2.02], [2.0] * 3)
     assert step_round_ratios(rec.metrics, rec.details.baseline) == pytest.approx([2 / 2.02, 2 / 2.01, 2 / 2.02])
+    slower = with_steps(_baseline_record([990.0, 1000.0], [([1000.0], [0])] * 2, run_id="run2"), [2.1, 2.0], [2.0] * 2)
+    (row,) = baseline_overhead_table(records_frame([slower])).to_dict("records")
+    assert row["step clock p10 plain / probed"] == "0.976 (0.716-1.331, unresolved; 263 rounds to resolve)"
     gap = with_steps(_baseline_record([990.0, 1000.0], [([1000.0], [0])] * 2), [2.02, 2.01], [2.0, None])
     assert step_round_ratios(gap.metrics, gap.details.baseline) == pytest.approx([2 / 2.02])  # round 1 unrecorded
     short = with_steps(_baseline_record([990.0, 1000.0], [([1000.0], [0])] * 2), [2.02], [2.0, 2.0])

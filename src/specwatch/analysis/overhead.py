@@ -185,15 +185,18 @@ def baseline_overhead_rows(ok: Optional[pd.DataFrame]) -> pd.DataFrame:
 
 def step_clock_cell(g: pd.DataFrame) -> str:
     """The overhead on SGLang's own step clock, a case's rounds pooled over its records
-    (``STEP_ROUNDS``): ``0.995 (0.990-1.001, unresolved)``, the geometric mean with its 95% interval
-    and verdict against 0.98; ``not recorded`` where no round has it."""
+    (``STEP_ROUNDS``): ``0.962 (0.908-1.019, unresolved; 9 rounds to resolve)``, the geometric mean
+    with its 95% interval and verdict against 0.98 (and, unresolved, ``rounds_to_resolve``); ``not
+    recorded`` where no round has it."""
     ratios = [r for rs in (g[STEP_ROUNDS] if STEP_ROUNDS in g else []) if isinstance(rs, list) for r in rs]
     if not ratios:
         return "not recorded"
     pooled = rounds_interval(ratios)
     if pooled is None:
         return f"{ratios[0]:.3f} (one round)"
-    return f"{pooled.ratio:.3f} ({pooled.low:.3f}-{pooled.high:.3f}, {pooled.verdict.value})"
+    needed = _rounds_needed(ratios, pooled)
+    more = f"; {needed} rounds to resolve" if needed != "–" else ""
+    return f"{pooled.ratio:.3f} ({pooled.low:.3f}-{pooled.high:.3f}, {pooled.verdict.value}{more})"
 
 
 def _rounds_needed(ratios: list[float], pooled) -> str:
