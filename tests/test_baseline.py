@@ -427,6 +427,17 @@ def test_the_dashboard_case_table_shows_overhead_only_where_records_carry_it():
     ]
 
 
+def _worker_line(worker_baseline, tmp_path, case, name: str, **spec_kw) -> BaselineLine:
+    """``worker.baseline.main`` on a spec of ``case`` alone (two repeats, ``spec_kw`` beside) and the
+    one line it writes."""
+    spec, out = tmp_path / f"spec-{name}.json", tmp_path / f"out-{name}.jsonl"
+    kw = {"repeats": 2, **spec_kw}
+    spec.write_text(BaselineSpec(cases=[case], models_dir=str(tmp_path), results=str(out), **kw).model_dump_json())
+    assert worker_baseline.main(str(spec)) == 0
+    (line,) = [BaselineLine.model_validate_json(x) for x in out.read_text().splitlines()]
+    return line
+
+
 def test_the_baseline_worker_writes_a_line_per_case_on_a_fake_engine(tmp_path, monkeypatch):
     from specwatch.worker import baseline as worker_baseline
     from test_engine_worker import CASE, FakeEngine
@@ -467,14 +478,7 @@ def test_the_baseline_worker_writes_a_line_per_case_on_a_fake_engine(tmp_path, m
         return eng, lambda: StepWindow(eng, "0.5.17", step_time_source("0.5.17"))
 
     monkeypatch.setattr(worker_baseline, "start_engine", stepping)
-    spec.write_text(
-        BaselineSpec(
-            cases=[case], repeats=2, models_dir=str(tmp_path), results=str(out), step_times=True
-        ).model_dump_json()
-    )
-    out.unlink()
-    assert worker_baseline.main(str(spec)) == 0
-    (line,) = [BaselineLine.model_validate_json(x) for x in out.read_text().splitlines()]
+    line = _worker_line(worker_baseline, tmp_path, case, "steps", step_times=True)
     assert asked == [True] and line.sglang_step_times["sglang_step_time_p10"] >= 4.0
 
 
@@ -606,15 +610,8 @@ def test_with_pin_cores_the_baseline_pins_after_the_engine_starts_and_each_line_
     monkeypatch.setattr(pinning, "pin_cores", lambda: events.append("pin") or layout)
     case = CASE.model_copy(update={"batch_size": 2, "input_len": 40, "output_len": 16})
     for pin, want in ((False, None), (True, layout)):
-        spec, out = tmp_path / f"spec{pin}.json", tmp_path / f"out{pin}.jsonl"
-        spec.write_text(
-            BaselineSpec(
-                cases=[case], repeats=2, models_dir=str(tmp_path), results=str(out), pin_cores=pin
-            ).model_dump_json()
-        )
         events.clear()
-        assert worker_baseline.main(str(spec)) == 0
-        (line,) = [BaselineLine.model_validate_json(x) for x in out.read_text().splitlines()]
+        line = _worker_line(worker_baseline, tmp_path, case, str(pin), pin_cores=pin)
         assert line.core_pinning == want and events == (["engine", "pin"] if pin else ["engine"])
         assert ("core_pinning" in _run_entry(0, line, None)) is pin
 
