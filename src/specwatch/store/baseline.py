@@ -177,6 +177,20 @@ def rounds_to_resolve(ratios: list[float]) -> Optional[int]:
     return n
 
 
+def paired_rounds(probed, baseline: Optional[dict]) -> Optional[list[tuple[float, dict]]]:
+    """Each round's probed engine median (``probed``: a ``Metric``-like, its ``engine_medians``, or
+    its value for one engine start) with baseline run k of ``baseline`` (a record's
+    ``details.baseline``); None without either, or where they do not pair (not one baseline run per
+    probed engine start, run k not round k)."""
+    runs = list((baseline or {}).get("runs") or [])
+    if probed is None or not runs:
+        return None
+    medians = list(getattr(probed, "engine_medians", None) or [probed.value])
+    if len(medians) != len(runs) or any(r.get("round") != k for k, r in enumerate(runs)):
+        return None
+    return list(zip(medians, runs))
+
+
 def prefilled_round_ratios(metrics: dict, baseline: Optional[dict]) -> Optional[list[float]]:
     """The overhead of each round whose plain-loop run prefilled every timed call in full, as the
     probed batch does: probed engine median k / the median of baseline run k's timed calls, for the
@@ -184,16 +198,10 @@ def prefilled_round_ratios(metrics: dict, baseline: Optional[dict]) -> Optional[
     (``details.baseline.runs[].cached_tokens``; ``baseline``: that ``details.baseline``). A plain
     loop served part of its prompts from the cache did less work than the probed run, and its round
     would read the harness slower than it is. None where the record has no ``overhead``, the rounds
-    do not pair (not one baseline run per probed engine start, run k not round k) or none is left."""
-    if OVERHEAD not in metrics or not baseline:
-        return None
-    probed = metrics.get(PROBED_THROUGHPUT)
-    medians = list(getattr(probed, "engine_medians", None) or ([probed.value] if probed is not None else []))
-    runs = list(baseline.get("runs") or [])
-    if not medians or len(medians) != len(runs) or any(r.get("round") != k for k, r in enumerate(runs)):
-        return None
+    do not pair (``paired_rounds``) or none is left."""
+    rounds = paired_rounds(metrics.get(PROBED_THROUGHPUT), baseline) if OVERHEAD in metrics else None
     out = []
-    for m, run in zip(medians, runs):
+    for m, run in rounds or []:
         timed, cached = run.get("output_throughput"), run.get("cached_tokens")
         if "error" in run or not timed or cached is None or any(cached) or m <= 0:
             continue
@@ -207,16 +215,12 @@ def step_round_ratios(metrics: dict, baseline: Optional[dict]) -> Optional[list[
     """The overhead of each round on SGLang's own step clock: baseline run k's ``STEP_CLOCK`` over
     probed engine k's (below 1: the probed engine's fast steps are slower), for the rounds where
     both recorded it (``details.baseline.runs[].sglang_step_times``; ``baseline``: that
-    ``details.baseline``). None where the rounds do not pair or none has both."""
-    probed = metrics.get(STEP_CLOCK)
-    runs = list((baseline or {}).get("runs") or [])
-    if probed is None or not runs:
-        return None
-    medians = list(getattr(probed, "engine_medians", None) or [probed.value])
-    if len(medians) != len(runs) or any(r.get("round") != k for k, r in enumerate(runs)):
-        return None
-    plain = [(r.get("sglang_step_times") or {}).get(STEP_CLOCK) for r in runs]
-    out = [b / m for m, b in zip(medians, plain) if b and m and b > 0 and m > 0]
+    ``details.baseline``). None where the rounds do not pair (``paired_rounds``) or none has both."""
+    out = []
+    for m, run in paired_rounds(metrics.get(STEP_CLOCK), baseline) or []:
+        b = (run.get("sglang_step_times") or {}).get(STEP_CLOCK)
+        if b and m and b > 0 and m > 0:
+            out.append(b / m)
     return out or None
 
 
