@@ -194,8 +194,8 @@ def step_clock_cell(g: pd.DataFrame) -> str:
     pooled = rounds_interval(ratios)
     if pooled is None:
         return f"{ratios[0]:.3f} (one round)"
-    needed = _rounds_needed(ratios, pooled)
-    more = f"; {needed} rounds to resolve" if needed != "–" else ""
+    unresolved = pooled.verdict is OverheadVerdict.unresolved
+    more = f"; {_rounds_needed(ratios, pooled)} rounds to resolve" if unresolved else ""
     return f"{pooled.ratio:.3f} ({pooled.low:.3f}-{pooled.high:.3f}, {pooled.verdict.value}{more})"
 
 
