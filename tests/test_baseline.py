@@ -256,9 +256,15 @@ def test_a_baseline_runs_entry_keeps_its_step_clock_and_the_spec_asks_for_it_wit
 ):
     from specwatch.run import baseline as run_baseline_mod
 
-    line = BaselineLine(case_id="c", output_throughput=[1.0], sglang_step_times={"sglang_step_time_p10": 2.0})
+    line = BaselineLine(
+        case_id="c",
+        output_throughput=[1.0],
+        sglang_step_times={"sglang_step_time_p10": 2.0},
+        sglang_step_distribution={"p10": 2.0, "slow_share": 0.1},
+    )
     entry = run_baseline_mod._run_entry(3, line, None)
     assert entry["round"] == 3 and entry["sglang_step_times"] == {"sglang_step_time_p10": 2.0}
+    assert entry["sglang_step_distribution"] == {"p10": 2.0, "slow_share": 0.1}
     assert "sglang_step_times_error" not in entry
     seen = []
     suite = harness_suite(tmp_path, header="step_times = true")

@@ -292,6 +292,8 @@ def test_the_plain_loop_reads_sglangs_step_clock_over_its_timed_calls_only():
     got = out["sglang_step_times"]
     assert set(got) == set(step_times.QUANTILES) and 4.0 <= got["sglang_step_time_p10"] <= got["sglang_step_time"]
     assert got["sglang_step_time_p90"] <= 4.08  # no 200 ms gap left in the window
+    dist = out["sglang_step_distribution"]
+    assert dist["p50"] == pytest.approx(got["sglang_step_time"], abs=1e-3) and dist["max"] <= 4.08
     silent = SteppingEngine(CASE, recording=False)
     out = plain_loop(
         silent, CASE, repeats=2, window=step_times.StepWindow(silent, "0.5.17", step_time_source("0.5.17"))
@@ -329,6 +331,11 @@ def test_the_fast_state_step_time_holds_where_the_median_follows_the_share_of_sl
     # one sample per slice, in recorded order: the slow steps came first
     assert m60["sglang_step_time"]["samples"] == pytest.approx([2.0, 2.0, 1.0, 1.0])
     assert all(len(m30[k]["samples"]) == 4 for k in step_times.QUANTILES)
+    # the distribution shows the two states: the share of slow steps, the fast and slow ends
+    assert d30["distribution_ms"]["slow_share"] == pytest.approx(0.3)
+    assert d60["distribution_ms"]["slow_share"] == pytest.approx(0.6)
+    assert d60["distribution_ms"]["p10"] == pytest.approx(1.0) and d60["distribution_ms"]["p90"] == pytest.approx(2.0)
+    assert d30["distribution_ms"]["max"] == pytest.approx(2.0)  # the gaps are dropped before it
 
 
 def test_a_window_of_one_repeat_still_gives_two_slices():

@@ -122,7 +122,9 @@ class Details(BaseModel):
     sglang_step_times: Optional[dict] = Field(
         default=None,
         description="``[suite] step_times``: where SGLang recorded its step times, entries in the "
-        "timed window and dropped (one per timed batch), batch sizes; or ``error`` saying why there are none.",
+        "timed window and dropped (one per timed batch), batch sizes, ``distribution_ms`` (percentiles, max and "
+        "``slow_share``, the steps over 1.25x the window's p10: ``worker.step_times.distribution``); or ``error`` "
+        "saying why there are none.",
     )
     timed_cpu: Optional[dict] = Field(
         default=None,

@@ -179,6 +179,9 @@ class BaselineLine(BaseModel):
     """``BaselineSpec.step_times``: SGLang's own decode step time over the case's timed window, ms,
     by the probed record's metric names (``sglang_step_time``, ``_p10``, ``_p90``: the window's
     quantiles, ``worker.step_times.StepWindow``)."""
+    sglang_step_distribution: Optional[dict[str, float]] = None
+    """``BaselineSpec.step_times``: the window's step times as the probed record's
+    ``details.sglang_step_times.distribution_ms`` has them (percentiles, max, slow share)."""
     sglang_step_times_error: Optional[str] = None
     """``BaselineSpec.step_times``: why the window has no step times (no recording known for the
     release, none returned, no decode step inside the window)."""

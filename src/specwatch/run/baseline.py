@@ -143,6 +143,7 @@ def _run_entry(k: int, line: Optional[BaselineLine], error: Optional[str]) -> di
         **({"batches_per_repeat": line.batches_per_repeat} if line.batches_per_repeat is not None else {}),
         **({"core_pinning": line.core_pinning} if line.core_pinning is not None else {}),
         **({"sglang_step_times": line.sglang_step_times} if line.sglang_step_times is not None else {}),
+        **({"sglang_step_distribution": line.sglang_step_distribution} if line.sglang_step_distribution else {}),
         **({"sglang_step_times_error": line.sglang_step_times_error} if line.sglang_step_times_error else {}),
     }
 

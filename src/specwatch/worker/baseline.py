@@ -78,14 +78,14 @@ def plain_loop(engine, case, repeats: int, flushed: bool = False, plan=None, win
 
 def window_step_times(window, timed_batches: int, repeats: int) -> dict:
     """``BaselineLine``'s step-time fields from a finished ``StepWindow``: each quantile's value
-    over the window, or why there is none."""
+    over the window and the window's distribution, or why there is none."""
     from specwatch.worker.step_times import QUANTILES
 
     metrics, details = window.finish(timed_batches, repeats)
     got = {name: float(metrics[name]["value"]) for name in QUANTILES if name in metrics}
     if not got:
         return {"sglang_step_times_error": str(details.get("error", "no step time recorded"))}
-    return {"sglang_step_times": got}
+    return {"sglang_step_times": got, "sglang_step_distribution": details.get("distribution_ms")}
 
 
 def fresh_batch(engine, prompts, sp: dict, r: int) -> list[list[int]]:

@@ -41,6 +41,23 @@ QUANTILES = {"sglang_step_time": 50, "sglang_step_time_p90": 90, "sglang_step_ti
 MIN_SLICES = 2
 """Fewest slices a window's steps are cut into (a timed metric needs two samples)."""
 
+DISTRIBUTION_PERCENTILES = (1, 5, 10, 25, 50, 75, 90, 95, 99)
+"""Percentiles of the window's steps kept in ``details.sglang_step_times.distribution_ms``: the
+shape behind the three quantile metrics (a window whose steps split into a fast and a slow state
+shows it between p10 and p90)."""
+
+SLOW_STEP_FACTOR = 1.25
+"""A step longer than this many times the window's p10 counts as slow (``slow_share``)."""
+
+
+def distribution(ms: np.ndarray) -> dict:
+    """The window's step times (ms) as ``DISTRIBUTION_PERCENTILES`` (``p1`` ... ``p99``) and ``max``,
+    and ``slow_share``: the fraction of steps longer than ``SLOW_STEP_FACTOR`` x its p10."""
+    out = {f"p{q}": round(float(np.percentile(ms, q)), 4) for q in DISTRIBUTION_PERCENTILES}
+    out["max"] = round(float(ms.max()), 4)
+    out["slow_share"] = round(float(np.mean(ms > SLOW_STEP_FACTOR * np.percentile(ms, 10))), 4)
+    return out
+
 
 def enable(version: str, kwargs: dict) -> Optional[StepTimeSource]:
     """Turn SGLang's step-time recording on for the engine about to start (before ``sglang.Engine``
@@ -100,6 +117,7 @@ class StepWindow:
         ms = steps * 1e3
         slices = [s for s in np.array_split(ms, max(repeats, MIN_SLICES)) if len(s)]
         details["slices"] = len(slices)
+        details["distribution_ms"] = distribution(ms)
         for name, q in QUANTILES.items():
             samples = [float(np.percentile(s, q)) for s in slices]
             m.put(
