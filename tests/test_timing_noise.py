@@ -484,15 +484,17 @@ def test_a_host_with_too_few_cores_records_why_it_did_not_pin():
     assert not calls and "no sglang::scheduler" in details["reason"]
 
 
-def test_the_merged_record_keeps_each_engines_cpu_readings():
+def test_the_merged_record_keeps_each_engines_cpu_readings_and_step_distribution():
     from records import record
     from specwatch.run.engine_starts import merge_records
 
     recs = [record(tps=t) for t in (100.0, 80.0)]
     for r, span in zip(recs, (2.0, 2.5)):
         r.details["timed_cpu"] = {"scheduler_pid": 1, "scheduler_cpu": 1, "repeats": [{"span_s": span}]}
+        r.details["sglang_step_times"] = {"entries": 9, "distribution_ms": {"p10": span, "slow_share": span / 10}}
     engines = merge_records(recs, 2).details["engine_starts"]["engines"]
     assert [e["timed_cpu"]["repeats"][0]["span_s"] for e in engines] == [2.0, 2.5]
+    assert [e["sglang_step_distribution"]["slow_share"] for e in engines] == [0.2, 0.25]
 
 
 def _merged_with_counts(windowed: bool, accept: tuple = (4.0, 4.0)):

@@ -87,6 +87,7 @@ def merge_records(recs: list[CaseRecord], planned: int, adopted: int = 0) -> Cas
                 "output_digest": r.details.output_digest,
                 "host_load": r.details.host_load.model_dump() if r.details.host_load else None,
                 **({"timed_cpu": r.details.timed_cpu} if r.details.timed_cpu is not None else {}),
+                **({"sglang_step_distribution": d} if (d := _step_distribution(r)) else {}),
                 **({"resumed": True} if i < adopted else {}),
             }
             for i, r in enumerate(recs)
@@ -95,6 +96,11 @@ def merge_records(recs: list[CaseRecord], planned: int, adopted: int = 0) -> Cas
     }
     out.provenance = out.provenance.model_copy(update={"finished_at": recs[-1].provenance.finished_at})
     return out
+
+
+def _step_distribution(rec: CaseRecord) -> Optional[dict]:
+    """The engine's step-time window distribution (``details.sglang_step_times.distribution_ms``)."""
+    return (rec.details.sglang_step_times or {}).get("distribution_ms")
 
 
 class EngineStarts:
