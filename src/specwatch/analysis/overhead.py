@@ -18,6 +18,7 @@ from specwatch.store.baseline import (
     rounds_interval,
     rounds_to_resolve,
 )
+from specwatch.store.step_state import shares_text
 
 OVERHEAD_BUDGET = 0.02
 """Harness overhead allowed: specwatch's tokens/s within 2% of a bare run's."""
@@ -135,7 +136,8 @@ def baseline_overhead_table(df: pd.DataFrame) -> pd.DataFrame:
     ``overhead_baseline_spread``), and the probe's own clock: its timed cost per batch over the step
     time (``probe_share``), the part of the gap the probe in SGLang's scheduler can explain where the
     rounds cannot resolve the ratio; and where both loops recorded SGLang's own step times, the
-    rounds pooled on that clock (``step_clock_cell``)."""
+    rounds pooled on that clock (``step_clock_cell``) and the share of their steps that ran in the
+    host's slow state (``slow_steps_cell``)."""
     return baseline_overhead_rows(baseline_overhead_reads(df))
 
 
@@ -147,6 +149,7 @@ def baseline_overhead_reads(df: pd.DataFrame) -> Optional[pd.DataFrame]:
     keep = (df.status == "ok") & df.fault.isna() & df[ROUNDS].map(lambda v: isinstance(v, list) and len(v) > 0)
     used = ["machine", "sglang_version", "case_id", "suite", "run_id", ROUNDS, STEP_ROUNDS]
     used += ["overhead_probed_spread", "overhead_baseline_spread", "probe_time_per_batch", "step_time"]
+    used += ["slow_steps_probed", "slow_steps_plain"]
     used += ["model", "algorithm", "attention_backend", "page_size", "topk", "batch_size"]
     ok = df.loc[keep, [c for c in used if c in df]]
     return ok if not ok.empty else None
@@ -177,6 +180,7 @@ def baseline_overhead_rows(ok: Optional[pd.DataFrame]) -> pd.DataFrame:
                 f"{_median_pct(g, 'overhead_baseline_spread')}",
                 "probe per step": _probe_share(g),
                 "step clock p10 plain / probed": step_clock_cell(g),
+                "slow steps probed / plain": slow_steps_cell(g),
                 "run ids": ", ".join(g.run_id.astype(str)),
             }
         )
@@ -197,6 +201,21 @@ def step_clock_cell(g: pd.DataFrame) -> str:
     unresolved = pooled.verdict is OverheadVerdict.unresolved
     more = f"; {_rounds_needed(ratios, pooled)} rounds to resolve" if unresolved else ""
     return f"{pooled.ratio:.3f} ({pooled.low:.3f}-{pooled.high:.3f}, {pooled.verdict.value}{more})"
+
+
+def slow_steps_cell(g: pd.DataFrame) -> str:
+    """The host's slow state over a case's records: the share of SGLang's decode steps that ran slow
+    (``store.step_state``) per probed engine start and per plain-loop run, pooled over the records,
+    ``41% (6-75%, 3 windows) / 21% (9-51%, 3 windows)``; ``not recorded`` where neither side has one.
+    Two loops whose shares differ read a throughput gap that is the host's."""
+
+    def pooled(column: str) -> list[float]:
+        return [x for xs in (g[column] if column in g else []) if isinstance(xs, list) for x in xs]
+
+    probed, plain = pooled("slow_steps_probed"), pooled("slow_steps_plain")
+    if not probed and not plain:
+        return "not recorded"
+    return f"{shares_text(probed)} / {shares_text(plain)}"
 
 
 def _rounds_needed(ratios: list[float], pooled) -> str:

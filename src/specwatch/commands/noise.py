@@ -43,6 +43,7 @@ def compare(
     from specwatch.analysis.compare import compare_specs
     from specwatch.analysis.compare_report import has_regression, markdown
     from specwatch.analysis.floor import budget_file_for, compare_budgets, file_threshold, store_floor
+    from specwatch.analysis.host_state import host_state_lines, selection_shares
     from specwatch.analysis.pair_noise import mark_noisier, noise_lines
 
     source = budgets or budget_file_for(results, (base, head))
@@ -58,6 +59,7 @@ def compare(
             key = f"{r.noise_class}/{r.metric}"
             spreads[key] = max(spreads.get(key, 0.0), r.spread)
     header = floor.header((f"{r.noise_class}/{r.metric}" for r in rows if r.timed), spreads) + noise_lines(rows, floor)
+    header += host_state_lines(selection_shares(base, results), selection_shares(head, results))
     text = markdown(rows, base, head, show_unchanged=all_rows, header=header)
     if output:
         output.write_text(text)

@@ -34,6 +34,7 @@ CODE_FILES = [
     _PKG / "store" / "frame.py",
     _PKG / "store" / "frame_cache.py",
     _PKG / "store" / "baseline.py",
+    _PKG / "store" / "step_state.py",
     _PKG / "core" / "record.py",
     _PKG / "core" / "details.py",
     _PKG / "core" / "migrations.py",
