@@ -103,6 +103,11 @@ bs16=run=20261206T224057Z-088f73
 report aa-timing-tiny-bs16-h100-serpentine "suite=timing,model=tiny,$bs16" "suite=timing,fault=slow-verify-0us,model=tiny,$bs16"
 report fault-slow-verify-150us-timing-tiny-bs16-h100 "suite=timing,model=tiny,$bs16" \
   "suite=timing,fault=slow-verify-150us,model=tiny,$bs16"
+# batch 16 on a third H100 host, the clean pass and 150 µs of GPU time per verify step in serpentine
+# rounds: the planted pass read faster, its engines' decode steps in the host's slow state less often
+planted=run=20261207T020257Z-a11a41
+report fault-slow-verify-gpu-150us-timing-tiny-bs16-h100 "suite=timing,model=tiny,$planted" \
+  "suite=timing,fault=slow-verify-gpu-150us,model=tiny,$planted"
 "$bin/specwatch" noise-holdout results/noise-budgets-timing.json --threshold 0.02 -o "$out/aa-holdout-timing.md" >/dev/null
 echo "$out/aa-holdout-timing.md: $(sed -n 3p "$out/aa-holdout-timing.md")"
 # every A/A pair of the budget file under the other pairs' budgets (the held-out false-positive rate)
