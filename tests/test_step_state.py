@@ -101,3 +101,27 @@ def test_compare_prints_the_host_state_line(tmp_path):
     res = CliRunner().invoke(app, ["compare", "suite=timing,run=pa", "suite=timing,run=pb", "--results", str(tmp_path)])
     assert res.exit_code == 0, res.output
     assert "**Host state differs between the sides**: slow steps base 46%" in res.output
+
+
+def test_each_window_is_a_point_with_its_loop_share_and_tokens_and_the_figure_draws_them(tmp_path):
+    from specwatch.analysis.host_state import rank_correlation, window_points
+    from specwatch.present.host_state_plots import HOST_STATE_PLOT, host_state_figure
+    from specwatch.store.frame import records_frame
+
+    rec = _merged([0.06, 0.75, 0.41], plain=[0.51, 0.09, 0.21])
+    rec.metrics["output_throughput"].engine_medians = [7763.0, 4426.0, 6289.0]
+    for run, tps in zip(rec.details.baseline["runs"], ([5000.0, 5246.0], [9935.0], [8798.0])):
+        run["output_throughput"] = tps
+    points = window_points(records_frame([rec]))
+    assert points.loop.tolist() == ["probed"] * 3 + ["plain"] * 3
+    assert points.tps.tolist() == [7763.0, 4426.0, 6289.0, 5123.0, 9935.0, 8798.0]  # a run's median call
+    assert points.slow_share.tolist() == [0.06, 0.75, 0.41, 0.51, 0.09, 0.21]
+    assert rank_correlation(points) == pytest.approx(1 - 6 * 64 / (6 * 35))  # rank differences squared: 64
+    assert rank_correlation(points.iloc[:2]) is None
+    # engine medians that do not line up with the starts give no point rather than a wrong one
+    rec.metrics["output_throughput"].engine_medians = [7763.0, 4426.0]
+    assert window_points(records_frame([rec])).loop.tolist() == ["plain"] * 3
+    paths = host_state_figure(records_frame([rec]), tmp_path)
+    assert [p.name for p in paths] == [f"{HOST_STATE_PLOT}.png", f"{HOST_STATE_PLOT}.svg"]
+    assert all(p.stat().st_size > 0 for p in paths)
+    assert host_state_figure(records_frame([record(C)]), tmp_path / "none") == []

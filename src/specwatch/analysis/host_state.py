@@ -11,6 +11,7 @@ verify step ran 17%, 13% and 10% slow and read 18,071.
 from __future__ import annotations
 
 import statistics
+from typing import Optional
 
 import pandas as pd
 
@@ -56,3 +57,51 @@ def host_state_lines(b: list[float], h: list[float]) -> list[str]:
             "",
         ]
     return [f"Host state: slow steps {shares}.", ""]
+
+
+WINDOW_COLUMNS = (
+    "machine",
+    "model",
+    "batch_size",
+    "slow_steps_probed",
+    "slow_tps_probed",
+    "slow_steps_plain",
+    "slow_tps_plain",
+)
+"""The records frame's columns ``window_points`` reads."""
+
+LOOPS = ("probed", "plain")
+"""The two loops a window belongs to: a probed engine start, a plain-loop run (``run --baseline``)."""
+
+
+def window_points(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per timed window that kept its slow share and its output tokens/s: ``machine``,
+    ``model``, ``batch_size``, ``loop`` (``LOOPS``), ``slow_share``, ``tps``."""
+    cols = [c for c in WINDOW_COLUMNS if c in df]
+    rows = []
+    for rec in df[cols].to_dict("records") if not df.empty else []:
+        for loop in LOOPS:
+            shares, tps = rec.get(f"slow_steps_{loop}"), rec.get(f"slow_tps_{loop}")
+            if shares is None or tps is None:
+                continue
+            for share, t in zip(list(shares), list(tps)):
+                if t is not None and pd.notna(t) and t > 0:
+                    rows.append(
+                        {
+                            **{k: rec.get(k) for k in WINDOW_COLUMNS[:3]},
+                            "loop": loop,
+                            "slow_share": float(share),
+                            "tps": float(t),
+                        }
+                    )
+    return pd.DataFrame(rows, columns=[*WINDOW_COLUMNS[:3], "loop", "slow_share", "tps"])
+
+
+def rank_correlation(points: pd.DataFrame) -> Optional[float]:
+    """Spearman's rank correlation of the windows' tokens/s with their slow share (None: fewer than
+    three windows, or either constant)."""
+    from scipy.stats import spearmanr
+
+    if len(points) < 3 or points.slow_share.nunique() < 2 or points.tps.nunique() < 2:
+        return None
+    return float(spearmanr(points.slow_share, points.tps).statistic)

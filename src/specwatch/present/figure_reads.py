@@ -9,7 +9,9 @@ from typing import Callable
 
 import pandas as pd
 
+from specwatch.analysis.host_state import window_points
 from specwatch.present.dflash_plots import PANELS, dflash_figure, dflash_records
+from specwatch.present.host_state_plots import host_state_figure
 from specwatch.present.plots import (
     acceptance_vs_topk,
     memory_vs_topk,
@@ -75,12 +77,18 @@ def dflash_reads(df: pd.DataFrame) -> object:
     return columns(dflash_records(df), [c for p in PANELS for c in (p[0], p[2], p[3])])
 
 
+def host_state_reads(df: pd.DataFrame) -> object:
+    """``host_state_plots.host_state_figure``: the windows it plots (``window_points``)."""
+    return window_points(df)
+
+
 FIGURE_READS: dict[Callable, Callable[[pd.DataFrame], object]] = {
     memory_vs_topk: memory_reads,
     throughput_vs_topk: by_topk_reads("decode_throughput", "attention_backend", True),
     acceptance_vs_topk: by_topk_reads("accept_length", "profile", False),
     metrics_across_versions: across_reads,
     dflash_figure: dflash_reads,
+    host_state_figure: host_state_reads,
 }
 """Per figure call of ``figures.FIGURE_PARTS`` but the speedup figure (``speedup_reads``), what it
 reads of the clean records."""

@@ -7,6 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from specwatch.present.dflash_plots import DFLASH_PLOT, dflash_figure
+from specwatch.present.host_state_plots import HOST_STATE_PLOT, host_state_figure
 from specwatch.present.plots import PLOT_PARTS
 from specwatch.present.speedup_plots import SPEEDUP_PLOT, speedup_figure
 
@@ -17,11 +18,12 @@ PLOT_TITLES = {
     "across_versions": "Metrics across SGLang versions",
     DFLASH_PLOT: "DFLASH: acceptance vs block size, decode watermark tail and row width vs page per SGLang version",
     SPEEDUP_PLOT: "Speedup over plain decoding vs topk, page and batch per backend (newest SGLang with twins)",
+    HOST_STATE_PLOT: "Output tokens/s vs the host's slow state per timed window, probed engine starts and plain-loop runs",
 }
 """Figure file stem -> the dashboard's title for it (a stem without one is shown under its own name)."""
 
 
-FIGURE_PARTS = (*PLOT_PARTS, dflash_figure, speedup_figure)
+FIGURE_PARTS = (*PLOT_PARTS, dflash_figure, speedup_figure, host_state_figure)
 """The calls that draw the figures, each ``(records frame, folder) -> files``, in the dashboard's
 order; independent of each other (the dashboard shares them with a forked child: ``core.forked``)."""
 

@@ -20,7 +20,7 @@ from specwatch.rules.crashlog import host_interference
 from specwatch.store.baseline import overhead_cells, relative_spread
 from specwatch.store.jsonl import Quarantine, read_records
 from specwatch.store.latest import latest_rows  # noqa: F401  (the one latest rule, re-exported)
-from specwatch.store.step_state import plain_slow_shares, probed_slow_shares
+from specwatch.store.step_state import plain_windows, probed_windows
 
 
 def start_breakdown(r: CaseRecord) -> dict[str, float]:
@@ -290,8 +290,11 @@ def metric_cells(r: CaseRecord) -> dict:
         # the repeats' own spread (one engine, back to back): what a single run can resolve
         row["decode_throughput_spread"] = spread
     row.update(overhead_cells(r.metrics, r.details.baseline))  # beside ``overhead`` (specwatch run --baseline)
-    row["slow_steps_probed"] = probed_slow_shares(r.details) or None  # the host's slow state (store.step_state)
-    row["slow_steps_plain"] = plain_slow_shares(r.details.baseline) or None
+    for loop, (shares, tps) in (  # the host's slow state per timed window, with its tokens/s (store.step_state)
+        ("probed", probed_windows(r.details, r.metrics.get("output_throughput"))),
+        ("plain", plain_windows(r.details.baseline)),
+    ):
+        row[f"slow_steps_{loop}"], row[f"slow_tps_{loop}"] = (shares, tps) if shares else (None, None)
     row.update(start_breakdown(r))
     for name, ok in r.checks.items():
         row[f"check.{name}"] = ok

@@ -28,21 +28,46 @@ def _share(dist: Optional[dict]) -> Optional[float]:
     return float(value) if isinstance(value, (int, float)) else None
 
 
-def probed_slow_shares(details) -> list[float]:
+def probed_windows(details, throughput=None) -> tuple[list[float], list[Optional[float]]]:
     """The slow-step share of each probed engine start of a record's ``details`` that recorded one
-    (a single-start record: its window's); empty where none did."""
+    (a single-start record: its window's), and beside each its output tokens/s from
+    ``throughput`` (the record's ``output_throughput`` metric: its ``engine_medians``, or its value
+    for one start; None where they do not line up with the starts)."""
     engines = (getattr(details, "engine_starts", None) or {}).get("engines")
     if engines:
         shares = [_share(e.get("sglang_step_distribution")) for e in engines]
     else:
         shares = [_share((getattr(details, "sglang_step_times", None) or {}).get("distribution_ms"))]
-    return [s for s in shares if s is not None]
+    medians = list(getattr(throughput, "engine_medians", None) or [])
+    if not medians and throughput is not None and len(shares) == 1:
+        medians = [throughput.value]
+    tps = medians if len(medians) == len(shares) else [None] * len(shares)
+    kept = [(s, t) for s, t in zip(shares, tps) if s is not None]
+    return [s for s, _ in kept], [t for _, t in kept]
+
+
+def probed_slow_shares(details) -> list[float]:
+    """The slow-step share of each probed engine start of a record's ``details`` that recorded one
+    (a single-start record: its window's); empty where none did."""
+    return probed_windows(details)[0]
+
+
+def plain_windows(baseline: Optional[dict]) -> tuple[list[float], list[Optional[float]]]:
+    """The slow-step share of each plain-loop run of a record's ``details.baseline`` that recorded
+    one, and beside each the median output tokens/s of its timed calls (None without them)."""
+    shares, tps = [], []
+    for run in (baseline or {}).get("runs") or []:
+        share = _share(run.get("sglang_step_distribution"))
+        if share is not None:
+            timed = run.get("output_throughput") or []
+            shares.append(share)
+            tps.append(float(statistics.median(timed)) if timed else None)
+    return shares, tps
 
 
 def plain_slow_shares(baseline: Optional[dict]) -> list[float]:
     """The slow-step share of each plain-loop run of a record's ``details.baseline`` that recorded one."""
-    shares = [_share(run.get("sglang_step_distribution")) for run in (baseline or {}).get("runs") or []]
-    return [s for s in shares if s is not None]
+    return plain_windows(baseline)[0]
 
 
 def shares_text(shares: list[float]) -> str:
