@@ -16,7 +16,6 @@ from typing import Optional
 import pandas as pd
 
 from specwatch.store.latest import latest_rows
-from specwatch.store.select_frame import SELECT_COLUMNS, select_rows
 from specwatch.store.step_state import shares_text
 
 COLUMN = "slow_steps_probed"
@@ -33,11 +32,6 @@ def side_shares(rows: pd.DataFrame) -> list[float]:
         return []
     latest = latest_rows(rows, ["case_id"])
     return [float(x) for xs in latest.loc[latest.status == "ok", COLUMN] if xs is not None for x in list(xs)]
-
-
-def selection_shares(spec: str, root) -> list[float]:
-    """``side_shares`` of a ``compare`` selection under the results root ``root``."""
-    return side_shares(select_rows(spec, root, columns=[*SELECT_COLUMNS, COLUMN]))
 
 
 def host_state_lines(b: list[float], h: list[float]) -> list[str]:

@@ -43,8 +43,11 @@ def compare(
     from specwatch.analysis.compare import compare_specs
     from specwatch.analysis.compare_report import has_regression, markdown
     from specwatch.analysis.floor import budget_file_for, compare_budgets, file_threshold, store_floor
-    from specwatch.analysis.host_state import host_state_lines, selection_shares
+    from specwatch.analysis.host_state import COLUMN as SLOW_COLUMN
+    from specwatch.analysis.host_state import host_state_lines, side_shares
     from specwatch.analysis.pair_noise import mark_noisier, noise_lines
+    from specwatch.analysis.planted import planted_lines, side_fault
+    from specwatch.store.select_frame import SELECT_COLUMNS, select_rows
 
     source = budgets or budget_file_for(results, (base, head))
     # floors measured at the file's own threshold; a class its pairs never measured: compare's
@@ -59,7 +62,9 @@ def compare(
             key = f"{r.noise_class}/{r.metric}"
             spreads[key] = max(spreads.get(key, 0.0), r.spread)
     header = floor.header((f"{r.noise_class}/{r.metric}" for r in rows if r.timed), spreads) + noise_lines(rows, floor)
-    header += host_state_lines(selection_shares(base, results), selection_shares(head, results))
+    sides = [select_rows(s, results, columns=[*SELECT_COLUMNS, SLOW_COLUMN]) for s in (base, head)]
+    header += host_state_lines(*(side_shares(df) for df in sides))
+    header += planted_lines(rows, floor, *(side_fault(df) for df in sides))
     text = markdown(rows, base, head, show_unchanged=all_rows, header=header)
     if output:
         output.write_text(text)
