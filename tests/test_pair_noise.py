@@ -157,8 +157,15 @@ def test_a_record_is_checked_against_the_floor_its_suite_reads_as_it_lands(tmp_p
     assert line.startswith(
         "noisy host: decode_throughput windows spread 40% against <= 4.0% in the A/A runs of tiny/bs8"
     )
-    assert "(noise-budgets-timing.json)" in line and "can hide in this record" in line
+    assert "(noise-budgets-timing.json)" in line and line.endswith("can hide in this record")
     assert check(quiet) is None and check(other) is None
+    # where the windows kept their step distributions, the line says how much of the decode ran slow
+    noisy.details.engine_starts = {
+        "engines": [{"sglang_step_distribution": {"slow_share": s}} for s in (0.06, 0.75, 0.41)]
+    }
+    assert check(noisy).endswith(
+        "can hide in this record; SGLang's decode steps ran slow 41% (6-75%, 3 windows) (store.step_state)"
+    )
     smoke = _rec(C, 100.0, 0.40, "r")  # smoke reads the store's shared file, absent here
     assert check(smoke) is None
 

@@ -22,6 +22,7 @@ from typing import Callable, Iterable, Optional
 from specwatch.analysis.compare import Row, noise_class
 from specwatch.analysis.floor import DetectionFloor
 from specwatch.analysis.window_spread import window_spread
+from specwatch.store.step_state import probed_slow_shares, shares_text
 
 NOISIER_FACTOR = 2.0
 """How many times the floor's A/A window spread a compared pair's may reach before the floor no
@@ -112,9 +113,11 @@ def record_noise(rec, floor: DetectionFloor, metric: str = "decode_throughput") 
         return None
     if (hidden := _hidden(floor, klass, metric, spread, calm)) is None:
         return None
+    shares = probed_slow_shares(rec.details)
+    slow = f"; SGLang's decode steps ran slow {shares_text(shares)} (store.step_state)" if shares else ""
     return (
         f"noisy host: {metric} windows spread {spread:.0%} against <= {calm:.1%} in the A/A runs of {klass} "
-        f"({Path(floor.source or '').name}): a change up to about {hidden:.0%} can hide in this record"
+        f"({Path(floor.source or '').name}): a change up to about {hidden:.0%} can hide in this record{slow}"
     )
 
 
