@@ -16,9 +16,9 @@ from typing import Optional
 import pandas as pd
 
 from specwatch.store.latest import latest_rows
-from specwatch.store.step_state import shares_text
+from specwatch.store.step_state import LOOPS, shares_column, shares_text, tps_column
 
-COLUMN = "slow_steps_probed"
+COLUMN = shares_column("probed")
 """The records frame's column of each record's per-engine slow-step shares (``store.frame``)."""
 
 SIDE_GAP = 0.15
@@ -53,19 +53,11 @@ def host_state_lines(b: list[float], h: list[float]) -> list[str]:
     return [f"Host state: slow steps {shares}.", ""]
 
 
-WINDOW_COLUMNS = (
-    "machine",
-    "model",
-    "batch_size",
-    "slow_steps_probed",
-    "slow_tps_probed",
-    "slow_steps_plain",
-    "slow_tps_plain",
-)
-"""The records frame's columns ``window_points`` reads."""
+CASE_COLUMNS = ("machine", "model", "batch_size")
+"""What a window's point is drawn under (one panel each)."""
 
-LOOPS = ("probed", "plain")
-"""The two loops a window belongs to: a probed engine start, a plain-loop run (``run --baseline``)."""
+WINDOW_COLUMNS = (*CASE_COLUMNS, *(f(loop) for loop in LOOPS for f in (shares_column, tps_column)))
+"""The records frame's columns ``window_points`` reads."""
 
 
 def window_points(df: pd.DataFrame) -> pd.DataFrame:
@@ -75,20 +67,20 @@ def window_points(df: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for rec in df[cols].to_dict("records") if not df.empty else []:
         for loop in LOOPS:
-            shares, tps = rec.get(f"slow_steps_{loop}"), rec.get(f"slow_tps_{loop}")
+            shares, tps = rec.get(shares_column(loop)), rec.get(tps_column(loop))
             if shares is None or tps is None:
                 continue
             for share, t in zip(list(shares), list(tps)):
                 if t is not None and pd.notna(t) and t > 0:
                     rows.append(
                         {
-                            **{k: rec.get(k) for k in WINDOW_COLUMNS[:3]},
+                            **{k: rec.get(k) for k in CASE_COLUMNS},
                             "loop": loop,
                             "slow_share": float(share),
                             "tps": float(t),
                         }
                     )
-    return pd.DataFrame(rows, columns=[*WINDOW_COLUMNS[:3], "loop", "slow_share", "tps"])
+    return pd.DataFrame(rows, columns=[*CASE_COLUMNS, "loop", "slow_share", "tps"])
 
 
 def rank_correlation(points: pd.DataFrame) -> Optional[float]:

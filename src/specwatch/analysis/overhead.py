@@ -18,7 +18,7 @@ from specwatch.store.baseline import (
     rounds_interval,
     rounds_to_resolve,
 )
-from specwatch.store.step_state import shares_text
+from specwatch.store.step_state import LOOPS, shares_column, shares_text
 
 OVERHEAD_BUDGET = 0.02
 """Harness overhead allowed: specwatch's tokens/s within 2% of a bare run's."""
@@ -149,7 +149,7 @@ def baseline_overhead_reads(df: pd.DataFrame) -> Optional[pd.DataFrame]:
     keep = (df.status == "ok") & df.fault.isna() & df[ROUNDS].map(lambda v: isinstance(v, list) and len(v) > 0)
     used = ["machine", "sglang_version", "case_id", "suite", "run_id", ROUNDS, STEP_ROUNDS]
     used += ["overhead_probed_spread", "overhead_baseline_spread", "probe_time_per_batch", "step_time"]
-    used += ["slow_steps_probed", "slow_steps_plain"]
+    used += [shares_column(loop) for loop in LOOPS]
     used += ["model", "algorithm", "attention_backend", "page_size", "topk", "batch_size"]
     ok = df.loc[keep, [c for c in used if c in df]]
     return ok if not ok.empty else None
@@ -212,7 +212,7 @@ def slow_steps_cell(g: pd.DataFrame) -> str:
     def pooled(column: str) -> list[float]:
         return [x for xs in (g[column] if column in g else []) if isinstance(xs, list) for x in xs]
 
-    probed, plain = pooled("slow_steps_probed"), pooled("slow_steps_plain")
+    probed, plain = (pooled(shares_column(loop)) for loop in LOOPS)
     if not probed and not plain:
         return "not recorded"
     return f"{shares_text(probed)} / {shares_text(plain)}"

@@ -20,7 +20,7 @@ from specwatch.rules.crashlog import host_interference
 from specwatch.store.baseline import overhead_cells, relative_spread
 from specwatch.store.jsonl import Quarantine, read_records
 from specwatch.store.latest import latest_rows  # noqa: F401  (the one latest rule, re-exported)
-from specwatch.store.step_state import plain_windows, probed_windows
+from specwatch.store.step_state import plain_windows, probed_windows, shares_column, tps_column
 
 
 def start_breakdown(r: CaseRecord) -> dict[str, float]:
@@ -294,7 +294,7 @@ def metric_cells(r: CaseRecord) -> dict:
         ("probed", probed_windows(r.details, r.metrics.get("output_throughput"))),
         ("plain", plain_windows(r.details.baseline)),
     ):
-        row[f"slow_steps_{loop}"], row[f"slow_tps_{loop}"] = (shares, tps) if shares else (None, None)
+        row[shares_column(loop)], row[tps_column(loop)] = (shares, tps) if shares else (None, None)
     row.update(start_breakdown(r))
     for name, ok in r.checks.items():
         row[f"check.{name}"] = ok

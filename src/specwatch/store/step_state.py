@@ -7,7 +7,7 @@ host whose vCPUs switch between a fast and a slow state that share, not the code
 window's throughput. On one H100 host, tiny batch 8 in ``20261207T015215Z-fa7a14``: the three
 probed engines ran 6%, 75% and 41% of their steps slow and read 7,763, 4,426 and 6,289 output
 tokens/s; the plain loops of the same rounds ran 51%, 9% and 21% slow and read 5,123, 9,935 and
-8,798; so each round's overhead (1.52, 0.45, 0.72) followed the host, not the harness.
+8,798; so each round's overhead (1.52, 0.45, 0.72) swung with the host.
 
 A probed record keeps one share per engine start (``details.engine_starts.engines[]``, or its one
 window's where it ran one engine), a record with a baseline one per plain-loop run
@@ -21,6 +21,19 @@ from typing import Optional
 
 SLOW_SHARE = "slow_share"
 """The distribution's key for the share of slow steps (``worker.step_times.distribution``)."""
+
+LOOPS = ("probed", "plain")
+"""The two loops a window belongs to: a probed engine start, a plain-loop run (``run --baseline``)."""
+
+
+def shares_column(loop: str) -> str:
+    """The records frame's column of a record's slow-step shares of ``loop`` (``LOOPS``), one per window."""
+    return f"slow_steps_{loop}"
+
+
+def tps_column(loop: str) -> str:
+    """The records frame's column of the output tokens/s beside each share of ``shares_column(loop)``."""
+    return f"slow_tps_{loop}"
 
 
 def _share(dist: Optional[dict]) -> Optional[float]:
