@@ -161,7 +161,7 @@ def baseline_overhead_rows(ok: Optional[pd.DataFrame]) -> pd.DataFrame:
         return pd.DataFrame()
     rows = []
     for (machine, version, _case_id), g in ok.groupby(["machine", "sglang_version", "case_id"], sort=False):
-        ratios = [r for rs in g[ROUNDS] for r in rs]
+        ratios = pooled_values(g, ROUNDS)
         pooled = rounds_interval(ratios)
         b = g.iloc[-1]
         rows.append(
@@ -187,12 +187,17 @@ def baseline_overhead_rows(ok: Optional[pd.DataFrame]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def pooled_values(g: pd.DataFrame, column: str) -> list[float]:
+    """A list-valued column's values over a case's records, in record order (records without it skipped)."""
+    return [x for xs in (g[column] if column in g else []) if isinstance(xs, list) for x in xs]
+
+
 def step_clock_cell(g: pd.DataFrame) -> str:
     """The overhead on SGLang's own step clock, a case's rounds pooled over its records
     (``STEP_ROUNDS``): ``0.962 (0.908-1.019, unresolved; 9 rounds to resolve)``, the geometric mean
     with its 95% interval and verdict against 0.98 (and, unresolved, ``rounds_to_resolve``); ``not
     recorded`` where no round has it."""
-    ratios = [r for rs in (g[STEP_ROUNDS] if STEP_ROUNDS in g else []) if isinstance(rs, list) for r in rs]
+    ratios = pooled_values(g, STEP_ROUNDS)
     if not ratios:
         return "not recorded"
     pooled = rounds_interval(ratios)
@@ -209,10 +214,7 @@ def slow_steps_cell(g: pd.DataFrame) -> str:
     ``41% (6-75%, 3 windows) / 21% (9-51%, 3 windows)``; ``not recorded`` where neither side has one.
     Two loops whose shares differ read a throughput gap that is the host's."""
 
-    def pooled(column: str) -> list[float]:
-        return [x for xs in (g[column] if column in g else []) if isinstance(xs, list) for x in xs]
-
-    probed, plain = (pooled(shares_column(loop)) for loop in LOOPS)
+    probed, plain = (pooled_values(g, shares_column(loop)) for loop in LOOPS)
     if not probed and not plain:
         return "not recorded"
     return f"{shares_text(probed)} / {shares_text(plain)}"
