@@ -6,6 +6,8 @@ as it starts; FAKE_BASELINE_ENV: writes its ``SPECWATCH_*`` variables and ``PYTH
 JSON; FAKE_BASELINE_CRASH=N: after N case lines the process dies as a dying SGLang scheduler
 takes it down (SIGKILL), N=0 before any. FAKE_BASELINE_HANG=PIDFILE: arms the lifeline the runner
 passes on the command line (as ``specwatch.worker.baseline`` does), writes its pid there, and hangs.
+FAKE_TURN_UNITS / FAKE_TURNS_LOG: per case that many units of work in turns with the probed worker
+(the ends of a paired run, its fourth argument); FAKE_BASELINE_ARGV: writes its arguments there.
 """
 
 import json
@@ -17,6 +19,7 @@ from datetime import datetime, timezone
 
 from specwatch.core import lifeline
 from specwatch.core.protocol import BaselineLine, BaselineSpec
+from specwatch.core.turns import Turns, use
 
 spec = BaselineSpec.model_validate_json(open(sys.argv[1]).read())
 if os.environ.get("FAKE_ORDER"):
@@ -31,6 +34,10 @@ if os.environ.get("FAKE_BASELINE_HANG"):
     with open(os.environ["FAKE_BASELINE_HANG"], "w") as f:
         f.write(str(os.getpid()))
     time.sleep(120)
+turns = use(Turns.parse(sys.argv[4] if len(sys.argv) > 4 else None))  # a paired run's ends (core.turns)
+if os.environ.get("FAKE_BASELINE_ARGV"):
+    with open(os.environ["FAKE_BASELINE_ARGV"], "w") as f:
+        json.dump(sys.argv[1:], f)
 tps = [float(x) for x in os.environ.get("FAKE_BASELINE_TPS", "100").split(",")]
 crash = int(os.environ["FAKE_BASELINE_CRASH"]) if os.environ.get("FAKE_BASELINE_CRASH") else None
 with open(spec.results, "a") as out:
@@ -38,6 +45,12 @@ with open(spec.results, "a") as out:
         if crash is not None and i >= crash:
             print("RuntimeError: scheduler died (fake baseline)", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
+        for _ in range(int(os.environ.get("FAKE_TURN_UNITS", "0"))):
+            with turns.hold():
+                t0 = time.time()
+                time.sleep(0.02)
+                with open(os.environ["FAKE_TURNS_LOG"], "a") as log:
+                    log.write(f"baseline {case.case_id} {t0} {time.time()}\n")
         now = datetime.now(timezone.utc)
         calls = [tps[r % len(tps)] for r in range(spec.repeats)]
         line = BaselineLine(
@@ -49,3 +62,4 @@ with open(spec.results, "a") as out:
         )
         out.write(line.model_dump_json() + "\n")
         out.flush()
+turns.close()

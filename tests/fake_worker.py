@@ -13,6 +13,8 @@ FAKE_TPS_SAMPLES (comma-separated): a spec case's output_throughput samples, the
 It arms ``specwatch.core.lifeline`` as the real worker does (dies with its runner, and past the spec's timeout).
 It takes the timing lock like the real worker; FAKE_WORKER_INTERVALS logs when it "started its engine"
 (FAKE_START_S of sleep) and when it "timed" its cases, so tests can check that they never overlap.
+FAKE_TURN_UNITS / FAKE_TURNS_LOG: per case that many units of work taken in turns with a paired
+plain loop (``turn_units``).
 """
 
 import json
@@ -54,6 +56,19 @@ if os.environ.get("FAKE_ORDER"):
 if os.environ.get("FAKE_WORKER_PIDS"):
     with open(os.environ["FAKE_WORKER_PIDS"], "a") as f:
         f.write(f"{os.getpid()}\n")
+
+
+def turn_units(what: str) -> None:
+    """FAKE_TURN_UNITS=N: N units of "engine work", each in a turn (``core.turns``, the ends the runner
+    gave in the environment), each logged to FAKE_TURNS_LOG as ``what``, its start and end."""
+    from specwatch.core.turns import process_turns
+
+    for _ in range(int(os.environ.get("FAKE_TURN_UNITS", "0"))):
+        with process_turns().hold():
+            t0 = time.time()
+            time.sleep(0.02)
+            with open(os.environ["FAKE_TURNS_LOG"], "a") as f:
+                f.write(f"{what} {t0} {time.time()}\n")
 
 
 def interval(kind, t0):
@@ -115,6 +130,7 @@ with open(spec["results"], "a") as out:
             out.write(os.environ["FAKE_BAD_LINE"].replace("CASE_ID", case.case_id) + "\n")
             out.flush()
             continue
+        turn_units(f"probed {case.case_id}")
         metrics = {"output_throughput": {"value": (100.0 if spec_case else 50.0) * case.page_size, "unit": "tokens/s"}}
         if spec_case and os.environ.get("FAKE_TPS_SAMPLES"):
             samples = [float(x) for x in os.environ["FAKE_TPS_SAMPLES"].split(",")]
@@ -136,3 +152,6 @@ with open(spec["results"], "a") as out:
         await_record(case.case_id)
         time.sleep(float(os.environ.get("FAKE_TIME_S", "0")))
     interval("timing", t0)
+    from specwatch.core.turns import process_turns
+
+    process_turns().close()

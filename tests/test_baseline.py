@@ -728,3 +728,30 @@ def test_rounds_to_resolve_is_the_fewest_rounds_whose_interval_clears_the_target
     assert rounds_to_resolve([0.90, 0.95, 0.92]) is not None
     assert rounds_to_resolve([0.97, 0.99, 0.98 * 0.98 / (0.97 * 0.99) * 0.98]) is None
     assert rounds_to_resolve([1.0]) is None and MAX_ROUNDS_SHOWN == 1000
+
+
+def test_a_paired_baseline_runs_beside_each_engine_start_taking_turns_unit_by_unit(tmp_path):
+    """``--baseline --paired``: in every round the plain loop's process runs while the probed worker
+    does, the two taking turns (``core.turns``): no two units overlap, and they alternate but at a
+    round's start (the first turn the probed worker's on even rounds, the plain loop's on odd)."""
+    log = tmp_path / "turns.log"
+    suite = _suite(tmp_path, "engine_starts = 2")
+    env = {**ENV, "FAKE_TURN_UNITS": "2", "FAKE_TURNS_LOG": str(log)}
+    out = run_suite(suite, tmp_path / "results", _opts(baseline=True, paired_baseline=True, extra_env=env))
+    recs = list(read_records(out))
+    assert len(recs) == 8 and all(r.status is Status.ok for r in recs)
+    spec = [r for r in recs if measures_baseline(r.case)]
+    assert spec and all(r.details.baseline["order"] == ["paired0", "paired1"] for r in spec)
+    assert all(OVERHEAD in r.metrics and len(r.details.baseline["runs"]) == 2 for r in spec)
+    units = sorted(
+        (float(t0), float(t1), kind) for kind, _, t0, t1 in (line.split() for line in log.read_text().splitlines())
+    )
+    assert len(units) == 4 * 2 * 2 * 2 * 2  # groups x rounds x cases x units x loops
+    assert all(a[1] <= b[0] for a, b in zip(units, units[1:]))  # never two at once
+    repeats = sum(a[2] == b[2] for a, b in zip(units, units[1:]))
+    assert repeats <= 4 * 2  # a turn kept only across a round's start
+
+
+def test_paired_needs_the_baseline():
+    with pytest.raises(ValueError, match="--paired"):
+        check_baseline(_opts(paired_baseline=True))

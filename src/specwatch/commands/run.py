@@ -106,6 +106,14 @@ BaselineOpt = Annotated[
         "--parallel-starts or another --executor.",
     ),
 ]
+PairedOpt = Annotated[
+    bool,
+    typer.Option(
+        "--paired",
+        help="GPU, with --baseline: keep the plain loop's engine up beside the probed one and let the two "
+        "take turns batch by batch, so both loops are timed in the same seconds of the host's state.",
+    ),
+]
 FloorsRoot = Annotated[
     Optional[Path],
     typer.Option(
@@ -181,6 +189,7 @@ def run(
     group_timeout: GroupTimeout = None,
     bare: Bare = False,
     baseline: BaselineOpt = False,
+    paired: PairedOpt = False,
     known: KnownRoot = None,
     executor: ExecutorOpt = ExecutorKind.local,
     gpus: GpuIds = None,
@@ -213,6 +222,7 @@ def run(
         group_timeout_s=group_timeout,
         bare=bare,
         baseline=baseline,
+        paired_baseline=paired,
         known_root=known,
         overlap_starts=overlap_starts,
         timing_lock=timing_lock,

@@ -133,6 +133,11 @@ class Details(BaseModel):
         "cores (``core_steal_s``) and on the host (``host_steal_s``), and the scheduler's pid and pinned "
         "cpus (``worker.cpu_readings``); a reading the host does not give is null.",
     )
+    turns: Optional[dict] = Field(
+        default=None,
+        description="``run --baseline --paired``: the units of engine work the worker held the turn for "
+        "so far (``units``) and the seconds it waited for them (``waited_s``), ``core.turns``.",
+    )
     core_pinning: Optional[dict] = Field(
         default=None,
         description="``[suite] pin_cores``: ``pinned``, each process's pid, role and cpus, the cores "

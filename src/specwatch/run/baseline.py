@@ -37,8 +37,9 @@ from specwatch.core.case import Case, Workload
 from specwatch.core.placement import ExecutorKind
 from specwatch.core.protocol import BaselineLine, BaselineSpec
 from specwatch.core.record import CaseRecord, Status
+from specwatch.core.turns import TurnPipes
 from specwatch.rules.crashlog import crash_cause
-from specwatch.run.engine_starts import round_order, run_engine_starts
+from specwatch.run.engine_starts import alongside, round_order, run_engine_rounds
 from specwatch.run.group import _ACTIVE_WORKERS, PROBE_DIR, STOP_FLUSHES, GroupJob, finally_kill, run_once
 from specwatch.run.options import RunOptions
 from specwatch.store.baseline import baseline_metrics
@@ -54,6 +55,8 @@ def measures_baseline(case: Case) -> bool:
 def check_baseline(options: RunOptions) -> None:
     """``--baseline`` with options it cannot go with: a ``ValueError`` of one line."""
     if not options.baseline:
+        if options.paired_baseline:
+            raise ValueError("--paired pairs the plain loop of --baseline with the probed run: add --baseline")
         return
     if options.bare:
         raise ValueError("--baseline compares the probed run with a plain loop: drop --bare")
@@ -85,22 +88,29 @@ class BaselineRun:
     """The process's exit or timeout (None: it ended by itself with code 0)."""
 
 
-def run_baseline(spec: BaselineSpec, module: str, env: dict, timeout_s: float, log: Path) -> BaselineRun:
-    """``python -m MODULE SPEC FD PID`` in a process group of its own (SGLang kills its parent's group
-    when a scheduler dies), with the worker's lifeline pipe (``core.lifeline``: it dies with the
-    runner; the pipe's end and the runner's pid go on its command line, not in its environment),
-    killed past ``timeout_s``; returns its lines and its error."""
+def run_baseline(
+    spec: BaselineSpec, module: str, env: dict, timeout_s: float, log: Path, turns: Optional[TurnPipes] = None
+) -> BaselineRun:
+    """``python -m MODULE SPEC FD PID [TURNS]`` in a process group of its own (SGLang kills its
+    parent's group when a scheduler dies), with the worker's lifeline pipe (``core.lifeline``: it dies
+    with the runner; the pipe's end and the runner's pid go on its command line, not in its
+    environment), killed past ``timeout_s``; returns its lines and its error. ``turns``: a paired
+    round's pipes, the plain loop's ends on its command line (``core.turns``)."""
     spec_path = Path(spec.results).with_suffix(".spec.json")
     spec_path.write_text(spec.model_dump_json())
     Path(spec.results).unlink(missing_ok=True)
     pipe = lifeline.Pipe()
+    ends = turns.take("plain") if turns is not None else None
+    turn_arg = [",".join(map(str, ends))] if ends else []
     try:
         with open(log, "wb") as f:
             proc = subprocess.Popen(
-                [sys.executable, "-m", module, str(spec_path), *pipe.argv()], env=env, stdout=f,
-                stderr=subprocess.STDOUT, start_new_session=True, pass_fds=(pipe.read_fd,),
+                [sys.executable, "-m", module, str(spec_path), *pipe.argv(), *turn_arg], env=env, stdout=f,
+                stderr=subprocess.STDOUT, start_new_session=True, pass_fds=(pipe.read_fd, *(ends or ())),
             )  # fmt: skip
         pipe.started()
+        if turns is not None:
+            turns.started("plain")
         _ACTIVE_WORKERS.add(proc.pid)
         try:
             rc = proc.wait(timeout=max(timeout_s, 1.0))
@@ -111,6 +121,8 @@ def run_baseline(spec: BaselineSpec, module: str, env: dict, timeout_s: float, l
             proc.wait()
             _ACTIVE_WORKERS.discard(proc.pid)
     finally:
+        if turns is not None:
+            turns.started("plain")  # a process that never started: the probed worker runs on alone
         pipe.close()
     run = BaselineRun()
     results = Path(spec.results)
@@ -183,17 +195,20 @@ class BaselineBoard:
             self.held.pop(rec.case_id, None)
         self.emit(rec)
 
-    def round(self, k: int, launch: Callable[[list[Case]], BaselineRun]) -> None:
+    def round(self, k: int, launch: Callable[[list[Case]], BaselineRun], paired: bool = False) -> None:
         """Round ``k``'s baseline run on the cases still ok: right after probed start ``k`` on even
-        rounds, right before it on odd ones (``run.engine_starts.round_order``)."""
-        probed_first = round_order(k, ["probed", "baseline"])[0] == "probed"
+        rounds, right before it on odd ones (``run.engine_starts.round_order``); ``paired``: beside
+        it, the two taking turns (``paired{k}``, ``core.turns``)."""
+        probed_first = not paired and round_order(k, ["probed", "baseline"])[0] == "probed"
         if probed_first:  # it ran before this call
             self.order.append(f"probed{k}")
         pending = [c for c in self.cases if c.case_id not in self.dropped]
         run = launch(pending) if pending else None
-        if run is not None:
+        if paired:
+            self.order.append(f"paired{k}" if run is not None else f"probed{k}")
+        elif run is not None:
             self.order.append(f"baseline{k}")
-        if not probed_first:  # it runs next
+        if not probed_first and not paired:  # it runs next
             self.order.append(f"probed{k}")
         if run is None:
             return
@@ -216,9 +231,11 @@ def _log_path(job: GroupJob, cases: list[Case], tmp: str, k: int) -> Path:
     return keep / f"{job.suite.name}-{cases[0].case_id}-baseline{k}.log"
 
 
-def launch(job: GroupJob, options: RunOptions, cases: list[Case], k: int) -> BaselineRun:
+def launch(
+    job: GroupJob, options: RunOptions, cases: list[Case], k: int, turns: Optional[TurnPipes] = None
+) -> BaselineRun:
     """Baseline run ``k`` of ``job``'s ``cases``: the suite's repeats (and its windows and CI
-    target, as the probed run's), the group's time limit."""
+    target, as the probed run's), the group's time limit; ``turns``: a paired round's pipes."""
     header = job.suite.spec.suite
     with tempfile.TemporaryDirectory(prefix="specwatch-baseline-") as tmp:
         spec = BaselineSpec(
@@ -234,30 +251,49 @@ def launch(job: GroupJob, options: RunOptions, cases: list[Case], k: int) -> Bas
         )
         env = baseline_env(options.extra_env)
         return run_baseline(
-            spec, options.baseline_module, env, job.timeout_s or header.timeout_s, _log_path(job, cases, tmp, k)
+            spec, options.baseline_module, env, job.timeout_s or header.timeout_s, _log_path(job, cases, tmp, k), turns
         )
 
 
 def run_interleaved(job: GroupJob, options: RunOptions, on_event: Optional[Callable[[str], None]] = None) -> None:
     """The group's engine starts, each paired with a baseline run (``BaselineBoard.round``), after
-    it on even rounds and before it on odd ones."""
+    it on even rounds and before it on odd ones; with ``RunOptions.paired_baseline`` beside it, the
+    two processes taking turns batch by batch (``core.turns``)."""
     board = BaselineBoard(job.emit, job.cases)
     probed = replace(job, emit=board.probed_emit)
     starts = job.suite.spec.suite.engine_starts
+    paired = options.paired_baseline
+    pipes: dict[int, TurnPipes] = {}
 
     def beside(k: int) -> None:
-        board.round(k, lambda cases: launch(job, options, cases, k))
+        try:
+            board.round(k, lambda cases: launch(job, options, cases, k, pipes.get(k)), paired)
+        finally:
+            if k in pipes:
+                pipes[k].started("plain")
+
+    def together(k: int) -> dict:
+        """Round ``k``'s pipes: the first turn the probed worker's on even rounds, the plain loop's on odd."""
+        pipes[k] = TurnPipes(first=round_order(k, ["probed", "plain"])[0])
+        return {"turns": pipes[k]}
 
     STOP_FLUSHES.append(board.flush)  # a SIGTERM exits from its handler: no finally runs then
     try:
         if starts > 1:
-            run_engine_starts(probed, starts, lambda j: run_once(j, options, on_event), beside)
+            pair = together if paired else None
+            run_engine_rounds([probed], starts, lambda j: run_once(j, options, on_event), beside, pair)
+        elif paired:
+            fields = together(0)
+            with alongside(lambda: beside(0)):
+                run_once(replace(probed, **fields), options, on_event)
         else:
             run_once(probed, options, on_event)
             beside(0)
     finally:  # a run stopped mid-group (Ctrl-C, an error) still appends what was measured
         STOP_FLUSHES.remove(board.flush)
         board.flush()
+        for p in pipes.values():
+            p.close()
 
 
 @dataclass

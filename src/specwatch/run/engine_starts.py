@@ -17,11 +17,14 @@ timed and runs only the ones a case lacks.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 import statistics
+import threading
 from dataclasses import replace
 from enum import Enum
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 from specwatch.core.record import CaseRecord, Metric, Status
 from specwatch.rules.case_totals import AGREE_CHECK
@@ -192,6 +195,28 @@ def round_order(k: int, slots: list) -> list:
     return list(slots) if k % 2 == 0 else list(reversed(slots))
 
 
+@contextlib.contextmanager
+def alongside(work: Callable[[], None]) -> Iterator[None]:
+    """Run ``work`` on a thread of its own while the block runs; wait for it at the block's end and
+    raise what it raised."""
+    failed: list[BaseException] = []
+
+    def body() -> None:
+        try:
+            work()
+        except BaseException as e:  # noqa: BLE001 - raised again on the caller's thread
+            failed.append(e)
+
+    thread = threading.Thread(target=body, name="specwatch-beside", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        thread.join()
+    if failed:
+        raise failed[0]
+
+
 BESIDE = object()
 """``run_engine_rounds``' slot of the ``beside`` run in a round's order."""
 
@@ -204,12 +229,18 @@ def _rounds_held(jobs: list, boards: list[EngineStarts], starts: int) -> int:
 
 
 def run_engine_rounds(
-    jobs: list, starts: int, run_once: Callable[[object], None], beside: Optional[Callable[[int], None]] = None
+    jobs: list,
+    starts: int,
+    run_once: Callable[[object], None],
+    beside: Optional[Callable[[int], None]] = None,
+    together: Optional[Callable[[int], dict]] = None,
 ) -> None:
     """``run_engine_starts`` over several jobs of one engine group, start by start: round ``k`` runs
     each job's start ``k`` (and ``beside(k)`` after them), in ``round_order`` (``A0 B0 B1 A1 A2 B2
     ...``), so each job's records merge only its own starts (``run.interleave``: one job per fault).
-    A resumed run starts at the first round its cases lack (``_rounds_held``)."""
+    A resumed run starts at the first round its cases lack (``_rounds_held``). ``together``: run
+    ``beside(k)`` on a thread of its own while the round's starts run, each start's job given the
+    fields ``together(k)`` returns (``run.baseline``'s paired plain loop: the round's turn pipes)."""
     boards = [_board(job, starts) for job in jobs]
     if len(boards) > 1:  # interleaved passes: adopt only the rounds every pass has, so rounds pair
         for cid in {c.case_id for job in jobs for c in job.cases}:
@@ -221,6 +252,13 @@ def run_engine_rounds(
     for k in range(_rounds_held(jobs, boards, starts), starts):
         if not any(es.needs(c.case_id) for job, es in zip(jobs, boards) for c in job.cases):
             break
+        if together is not None and beside is not None:
+            fields = together(k)
+            with alongside(functools.partial(beside, k)):
+                for job, es in zip(jobs, boards):
+                    if pending := [c for c in job.cases if es.needs(c.case_id)]:
+                        run_once(replace(job, cases=pending, emit=es.start_emit(), **fields))
+            continue
         for slot in round_order(k, slots):
             if slot is BESIDE:
                 beside(k)

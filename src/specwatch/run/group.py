@@ -24,6 +24,8 @@ from specwatch.core.protocol import CaseLine, EngineFacts, Event, MalformedLine,
 from specwatch.core.record import CaseRecord, Status, utcnow
 from specwatch.core.timing_lock import ENV as TIMING_LOCK_ENV
 from specwatch.core.timing_lock import TimingLock
+from specwatch.core.turns import ENV as TURNS_ENV
+from specwatch.core.turns import TurnPipes
 from specwatch.rules.crashlog import WORKER_DIED, crash_cause, timeout_reason
 from specwatch.run.case_records import MALFORMED, failure_record, log_tail, record_from_worker
 from specwatch.run.clock import GroupClock
@@ -170,6 +172,9 @@ def _launch(
     wrong here (a record that cannot be written), the worker's process group is killed first."""
     pipe = lifeline.Pipe()
     env = {**worker_env(job, options.extra_env), **pipe.env()}
+    turns = job.turns.take("probed") if job.turns is not None else None  # the round's first worker only
+    if turns is not None:
+        env[TURNS_ENV] = ",".join(map(str, turns))
     proc = None
     try:
         with open(log, "wb") as logf:
@@ -179,9 +184,11 @@ def _launch(
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
-                pass_fds=(pipe.read_fd,),
+                pass_fds=(pipe.read_fd, *(turns or ())),
             )
         pipe.started()
+        if turns is not None:
+            job.turns.started("probed")
         _ACTIVE_WORKERS.add(proc.pid)
         on_event(STARTED_EVENT)
         rc, timed_out = _wait(proc, watch)
@@ -190,6 +197,8 @@ def _launch(
         watch.collect()
         return rc, timed_out
     finally:
+        if turns is not None:
+            job.turns.started("probed")  # a worker that never started: the plain loop runs on alone
         if proc is not None:
             finally_kill(proc.pid)
             proc.wait()
@@ -349,6 +358,9 @@ class GroupJob:
     """``--resume``: adopt the journal's unmerged engine starts instead of timing them again."""
     on_start: Optional[Callable[[CaseRecord, int, int], None]] = None
     """``RunOptions.start_progress``: told of each ok engine start of a multi-start case."""
+    turns: Optional[TurnPipes] = None
+    """``run --baseline --paired``: the round's pipes; the group's first worker takes turns with the
+    plain loop through them (``core.turns``)."""
 
     def run(self, options: RunOptions, on_event: Optional[Callable[[str], None]] = None) -> None:
         run_group(self, options, on_event)

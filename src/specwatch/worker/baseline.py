@@ -35,6 +35,7 @@ def plain_loop(engine, case, repeats: int, flushed: bool = False, plan=None, win
     right before the first timed repeat and after the last (``sglang_step_times``). ``flushed``:
     then the flushed pattern on the same engine (each timed batch after a flush, a prefill-only
     batch and a second flush), as ``flushed_output_throughput``."""
+    from specwatch.core.turns import process_turns
     from specwatch.oracle.predict import Oracle
     from specwatch.oracle.prompts import timed_tag
     from specwatch.oracle.shapes import SHAPES
@@ -47,30 +48,34 @@ def plain_loop(engine, case, repeats: int, flushed: bool = False, plan=None, win
         tokens, wall, cached = timed_call(engine, batch, sp)
         return tokens / wall, cached
 
-    engine.flush_cache()
-    engine.generate(input_ids=prompts.batch("warmup")[0], sampling_params=sp)
+    turns = process_turns()  # a paired run's turns (core.turns): every engine call inside one
+    with turns.hold():
+        engine.flush_cache()
+        engine.generate(input_ids=prompts.batch("warmup")[0], sampling_params=sp)
+        if window is not None:
+            window.start()
     out: dict = {"output_throughput": [], "cached_tokens": []}
-    if window is not None:
-        window.start()
     if plan is not None and not plan.fixed:
         out.update(windowed(engine, prompts, sp, plan))
     else:
         for r in range(repeats):
-            tps, cached = timed(fresh_batch(engine, prompts, sp, r))
+            with turns.hold():
+                tps, cached = timed(fresh_batch(engine, prompts, sp, r))
             out["output_throughput"].append(tps)
             out["cached_tokens"].append(cached)
     if window is not None:
-        out.update(
-            window_step_times(window, sum(out.get("batches_per_repeat") or [repeats]), len(out["output_throughput"]))
-        )
+        with turns.hold():
+            batches = sum(out.get("batches_per_repeat") or [repeats])
+            out.update(window_step_times(window, batches, len(out["output_throughput"])))
     if not flushed:
         return out
     out["flushed_output_throughput"], out["flushed_cached_tokens"] = [], []
     for r in range(repeats):
-        flush_cache(engine)
-        engine.generate(input_ids=prompts.batch(f"prefill{r}")[0], sampling_params={**sp, "max_new_tokens": 1})
-        flush_cache(engine)
-        tps, cached = timed(prompts.batch(timed_tag(r))[0])
+        with turns.hold():
+            flush_cache(engine)
+            engine.generate(input_ids=prompts.batch(f"prefill{r}")[0], sampling_params={**sp, "max_new_tokens": 1})
+            flush_cache(engine)
+            tps, cached = timed(prompts.batch(timed_tag(r))[0])
         out["flushed_output_throughput"].append(tps)
         out["flushed_cached_tokens"].append(cached)
     return out
@@ -170,15 +175,20 @@ def start_engine(cases: list, models_dir: str, step_times: bool = False):
     return engine, (lambda: StepWindow(engine, version, source)) if step_times else None
 
 
-def main(spec_path: str, lifeline_fd: Optional[str] = None, runner_pid: Optional[str] = None) -> int:
+def main(
+    spec_path: str, lifeline_fd: Optional[str] = None, runner_pid: Optional[str] = None, turns: Optional[str] = None
+) -> int:
     """Start the engine, run ``plain_loop`` on every case of the spec, one line per case. Started by
     the runner (``lifeline_fd``, ``runner_pid``): it dies with the runner, as a worker does
-    (``core.lifeline.hold``)."""
+    (``core.lifeline.hold``). ``turns``: ``READ_FD,WRITE_FD`` of a paired run (``core.turns``): every
+    engine call in a turn taken with the probed worker."""
     from specwatch.core import lifeline
     from specwatch.core.protocol import BaselineLine, BaselineSpec
+    from specwatch.core.turns import Turns, use
 
     if lifeline_fd is not None:
         lifeline.hold(None, int(lifeline_fd), int(runner_pid) if runner_pid else None)
+    turned = use(Turns.parse(turns))
     from specwatch.worker.windows import RepeatPlan
 
     spec = BaselineSpec.model_validate_json(Path(spec_path).read_text())
@@ -204,9 +214,11 @@ def main(spec_path: str, lifeline_fd: Optional[str] = None, runner_pid: Optional
                 out.write(line.model_dump_json() + "\n")
                 out.flush()
     finally:
-        engine.shutdown()
+        with turned.hold():  # the probed worker times nothing while this engine goes down
+            engine.shutdown()
+        turned.close()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:4]))
+    sys.exit(main(*sys.argv[1:5]))

@@ -17,6 +17,7 @@ from specwatch.core.errors import SpecwatchInputError
 from specwatch.core.protocol import CaseLine, EngineFacts, EngineStarted, WorkerSpec, dump_line
 from specwatch.core.record import Status
 from specwatch.core.timing_lock import PARALLEL_ENV, WorkerTimingLock
+from specwatch.core.turns import process_turns
 from specwatch.inject.faults import PLAN_ENV
 from specwatch.oracle.checkpoints import case_models
 from specwatch.rules.case_totals import CASE_TOTALS
@@ -127,17 +128,20 @@ def main(spec_path: str, child: bool = False) -> int:
         run.waited_s = lock.timing(emit)
     if spec.pin_cores:
         run.pinning = pin_cores()
-    run.facts_start = server_facts(run.engine)
+    with process_turns().hold():
+        run.facts_start = server_facts(run.engine)
     if spec.probe and "allocator" in run.facts_start["specwatch"]:
         # the pool layout before any case runs: a crashed or timed-out case still records it
         pool_metrics, pool_verdicts, coverage = pool_checks(run.facts_start["specwatch"])
         emit(EngineFacts(metrics=pool_metrics, checks=pool_verdicts, details={"pool_coverage_at_start": coverage}))
     for c in spec.cases:
         emit.case(run_one(spec, run, c, lock))
-    try:
-        run.engine.shutdown()
-    except Exception:
-        pass
+    with process_turns().hold():  # a paired baseline times nothing while this engine goes down
+        try:
+            run.engine.shutdown()
+        except Exception:
+            pass
+    process_turns().close()
     lock.release()
     return 0
 
@@ -220,33 +224,39 @@ def run_one(spec: WorkerSpec, run: Engine, c: Case, lock: WorkerTimingLock) -> d
     load_before = host_load()
     plain_case = c.own_model is None and c.workload is not Workload.long_prompt_multi_turn
     window = StepWindow(run.engine, running_version(), run.step_source) if spec.step_times and plain_case else None
+    turns = process_turns()  # a paired baseline's turns (core.turns): every engine call inside one
     try:
         if c.own_model is not None:
-            res = run_own_case(run.engine, c, spec.repeats, spec.warmup, run.plain)
+            with turns.hold():
+                res = run_own_case(run.engine, c, spec.repeats, spec.warmup, run.plain)
         elif c.workload is Workload.long_prompt_multi_turn:
-            res = run_multi_turn(run.engine, c, spec.repeats, spec.warmup)
+            with turns.hold():
+                res = run_multi_turn(run.engine, c, spec.repeats, spec.warmup)
         else:
             plan, start = RepeatPlan.of_spec(spec), window.start if window else None
             reader = CpuReader(*scheduler_of(run.pinning)) if spec.step_times else None
             res = run_case(run.engine, c, spec.repeats, spec.warmup, spec.probe, plan, start, reader)
             if reader is not None:
                 res["details"]["timed_cpu"] = reader.details()
-        if spec.probe:
-            mem_metrics, mem_checks, details = memory_and_leaks(run.engine, c)
-        else:  # bare run: no probe in SGLang's processes, so no facts to read (timing baseline)
-            mem_metrics, mem_checks, details = {}, {"flush_cache": flush_cache(run.engine)[0]}, {"bare": True}
-        metrics = MetricSet().merge(res["metrics"]).merge(mem_metrics)
+        with turns.hold():
+            if spec.probe:
+                mem_metrics, mem_checks, details = memory_and_leaks(run.engine, c)
+            else:  # bare run: no probe in SGLang's processes, so no facts to read (timing baseline)
+                mem_metrics, mem_checks, details = {}, {"flush_cache": flush_cache(run.engine)[0]}, {"bare": True}
+            metrics = MetricSet().merge(res["metrics"]).merge(mem_metrics)
+            if window is not None:  # after the probe's read: it alone may reset the probe's counts
+                repeats = res["details"].get("timed_windows", {}).get("repeats", spec.repeats)
+                step_metrics, res["details"]["sglang_step_times"] = window.finish(
+                    len(res["details"]["prompt_starts"]), repeats
+                )
+                metrics.merge(step_metrics)
+            elif spec.step_times:
+                res["details"]["sglang_step_times"] = {"error": "not measured for own-model or multi-turn cases"}
         if not RepeatPlan.of_spec(spec).fixed:  # the windows decide how many batches ran
             for name in set(CASE_TOTALS) & set(metrics):
                 metrics[name] = {**metrics[name], "exact": False}
-        if window is not None:  # after the probe's read: it alone may reset the probe's counts
-            repeats = res["details"].get("timed_windows", {}).get("repeats", spec.repeats)
-            step_metrics, res["details"]["sglang_step_times"] = window.finish(
-                len(res["details"]["prompt_starts"]), repeats
-            )
-            metrics.merge(step_metrics)
-        elif spec.step_times:
-            res["details"]["sglang_step_times"] = {"error": "not measured for own-model or multi-turn cases"}
+        if turns.paired:
+            res["details"]["turns"] = turns.details()
         metrics.put("engine_start_time", run.start_s, "s", higher_is_better=False)
         metrics.put("model_generation_time", run.gen_s, "s")
         res["metrics"] = metrics

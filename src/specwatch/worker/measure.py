@@ -1,9 +1,8 @@
 """Child process of the runner: one ``sglang.Engine`` serving every case of one engine group.
 
-``python -m specwatch.worker SPEC.json``. Writes one JSON line per case to the spec's
-``results`` file as soon as the case ends (the parent turns lines into records), plus an
-``{"event": "engine_started"}`` line once the engine is up, so the parent can tell a crash at
-start (the whole group fails alike) from a crash inside one case.
+``python -m specwatch.worker SPEC.json``. Writes one JSON line per case to the spec's ``results`` file
+as soon as the case ends (the parent turns lines into records), plus an ``{"event": "engine_started"}``
+line once the engine is up: a crash at start (the whole group fails alike) is told from one in a case.
 
 Per case: a warm-up batch (untimed), then ``repeats`` times a prefill-only batch
 (``max_new_tokens=1``, to split prefill from decode time) and a timed batch, on fresh prompts
@@ -26,6 +25,7 @@ import time
 from datetime import datetime, timezone
 
 from specwatch.core.case import Algorithm, Case, Profile, Workload
+from specwatch.core.turns import process_turns
 from specwatch.oracle.predict import NgramCorpusModel, Oracle
 from specwatch.oracle.prompts import (
     OutputDigest,
@@ -319,17 +319,17 @@ def run_case(
     sp = greedy_sampling(case)
     prompts = Prompts(case, oracle)
     calibration = None
-    if warmup:
-        engine.generate(input_ids=prompts.batch("warmup")[0], sampling_params=sp)
-        if calibrate and case.workload is Workload.near_full:
-            calibration = calibrate_near_full(engine, case, prompts)
+    with process_turns().hold():  # the warm-up and the window's start: one turn (core.turns)
+        if warmup:
+            engine.generate(input_ids=prompts.batch("warmup")[0], sampling_params=sp)
+            if calibrate and case.workload is Workload.near_full:
+                calibration = calibrate_near_full(engine, case, prompts)
+        if before_timed is not None:
+            before_timed()
     tally = CaseTally(case)
-    draft_oracle = draft_oracle_for(case, oracle)
-    ngram = ngram_model_for(case, oracle)
+    draft_oracle, ngram = draft_oracle_for(case, oracle), ngram_model_for(case, oracle)
     plan = plan or RepeatPlan(repeats)
     loop, tally.windows = RepeatLoop(plan), None if plan.fixed else []
-    if before_timed is not None:
-        before_timed()
 
     def one_batch() -> float:
         """One timed batch with its oracle expectation; returns the decode seconds it counts."""

@@ -21,6 +21,8 @@ from typing import Optional
 
 import numpy as np
 
+from specwatch.core.turns import process_turns
+
 BOOTSTRAP_RESAMPLES = 2000
 """Resamples of the bootstrap interval of the median."""
 
@@ -113,14 +115,16 @@ class RepeatLoop:
 
     def run(self, one_batch, samples, windows: Optional[list[int]], reader=None) -> None:
         """Run repeats of ``one_batch()`` calls (each returns the decode seconds its batch counts)
-        while ``more_repeats(samples())``; each repeat's batch count goes to ``windows`` too.
+        while ``more_repeats(samples())``, each call one turn of ``core.turns`` where the process
+        takes turns; each repeat's batch count goes to ``windows`` too.
         ``reader``: its ``begin()`` and ``end()`` around each repeat (``worker.cpu_readings``)."""
         while self.more_repeats(samples()):
             n, decode_s = 0, 0.0
             if reader is not None:
                 reader.begin()
             while True:  # one repeat: timed batches until the window holds min_timed_s of decode
-                n, decode_s = n + 1, decode_s + one_batch()
+                with process_turns().hold():  # a paired baseline's turn (core.turns): one batch each
+                    n, decode_s = n + 1, decode_s + one_batch()
                 if self.window_full(n, decode_s):
                     break
             if reader is not None:

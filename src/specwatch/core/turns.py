@@ -1,0 +1,177 @@
+"""Turns between two processes that time on one host at once: one unit of engine work each, in turn.
+
+``specwatch run --baseline --paired`` keeps the probed worker's engine and the plain loop's engine up
+together and lets them take turns: each holds the turn for one unit of its engine's work (a timed
+batch with its untimed preparation, a warm-up, a read of the scheduler's state), then hands it to
+the other. Timed batches of the two loops then alternate within a second or so of each other, and
+so share the host's state, where a round-by-round pairing compares windows tens of seconds apart:
+on the H100 hosts measured, the share of SGLang's decode steps in the host's slow state changed
+from one 2 s slice of a window to the next (``store.step_state``).
+
+The turn is a byte passed through two pipes the runner makes (``TurnPipes``): each process reads
+its own pipe to take the turn and writes the other's to hand it on. A process that ends closes its
+ends; the other then reads end-of-file and runs on alone (``Turns.alone``), as it does when the other
+process dies. ``Turns.hold`` is re-entrant: a unit inside a held one does not hand the turn on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from typing import Iterator, Optional
+
+ENV = "SPECWATCH_TURNS"
+"""Environment variable naming the worker's ends, ``READ_FD,WRITE_FD`` (unset: no turns)."""
+
+TOKEN = b"t"
+"""The byte that is the turn."""
+
+
+class Turns:
+    """One process's side of the turns: ``hold`` around each unit of engine work."""
+
+    def __init__(self, read_fd: Optional[int] = None, write_fd: Optional[int] = None):
+        self.read_fd, self.write_fd = read_fd, write_fd
+        self.paired = read_fd is not None
+        """The process was given ends: it takes turns with another (until ``alone``)."""
+        self.alone = read_fd is None
+        """The other process has ended (or there is none): units run without waiting."""
+        self.depth = 0
+        self.units = 0
+        """Units held so far (outermost holds)."""
+        self.waited_s = 0.0
+        """Seconds spent waiting for the turn."""
+
+    @classmethod
+    def parse(cls, ends: Optional[str]) -> "Turns":
+        """``READ_FD,WRITE_FD`` (``ENV``'s or the baseline's argument form); None or empty: no turns."""
+        if not ends:
+            return cls()
+        read_fd, write_fd = (int(x) for x in ends.split(","))
+        return cls(read_fd, write_fd)
+
+    def _take(self) -> None:
+        if self.alone:
+            return
+        t = time.perf_counter()
+        try:
+            got = os.read(self.read_fd, 1)
+        except OSError:
+            got = b""
+        self.waited_s += time.perf_counter() - t
+        if not got:  # every write end closed: the other process ended
+            self.alone = True
+
+    def _hand_on(self) -> None:
+        if self.write_fd is None:
+            return
+        try:
+            os.write(self.write_fd, TOKEN)
+        except OSError:  # the other process ended (its read end is closed)
+            self._close_write()
+
+    def _close_write(self) -> None:
+        if self.write_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.write_fd)
+            self.write_fd = None
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        """Take the turn (wait for it, unless alone), run the unit, hand the turn on; a hold inside a
+        held one only runs its unit."""
+        if self.depth:
+            self.depth += 1
+            try:
+                yield
+            finally:
+                self.depth -= 1
+            return
+        self._take()
+        self.depth, self.units = 1, self.units + 1
+        try:
+            yield
+        finally:
+            self.depth = 0
+            self._hand_on()
+
+    def close(self) -> None:
+        """Close both ends: the other process then runs on alone."""
+        self._close_write()
+        if self.read_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.read_fd)
+            self.read_fd = None
+        self.alone = True
+
+    def details(self) -> dict:
+        """What a record says of the turns: units held and seconds waited for them."""
+        return {"units": self.units, "waited_s": round(self.waited_s, 3)}
+
+
+_PROCESS: list[Turns] = []
+
+
+def process_turns() -> Turns:
+    """This process's turns: set by ``use`` (the baseline), else from ``ENV`` (the worker), else none."""
+    if not _PROCESS:
+        _PROCESS.append(Turns.parse(os.environ.get(ENV)))
+    return _PROCESS[0]
+
+
+def use(turns: Turns) -> Turns:
+    """Make ``turns`` this process's (``process_turns``)."""
+    _PROCESS[:] = [turns]
+    return turns
+
+
+class TurnPipes:
+    """The runner's side: the two pipes of one round, the probed worker's ends and the plain loop's,
+    and the first turn given once both processes have started (``started``)."""
+
+    SIDES = ("probed", "plain")
+
+    def __init__(self, first: str = "probed"):
+        self.to_probed, self.to_plain = os.pipe(), os.pipe()
+        self.first = first
+        self._started: set[str] = set()
+        self._taken: set[str] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def ends(self, side: str) -> tuple[int, int]:
+        """(read, write) of ``side``: it reads its own pipe and writes the other's."""
+        if side == "probed":
+            return self.to_probed[0], self.to_plain[1]
+        return self.to_plain[0], self.to_probed[1]
+
+    def take(self, side: str) -> Optional[tuple[int, int]]:
+        """``side``'s ends for the process about to start, once: None after it started (a worker
+        started again in the same round runs without turns)."""
+        with self._lock:
+            if side in self._taken or self._closed:
+                return None
+            self._taken.add(side)
+            return self.ends(side)
+
+    def started(self, side: str) -> None:
+        """``side``'s process has started with its ends (or will not start): once both have, give
+        the first turn and close the runner's copies, so each process reads end-of-file when the
+        other one ends."""
+        with self._lock:
+            self._started.add(side)
+            if self._closed or self._started < set(self.SIDES):
+                return
+            self._closed = True
+            with contextlib.suppress(OSError):
+                os.write(self.ends("plain" if self.first == "probed" else "probed")[1], TOKEN)
+            for fd in (*self.to_probed, *self.to_plain):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    def close(self) -> None:
+        """Mark both sides started (a round that ended early): the runner's copies are closed."""
+        for side in self.SIDES:
+            self.started(side)

@@ -1,0 +1,100 @@
+"""Turns between the probed worker and a paired plain loop (``core.turns``): one unit of engine work
+each, in turn, until one ends; then the other runs on alone."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+from specwatch.core.turns import TurnPipes, Turns
+
+CHILD = textwrap.dedent(
+    """
+    import sys, time
+    from specwatch.core.turns import Turns
+    name, ends, units, log = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    turns = Turns.parse(ends)
+    for i in range(units):
+        with turns.hold():
+            with turns.hold():  # a unit inside a held one keeps the turn
+                t0 = time.time()
+                time.sleep(0.01)
+            with open(log, "a") as f:
+                f.write(f"{name} {i} {t0} {time.time()}\\n")
+    turns.close()
+    """
+)
+
+
+def _pair(tmp_path, probed_units, plain_units, first="probed", start=("probed", "plain")):
+    """Two children taking turns through one round's pipes (each child started only if in ``start``);
+    their log lines in the order they were written."""
+    log = tmp_path / "turns.log"
+    pipes, procs = TurnPipes(first=first), []
+    for side, units in (("probed", probed_units), ("plain", plain_units)):
+        if side in start:
+            ends = pipes.take(side)
+            cmd = [sys.executable, "-c", CHILD, side, ",".join(map(str, ends)), str(units), str(log)]
+            procs.append(subprocess.Popen(cmd, pass_fds=ends))
+        pipes.started(side)
+    for p in procs:
+        assert p.wait(timeout=60) == 0
+    return [line.split()[0] for line in log.read_text().splitlines()]
+
+
+def test_two_processes_alternate_unit_by_unit_and_the_longer_one_runs_on_alone(tmp_path):
+    assert _pair(tmp_path, 3, 3) == ["probed", "plain"] * 3
+    (tmp_path / "turns.log").unlink()
+    assert _pair(tmp_path, 2, 4, first="plain") == ["plain", "probed", "plain", "probed", "plain", "plain"]
+
+
+def test_a_side_that_never_starts_leaves_the_other_alone(tmp_path):
+    assert _pair(tmp_path, 3, 0, first="plain", start=("probed",)) == ["probed"] * 3
+
+
+def test_ends_are_given_once_and_a_process_without_ends_never_waits():
+    pipes = TurnPipes()
+    assert pipes.take("probed") is not None and pipes.take("probed") is None  # a restarted worker: no turns
+    pipes.close()
+    assert pipes.take("plain") is None
+    alone = Turns.parse(None)
+    with alone.hold():
+        pass
+    assert alone.alone and not alone.paired and alone.units == 1
+    r, w = os.pipe()
+    os.close(w)
+    ended = Turns(r, None)  # the other side's write end is gone: end-of-file, then alone
+    with ended.hold():
+        pass
+    assert ended.paired and ended.alone and ended.details() == {"units": 1, "waited_s": ended.details()["waited_s"]}
+    ended.close()
+
+
+def test_each_timed_batch_of_a_repeat_loop_is_one_turn_and_the_warm_up_another():
+    """The worker's and the plain loop's timed batches each take a turn of the process's turns
+    (``RepeatLoop.run``), and ``run_case``'s warm-up with the window's start one more."""
+    from specwatch.core.turns import process_turns, use
+    from specwatch.worker.measure import run_case
+    from specwatch.worker.windows import RepeatLoop, RepeatPlan
+    from test_timing_noise import CASE, SteppingEngine
+
+    seen = []
+
+    class Recording(Turns):
+        def _take(self):
+            seen.append("take")
+
+        def _hand_on(self):
+            seen.append("hand on")
+
+    previous = process_turns()
+    try:
+        use(Recording())
+        samples = []
+        RepeatLoop(RepeatPlan(3)).run(lambda: samples.append(1.0) or 1.0, lambda: samples, None)
+        assert seen == ["take", "hand on"] * 3
+        seen.clear()
+        run_case(SteppingEngine(CASE), CASE, repeats=2, warmup=True, before_timed=lambda: seen.append("start"))
+        assert seen == ["take", "start", "hand on", "take", "hand on", "take", "hand on"]
+    finally:
+        use(previous)
