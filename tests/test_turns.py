@@ -98,3 +98,24 @@ def test_each_timed_batch_of_a_repeat_loop_is_one_turn_and_the_warm_up_another()
         assert seen == ["take", "start", "hand on", "take", "hand on", "take", "hand on"]
     finally:
         use(previous)
+
+
+def test_work_alongside_a_block_is_waited_for_stopped_when_the_block_raises_and_its_error_raised():
+    import threading
+
+    import pytest
+
+    from specwatch.run.engine_starts import alongside
+
+    done = threading.Event()
+    with pytest.raises(KeyboardInterrupt):
+        with alongside(lambda: done.wait(30), stop=done.set):
+            raise KeyboardInterrupt  # Ctrl-C in the probed start: the paired process is stopped, not awaited
+    assert done.is_set()
+
+    def fails():
+        raise RuntimeError("baseline launch failed")
+
+    with pytest.raises(RuntimeError, match="baseline launch failed"):
+        with alongside(fails):
+            pass

@@ -281,10 +281,10 @@ def run_interleaved(job: GroupJob, options: RunOptions, on_event: Optional[Calla
     try:
         if starts > 1:
             pair = together if paired else None
-            run_engine_rounds([probed], starts, lambda j: run_once(j, options, on_event), beside, pair)
+            run_engine_rounds([probed], starts, lambda j: run_once(j, options, on_event), beside, pair, _stop_beside)
         elif paired:
             fields = together(0)
-            with alongside(lambda: beside(0)):
+            with alongside(lambda: beside(0), _stop_beside):
                 run_once(replace(probed, **fields), options, on_event)
         else:
             run_once(probed, options, on_event)
@@ -294,6 +294,13 @@ def run_interleaved(job: GroupJob, options: RunOptions, on_event: Optional[Calla
         board.flush()
         for p in pipes.values():
             p.close()
+
+
+def _stop_beside() -> None:
+    """Kill the paired plain loop's process where the probed start beside it raised (Ctrl-C): the
+    runner's only process left running then (``--baseline`` runs one group at a time)."""
+    for pid in list(_ACTIVE_WORKERS):
+        finally_kill(pid)
 
 
 @dataclass

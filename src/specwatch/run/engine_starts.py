@@ -196,9 +196,9 @@ def round_order(k: int, slots: list) -> list:
 
 
 @contextlib.contextmanager
-def alongside(work: Callable[[], None]) -> Iterator[None]:
+def alongside(work: Callable[[], None], stop: Optional[Callable[[], None]] = None) -> Iterator[None]:
     """Run ``work`` on a thread of its own while the block runs; wait for it at the block's end and
-    raise what it raised."""
+    raise what it raised. ``stop``: called first where the block raised (Ctrl-C), so the wait is short."""
     failed: list[BaseException] = []
 
     def body() -> None:
@@ -211,6 +211,10 @@ def alongside(work: Callable[[], None]) -> Iterator[None]:
     thread.start()
     try:
         yield
+    except BaseException:
+        if stop is not None:
+            stop()
+        raise
     finally:
         thread.join()
     if failed:
@@ -234,13 +238,15 @@ def run_engine_rounds(
     run_once: Callable[[object], None],
     beside: Optional[Callable[[int], None]] = None,
     together: Optional[Callable[[int], dict]] = None,
+    stop: Optional[Callable[[], None]] = None,
 ) -> None:
     """``run_engine_starts`` over several jobs of one engine group, start by start: round ``k`` runs
     each job's start ``k`` (and ``beside(k)`` after them), in ``round_order`` (``A0 B0 B1 A1 A2 B2
     ...``), so each job's records merge only its own starts (``run.interleave``: one job per fault).
     A resumed run starts at the first round its cases lack (``_rounds_held``). ``together``: run
     ``beside(k)`` on a thread of its own while the round's starts run, each start's job given the
-    fields ``together(k)`` returns (``run.baseline``'s paired plain loop: the round's turn pipes)."""
+    fields ``together(k)`` returns (``run.baseline``'s paired plain loop: the round's turn pipes);
+    ``stop`` ends ``beside``'s work where a start raised (``alongside``)."""
     boards = [_board(job, starts) for job in jobs]
     if len(boards) > 1:  # interleaved passes: adopt only the rounds every pass has, so rounds pair
         for cid in {c.case_id for job in jobs for c in job.cases}:
@@ -254,7 +260,7 @@ def run_engine_rounds(
             break
         if together is not None and beside is not None:
             fields = together(k)
-            with alongside(functools.partial(beside, k)):
+            with alongside(functools.partial(beside, k), stop):
                 for job, es in zip(jobs, boards):
                     if pending := [c for c in job.cases if es.needs(c.case_id)]:
                         run_once(replace(job, cases=pending, emit=es.start_emit(), **fields))
