@@ -130,7 +130,7 @@ with open(spec["results"], "a") as out:
             out.write(os.environ["FAKE_BAD_LINE"].replace("CASE_ID", case.case_id) + "\n")
             out.flush()
             continue
-        turn_units(f"probed {case.case_id}")
+        turn_units(f"probed:{spec.get('fault') or 'none'} {case.case_id}")
         metrics = {"output_throughput": {"value": (100.0 if spec_case else 50.0) * case.page_size, "unit": "tokens/s"}}
         if spec_case and os.environ.get("FAKE_TPS_SAMPLES"):
             samples = [float(x) for x in os.environ["FAKE_TPS_SAMPLES"].split(",")]

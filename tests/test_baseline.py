@@ -737,7 +737,7 @@ def test_a_paired_baseline_runs_beside_each_engine_start_taking_turns_unit_by_un
     log = tmp_path / "turns.log"
     suite = _suite(tmp_path, "engine_starts = 2")
     env = {**ENV, "FAKE_TURN_UNITS": "2", "FAKE_TURNS_LOG": str(log)}
-    out = run_suite(suite, tmp_path / "results", _opts(baseline=True, paired_baseline=True, extra_env=env))
+    out = run_suite(suite, tmp_path / "results", _opts(baseline=True, paired=True, extra_env=env))
     recs = list(read_records(out))
     assert len(recs) == 8 and all(r.status is Status.ok for r in recs)
     spec = [r for r in recs if measures_baseline(r.case)]
@@ -754,4 +754,4 @@ def test_a_paired_baseline_runs_beside_each_engine_start_taking_turns_unit_by_un
 
 def test_paired_needs_the_baseline():
     with pytest.raises(ValueError, match="--paired"):
-        check_baseline(_opts(paired_baseline=True))
+        check_baseline(_opts(paired=True))

@@ -21,9 +21,10 @@ HERE = os.path.dirname(__file__)
 NULL = "slow-verify-0us"
 
 
-def _run(tmp_path, suite, faults=(None, NULL), **kw):
+def _run(tmp_path, suite, faults=(None, NULL), extra_env_more=None, **kw):
     order = tmp_path / "order"
     env = {"PYTHONPATH": HERE + os.pathsep + os.environ.get("PYTHONPATH", ""), "FAKE_ORDER": str(order)}
+    env.update(extra_env_more or {})
     opts = RunOptions(gpus=1, worker_module="fake_worker", extra_env=env, faults=faults, **kw)
     outs = run_suites([suite], tmp_path / "results", opts)
     lines = order.read_text().splitlines() if order.exists() else []
@@ -45,6 +46,22 @@ def test_engine_starts_alternate_between_the_faults_round_by_round(tmp_path):
         assert all(len(r.metrics["output_throughput"].engine_medians) == 3 for r in rs)  # its own starts only
     (summary,) = read_runs(next((tmp_path / "results").rglob(RUNS_FILE)))
     assert not summary.stopped_early and summary.engine_groups == 2  # two groups, each interleaved
+
+
+@pytest.mark.parametrize("starts", [1, 2])
+def test_two_paired_passes_run_each_round_at_once_taking_turns_unit_by_unit(tmp_path, starts):
+    """``--paired`` with two ``--fault`` passes: each round's two workers are up together and take
+    turns (``core.turns``): no two units overlap, and they alternate but where a round starts."""
+    log = tmp_path / "turns.log"
+    suite = harness_suite(tmp_path, topks="[1]", header=f"engine_starts = {starts}")
+    recs, _ = _run(tmp_path, suite, paired=True, extra_env_more={"FAKE_TURN_UNITS": "2", "FAKE_TURNS_LOG": str(log)})
+    for fault, rs in recs.items():
+        assert len(rs) == 4 and all(r.status is Status.ok and r.provenance.fault == fault for r in rs)
+    units = sorted((float(t0), float(t1), who) for who, _, t0, t1 in (x.split() for x in log.read_text().splitlines()))
+    assert len(units) == 2 * starts * 2 * 2 * 2  # groups x rounds x cases x units x passes
+    assert {u[2] for u in units} == {"probed:none", f"probed:{NULL}"}
+    assert all(a[1] <= b[0] for a, b in zip(units, units[1:]))  # never two at once
+    assert sum(a[2] == b[2] for a, b in zip(units, units[1:])) <= 2 * starts  # alternating but at a round's start
 
 
 def test_one_engine_start_per_fault_alternates_group_by_group(tmp_path):

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import textwrap
 
-from specwatch.core.turns import TurnPipes, Turns
+from specwatch.core.turns import SIDE_A, SIDE_B, TurnPipes, Turns
 
 CHILD = textwrap.dedent(
     """
@@ -26,12 +26,12 @@ CHILD = textwrap.dedent(
 )
 
 
-def _pair(tmp_path, probed_units, plain_units, first="probed", start=("probed", "plain")):
+def _pair(tmp_path, probed_units, plain_units, first=SIDE_A, start=(SIDE_A, SIDE_B)):
     """Two children taking turns through one round's pipes (each child started only if in ``start``);
     their log lines in the order they were written."""
     log = tmp_path / "turns.log"
     pipes, procs = TurnPipes(first=first), []
-    for side, units in (("probed", probed_units), ("plain", plain_units)):
+    for side, units in ((SIDE_A, probed_units), (SIDE_B, plain_units)):
         if side in start:
             ends = pipes.take(side)
             cmd = [sys.executable, "-c", CHILD, side, ",".join(map(str, ends)), str(units), str(log)]
@@ -43,20 +43,20 @@ def _pair(tmp_path, probed_units, plain_units, first="probed", start=("probed", 
 
 
 def test_two_processes_alternate_unit_by_unit_and_the_longer_one_runs_on_alone(tmp_path):
-    assert _pair(tmp_path, 3, 3) == ["probed", "plain"] * 3
+    assert _pair(tmp_path, 3, 3) == [SIDE_A, SIDE_B] * 3
     (tmp_path / "turns.log").unlink()
-    assert _pair(tmp_path, 2, 4, first="plain") == ["plain", "probed", "plain", "probed", "plain", "plain"]
+    assert _pair(tmp_path, 2, 4, first=SIDE_B) == [SIDE_B, SIDE_A, SIDE_B, SIDE_A, SIDE_B, SIDE_B]
 
 
 def test_a_side_that_never_starts_leaves_the_other_alone(tmp_path):
-    assert _pair(tmp_path, 3, 0, first="plain", start=("probed",)) == ["probed"] * 3
+    assert _pair(tmp_path, 3, 0, first=SIDE_B, start=(SIDE_A,)) == [SIDE_A] * 3
 
 
 def test_ends_are_given_once_and_a_process_without_ends_never_waits():
     pipes = TurnPipes()
-    assert pipes.take("probed") is not None and pipes.take("probed") is None  # a restarted worker: no turns
+    assert pipes.take(SIDE_A) is not None and pipes.take(SIDE_A) is None  # a restarted worker: no turns
     pipes.close()
-    assert pipes.take("plain") is None
+    assert pipes.take(SIDE_B) is None
     alone = Turns.parse(None)
     with alone.hold():
         pass

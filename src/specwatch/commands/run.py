@@ -222,7 +222,7 @@ def run(
         group_timeout_s=group_timeout,
         bare=bare,
         baseline=baseline,
-        paired_baseline=paired,
+        paired=paired,
         known_root=known,
         overlap_starts=overlap_starts,
         timing_lock=timing_lock,

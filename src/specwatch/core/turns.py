@@ -1,10 +1,10 @@
 """Turns between two processes that time on one host at once: one unit of engine work each, in turn.
 
-``specwatch run --baseline --paired`` keeps the probed worker's engine and the plain loop's engine up
-together and lets them take turns: each holds the turn for one unit of its engine's work (a timed
+``specwatch run --paired`` keeps two engines up together, the probed worker's and the plain loop's
+(``--baseline``) or those of two ``--fault`` passes, and lets them take turns: each holds the turn for one unit of its engine's work (a timed
 batch with its untimed preparation, a warm-up, a read of the scheduler's state), then hands it to
-the other. Timed batches of the two loops then alternate within a second or so of each other, and
-so share the host's state, where a round-by-round pairing compares windows tens of seconds apart:
+the other. Timed batches of the two then alternate within a second or so of each other, and so
+share the host's state, where a round-by-round pairing compares windows tens of seconds apart:
 on the H100 hosts measured, the share of SGLang's decode steps in the host's slow state changed
 from one 2 s slice of a window to the next (``store.step_state``).
 
@@ -127,14 +127,19 @@ def use(turns: Turns) -> Turns:
     return turns
 
 
+SIDE_A, SIDE_B = "a", "b"
+"""The two sides of a round's turns: the probed worker (or a run's first ``--fault`` pass) and the
+plain loop (or the second pass)."""
+
+
 class TurnPipes:
-    """The runner's side: the two pipes of one round, the probed worker's ends and the plain loop's,
-    and the first turn given once both processes have started (``started``)."""
+    """The runner's side: the two pipes of one round, side ``a``'s ends and side ``b``'s, and the
+    first turn given once both processes have started (``started``)."""
 
-    SIDES = ("probed", "plain")
+    SIDES = (SIDE_A, SIDE_B)
 
-    def __init__(self, first: str = "probed"):
-        self.to_probed, self.to_plain = os.pipe(), os.pipe()
+    def __init__(self, first: str = SIDE_A):
+        self.to_a, self.to_b = os.pipe(), os.pipe()
         self.first = first
         self._started: set[str] = set()
         self._taken: set[str] = set()
@@ -143,9 +148,9 @@ class TurnPipes:
 
     def ends(self, side: str) -> tuple[int, int]:
         """(read, write) of ``side``: it reads its own pipe and writes the other's."""
-        if side == "probed":
-            return self.to_probed[0], self.to_plain[1]
-        return self.to_plain[0], self.to_probed[1]
+        if side == SIDE_A:
+            return self.to_a[0], self.to_b[1]
+        return self.to_b[0], self.to_a[1]
 
     def take(self, side: str) -> Optional[tuple[int, int]]:
         """``side``'s ends for the process about to start, once: None after it started (a worker
@@ -165,13 +170,13 @@ class TurnPipes:
             if self._closed or self._started < set(self.SIDES):
                 return
             self._closed = True
-            with contextlib.suppress(OSError):
-                os.write(self.ends("plain" if self.first == "probed" else "probed")[1], TOKEN)
-            for fd in (*self.to_probed, *self.to_plain):
+            with contextlib.suppress(OSError):  # the first side's pipe is written by the other side's end
+                os.write(self.ends(SIDE_B if self.first == SIDE_A else SIDE_A)[1], TOKEN)
+            for fd in (*self.to_a, *self.to_b):
                 with contextlib.suppress(OSError):
                     os.close(fd)
 
     def close(self) -> None:
-        """Mark both sides started (a round that ended early): the runner's copies are closed."""
+        """Mark both sides started (a round that ended): the runner's copies are closed."""
         for side in self.SIDES:
             self.started(side)

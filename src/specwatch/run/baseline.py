@@ -37,10 +37,10 @@ from specwatch.core.case import Case, Workload
 from specwatch.core.placement import ExecutorKind
 from specwatch.core.protocol import BaselineLine, BaselineSpec
 from specwatch.core.record import CaseRecord, Status
-from specwatch.core.turns import TurnPipes
+from specwatch.core.turns import SIDE_A, SIDE_B, TurnPipes
 from specwatch.rules.crashlog import crash_cause
 from specwatch.run.engine_starts import alongside, round_order, run_engine_rounds
-from specwatch.run.group import _ACTIVE_WORKERS, PROBE_DIR, STOP_FLUSHES, GroupJob, finally_kill, run_once
+from specwatch.run.group import _ACTIVE_WORKERS, PROBE_DIR, STOP_FLUSHES, GroupJob, finally_kill, run_once, stop_workers
 from specwatch.run.options import RunOptions
 from specwatch.store.baseline import baseline_metrics
 
@@ -53,10 +53,14 @@ def measures_baseline(case: Case) -> bool:
 
 
 def check_baseline(options: RunOptions) -> None:
-    """``--baseline`` with options it cannot go with: a ``ValueError`` of one line."""
+    """``--baseline`` (and ``--paired``) with options it cannot go with: a ``ValueError`` of one line."""
     if not options.baseline:
-        if options.paired_baseline:
-            raise ValueError("--paired pairs the plain loop of --baseline with the probed run: add --baseline")
+        if options.paired and len(options.faults) != 2:
+            raise ValueError(
+                "--paired takes turns between two timed engines: give it with --baseline or with two --fault passes"
+            )
+        if options.paired and (options.parallel_starts > 1 or options.executor is ExecutorKind.ray):
+            raise ValueError("--paired runs two engines of one group on one host in turn: drop --parallel-starts / ray")
         return
     if options.bare:
         raise ValueError("--baseline compares the probed run with a plain loop: drop --bare")
@@ -100,7 +104,7 @@ def run_baseline(
     spec_path.write_text(spec.model_dump_json())
     Path(spec.results).unlink(missing_ok=True)
     pipe = lifeline.Pipe()
-    ends = turns.take("plain") if turns is not None else None
+    ends = turns.take(SIDE_B) if turns is not None else None
     turn_arg = [",".join(map(str, ends))] if ends else []
     try:
         with open(log, "wb") as f:
@@ -110,7 +114,7 @@ def run_baseline(
             )  # fmt: skip
         pipe.started()
         if turns is not None:
-            turns.started("plain")
+            turns.started(SIDE_B)
         _ACTIVE_WORKERS.add(proc.pid)
         try:
             rc = proc.wait(timeout=max(timeout_s, 1.0))
@@ -122,7 +126,7 @@ def run_baseline(
             _ACTIVE_WORKERS.discard(proc.pid)
     finally:
         if turns is not None:
-            turns.started("plain")  # a process that never started: the probed worker runs on alone
+            turns.started(SIDE_B)  # a process that never started: the probed worker runs on alone
         pipe.close()
     run = BaselineRun()
     results = Path(spec.results)
@@ -257,12 +261,12 @@ def launch(
 
 def run_interleaved(job: GroupJob, options: RunOptions, on_event: Optional[Callable[[str], None]] = None) -> None:
     """The group's engine starts, each paired with a baseline run (``BaselineBoard.round``), after
-    it on even rounds and before it on odd ones; with ``RunOptions.paired_baseline`` beside it, the
+    it on even rounds and before it on odd ones; with ``RunOptions.paired`` beside it, the
     two processes taking turns batch by batch (``core.turns``)."""
     board = BaselineBoard(job.emit, job.cases)
     probed = replace(job, emit=board.probed_emit)
     starts = job.suite.spec.suite.engine_starts
-    paired = options.paired_baseline
+    paired = options.paired
     pipes: dict[int, TurnPipes] = {}
 
     def beside(k: int) -> None:
@@ -270,21 +274,21 @@ def run_interleaved(job: GroupJob, options: RunOptions, on_event: Optional[Calla
             board.round(k, lambda cases: launch(job, options, cases, k, pipes.get(k)), paired)
         finally:
             if k in pipes:
-                pipes[k].started("plain")
+                pipes[k].started(SIDE_B)
 
     def together(k: int) -> dict:
         """Round ``k``'s pipes: the first turn the probed worker's on even rounds, the plain loop's on odd."""
-        pipes[k] = TurnPipes(first=round_order(k, ["probed", "plain"])[0])
+        pipes[k] = TurnPipes(first=round_order(k, [SIDE_A, SIDE_B])[0])
         return {"turns": pipes[k]}
 
     STOP_FLUSHES.append(board.flush)  # a SIGTERM exits from its handler: no finally runs then
     try:
         if starts > 1:
             pair = together if paired else None
-            run_engine_rounds([probed], starts, lambda j: run_once(j, options, on_event), beside, pair, _stop_beside)
+            run_engine_rounds([probed], starts, lambda j: run_once(j, options, on_event), beside, pair, stop_workers)
         elif paired:
             fields = together(0)
-            with alongside(lambda: beside(0), _stop_beside):
+            with alongside(lambda: beside(0), stop_workers):
                 run_once(replace(probed, **fields), options, on_event)
         else:
             run_once(probed, options, on_event)
@@ -294,13 +298,6 @@ def run_interleaved(job: GroupJob, options: RunOptions, on_event: Optional[Calla
         board.flush()
         for p in pipes.values():
             p.close()
-
-
-def _stop_beside() -> None:
-    """Kill the paired plain loop's process where the probed start beside it raised (Ctrl-C): the
-    runner's only process left running then (``--baseline`` runs one group at a time)."""
-    for pid in list(_ACTIVE_WORKERS):
-        finally_kill(pid)
 
 
 @dataclass

@@ -27,6 +27,7 @@ from enum import Enum
 from typing import Callable, Iterator, Optional
 
 from specwatch.core.record import CaseRecord, Metric, Status
+from specwatch.core.turns import SIDE_A, SIDE_B, TurnPipes
 from specwatch.rules.case_totals import AGREE_CHECK
 from specwatch.run.start_journal import StartJournal
 
@@ -221,6 +222,23 @@ def alongside(work: Callable[[], None], stop: Optional[Callable[[], None]] = Non
         raise failed[0]
 
 
+def run_pair(jobs: list, k: int, run_once: Callable[[object], None], stop: Optional[Callable[[], None]] = None) -> None:
+    """Round ``k``'s starts of two jobs (``GroupJob`` s, None for one with nothing to run) at once,
+    their workers taking turns through the round's pipes (``core.turns``): the first job's worker
+    takes the first turn on even rounds, the second's on odd ones; one job alone runs alone."""
+    pipes = TurnPipes(first=round_order(k, [SIDE_A, SIDE_B])[0])
+    a, b = (None if j is None else replace(j, turns=pipes, turn_side=side) for j, side in zip(jobs, (SIDE_A, SIDE_B)))
+    for job, side in ((a, SIDE_A), (b, SIDE_B)):
+        if job is None:
+            pipes.started(side)
+    try:
+        with alongside(functools.partial(run_once, b) if b is not None else lambda: None, stop):
+            if a is not None:
+                run_once(a)
+    finally:
+        pipes.close()
+
+
 BESIDE = object()
 """``run_engine_rounds``' slot of the ``beside`` run in a round's order."""
 
@@ -239,6 +257,7 @@ def run_engine_rounds(
     beside: Optional[Callable[[int], None]] = None,
     together: Optional[Callable[[int], dict]] = None,
     stop: Optional[Callable[[], None]] = None,
+    paired: bool = False,
 ) -> None:
     """``run_engine_starts`` over several jobs of one engine group, start by start: round ``k`` runs
     each job's start ``k`` (and ``beside(k)`` after them), in ``round_order`` (``A0 B0 B1 A1 A2 B2
@@ -246,7 +265,8 @@ def run_engine_rounds(
     A resumed run starts at the first round its cases lack (``_rounds_held``). ``together``: run
     ``beside(k)`` on a thread of its own while the round's starts run, each start's job given the
     fields ``together(k)`` returns (``run.baseline``'s paired plain loop: the round's turn pipes);
-    ``stop`` ends ``beside``'s work where a start raised (``alongside``)."""
+    ``stop`` ends ``beside``'s work where a start raised (``alongside``). ``paired`` (two jobs, no
+    ``beside``): each round's two starts at once, taking turns (``run_pair``)."""
     boards = [_board(job, starts) for job in jobs]
     if len(boards) > 1:  # interleaved passes: adopt only the rounds every pass has, so rounds pair
         for cid in {c.case_id for job in jobs for c in job.cases}:
@@ -258,6 +278,12 @@ def run_engine_rounds(
     for k in range(_rounds_held(jobs, boards, starts), starts):
         if not any(es.needs(c.case_id) for job, es in zip(jobs, boards) for c in job.cases):
             break
+        if paired and len(jobs) == 2 and beside is None:
+            starts_k = [(job, es, [c for c in job.cases if es.needs(c.case_id)]) for job, es in zip(jobs, boards)]
+            run_pair(
+                [replace(j, cases=p, emit=es.start_emit()) if p else None for j, es, p in starts_k], k, run_once, stop
+            )
+            continue
         if together is not None and beside is not None:
             fields = together(k)
             with alongside(functools.partial(beside, k), stop):

@@ -25,7 +25,7 @@ from specwatch.core.record import CaseRecord, Status, utcnow
 from specwatch.core.timing_lock import ENV as TIMING_LOCK_ENV
 from specwatch.core.timing_lock import TimingLock
 from specwatch.core.turns import ENV as TURNS_ENV
-from specwatch.core.turns import TurnPipes
+from specwatch.core.turns import SIDE_A, TurnPipes
 from specwatch.rules.crashlog import WORKER_DIED, crash_cause, timeout_reason
 from specwatch.run.case_records import MALFORMED, failure_record, log_tail, record_from_worker
 from specwatch.run.clock import GroupClock
@@ -172,7 +172,7 @@ def _launch(
     wrong here (a record that cannot be written), the worker's process group is killed first."""
     pipe = lifeline.Pipe()
     env = {**worker_env(job, options.extra_env), **pipe.env()}
-    turns = job.turns.take("probed") if job.turns is not None else None  # the round's first worker only
+    turns = job.turns.take(job.turn_side) if job.turns is not None else None  # the round's first worker only
     if turns is not None:
         env[TURNS_ENV] = ",".join(map(str, turns))
     proc = None
@@ -188,7 +188,7 @@ def _launch(
             )
         pipe.started()
         if turns is not None:
-            job.turns.started("probed")
+            job.turns.started(job.turn_side)
         _ACTIVE_WORKERS.add(proc.pid)
         on_event(STARTED_EVENT)
         rc, timed_out = _wait(proc, watch)
@@ -198,7 +198,7 @@ def _launch(
         return rc, timed_out
     finally:
         if turns is not None:
-            job.turns.started("probed")  # a worker that never started: the plain loop runs on alone
+            job.turns.started(job.turn_side)  # a worker that never started: the plain loop runs on alone
         if proc is not None:
             finally_kill(proc.pid)
             proc.wait()
@@ -331,6 +331,13 @@ def teardown(pgid: int, lock_path: Optional[str]) -> None:
         lock.release()
 
 
+def stop_workers() -> None:
+    """Kill every worker and baseline process this runner has running: a paired round's other
+    process where the start beside it raised (Ctrl-C; ``--paired`` runs one group at a time)."""
+    for pid in list(_ACTIVE_WORKERS):
+        finally_kill(pid)
+
+
 def finally_kill(pgid: int) -> None:
     """Kill whatever the worker left behind (SGLang schedulers, detokenizers)."""
     try:
@@ -359,8 +366,10 @@ class GroupJob:
     on_start: Optional[Callable[[CaseRecord, int, int], None]] = None
     """``RunOptions.start_progress``: told of each ok engine start of a multi-start case."""
     turns: Optional[TurnPipes] = None
-    """``run --baseline --paired``: the round's pipes; the group's first worker takes turns with the
-    plain loop through them (``core.turns``)."""
+    """``run --paired``: the round's pipes; the group's first worker takes turns through them with
+    the process on the other side (the plain loop, or the other ``--fault`` pass; ``core.turns``)."""
+    turn_side: str = SIDE_A
+    """The worker's side of ``turns``."""
 
     def run(self, options: RunOptions, on_event: Optional[Callable[[str], None]] = None) -> None:
         run_group(self, options, on_event)

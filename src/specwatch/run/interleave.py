@@ -24,8 +24,8 @@ from typing import Callable, Optional
 from specwatch.core.case import Case
 from specwatch.core.placement import ExecutorKind
 from specwatch.core.record import CaseRecord
-from specwatch.run.engine_starts import RoundOrder, run_engine_rounds
-from specwatch.run.group import GroupJob, run_once
+from specwatch.run.engine_starts import RoundOrder, run_engine_rounds, run_pair
+from specwatch.run.group import GroupJob, run_once, stop_workers
 from specwatch.run.options import RunOptions
 from specwatch.suite import Suite
 
@@ -78,14 +78,22 @@ class InterleavedJob:
         by_fault.get(rec.provenance.fault, self.members[0]).emit(rec)
 
     def run(self, options: RunOptions, on_event: Optional[Callable[[str], None]] = None) -> None:
-        """Every member's engine starts, round by round (``run.engine_starts.run_engine_rounds``)."""
+        """Every member's engine starts, round by round (``run.engine_starts.run_engine_rounds``);
+        with ``--paired`` (two passes) each round's two starts at once, taking turns (``run_pair``)."""
         passes = [replace(m, emit=self.emit) for m in self.members]
         starts = self.suite.spec.suite.engine_starts
+        paired = options.paired and len(passes) == 2
+
+        def one(j) -> None:
+            run_once(j, options, on_event)
+
         if starts > 1:
-            run_engine_rounds(passes, starts, lambda j: run_once(j, options, on_event))
+            run_engine_rounds(passes, starts, one, stop=stop_workers, paired=paired)
+        elif paired:
+            run_pair(passes, 0, one, stop_workers)
         else:
             for job in passes:
-                run_once(job, options, on_event)
+                one(job)
 
 
 def interleaved(per_fault: list[list[GroupJob]]) -> list:

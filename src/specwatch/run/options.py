@@ -67,9 +67,10 @@ class RunOptions:
     baseline: bool = False
     """Also time each speculative case's baseline: the plain loop of ``sglang.Engine.generate`` in
     a process of its own, interleaved with the probed engine group (``run.baseline``)."""
-    paired_baseline: bool = False
-    """With ``baseline``: the plain loop's engine up beside the probed engine, the two taking turns
-    batch by batch (``core.turns``) instead of running one after the other."""
+    paired: bool = False
+    """With ``baseline``: the plain loop's engine up beside the probed engine; with two ``faults``:
+    the two passes' engines up together; the two taking turns batch by batch (``core.turns``)
+    instead of running one after the other."""
     baseline_module: str = "specwatch.worker.baseline"
     """Module the baseline processes run (``python -m MODULE SPEC``); tests give a fake one."""
     known_root: Optional[Path] = None
