@@ -57,6 +57,7 @@ def test_two_paired_passes_run_each_round_at_once_taking_turns_unit_by_unit(tmp_
     recs, _ = _run(tmp_path, suite, paired=True, extra_env_more={"FAKE_TURN_UNITS": "2", "FAKE_TURNS_LOG": str(log)})
     for fault, rs in recs.items():
         assert len(rs) == 4 and all(r.status is Status.ok and r.provenance.fault == fault for r in rs)
+        assert all(r.details["interleaved"]["order"] == "paired" for r in rs)
     units = sorted((float(t0), float(t1), who) for who, _, t0, t1 in (x.split() for x in log.read_text().splitlines()))
     assert len(units) == 2 * starts * 2 * 2 * 2  # groups x rounds x cases x units x passes
     assert {u[2] for u in units} == {"probed:none", f"probed:{NULL}"}

@@ -101,7 +101,7 @@ class Details(BaseModel):
         default=None,
         description="``specwatch run --baseline``: the plain-loop baseline of the case "
         "(``store.baseline``): ``order`` (the runs of its engine group in the order they went, "
-        "``probed0``, ``baseline0``, ...), and per baseline run its ``round``, ``started_at``, "
+        "``probed0``, ``baseline0``, ...; under ``--paired`` ``paired0``, ...), and per baseline run its ``round``, ``started_at``, "
         "``finished_at``, ``output_throughput`` and ``cached_tokens`` per timed call, or ``error`` "
         "(why that run timed nothing: crashed, timed out, raised); ``reason`` where no run timed anything.",
     )
@@ -110,8 +110,8 @@ class Details(BaseModel):
         description="``specwatch run`` with several ``--fault``: the engine group's passes alternated "
         "start by start (``run.interleave``): ``faults`` in the order they went in the first round "
         "(``none``: the clean pass), ``rounds`` (engine starts per fault) and ``order`` "
-        "(``run.engine_starts.RoundOrder``: ``serpentine``, odd rounds reversed; records without it "
-        "went in the listed order every round).",
+        "(``run.engine_starts.RoundOrder``: ``serpentine``, odd rounds reversed; ``paired``, both passes "
+        "of a round at once taking turns; records without it went in the listed order every round).",
     )
     timed_windows: Optional[dict] = Field(
         default=None,

@@ -186,6 +186,8 @@ class RoundOrder(str, Enum):
     """Listed order on even rounds, reversed on odd ones (``round_order``)."""
     fixed = "fixed"
     """Listed order every round: records without ``order`` ran so."""
+    paired = "paired"
+    """Both passes of a round at once, taking turns batch by batch (``run_pair``, ``--paired``)."""
 
 
 def round_order(k: int, slots: list) -> list:

@@ -46,6 +46,9 @@ class InterleavedJob:
     """The group's job under each fault, in the order the passes alternate."""
     emit: Callable[[CaseRecord], None] = field(default=None)  # type: ignore[assignment]
     """Delivers a record to its fault's member (replaced by executors that stamp records)."""
+    order: RoundOrder = RoundOrder.serpentine
+    """How its rounds go: ``serpentine``, or ``paired`` (``--paired``, two passes: each round's
+    starts at once, taking turns)."""
 
     def __post_init__(self) -> None:
         if self.emit is None:
@@ -73,7 +76,7 @@ class InterleavedJob:
         """Stamp ``details.interleaved`` and append ``rec`` through its fault's member."""
         faults = [fault_label(m.fault) for m in self.members]
         rounds = self.suite.spec.suite.engine_starts
-        rec.details["interleaved"] = {"faults": faults, "rounds": rounds, "order": RoundOrder.serpentine.value}
+        rec.details["interleaved"] = {"faults": faults, "rounds": rounds, "order": self.order.value}
         by_fault = {m.fault: m for m in self.members}
         by_fault.get(rec.provenance.fault, self.members[0]).emit(rec)
 
@@ -82,7 +85,7 @@ class InterleavedJob:
         with ``--paired`` (two passes) each round's two starts at once, taking turns (``run_pair``)."""
         passes = [replace(m, emit=self.emit) for m in self.members]
         starts = self.suite.spec.suite.engine_starts
-        paired = options.paired and len(passes) == 2
+        paired = self.order is RoundOrder.paired
 
         def one(j) -> None:
             run_once(j, options, on_event)
@@ -96,16 +99,24 @@ class InterleavedJob:
                 one(job)
 
 
-def interleaved(per_fault: list[list[GroupJob]]) -> list:
+def interleaved(per_fault: list[list[GroupJob]], paired: bool = False) -> list:
     """One suite's jobs, given per fault in ``--fault`` order, as one job per engine group: an
     ``InterleavedJob`` where several faults run the group, the ``GroupJob`` itself where one does
     (``--resume`` may have finished a group under some faults only). Groups keep the first fault's
-    order; a group only a later fault runs follows."""
+    order; a group only a later fault runs follows. ``paired`` (``--paired``): a group of two passes
+    runs them at once, taking turns."""
     by_key: dict[tuple, list[GroupJob]] = {}
     for jobs in per_fault:
         for job in jobs:
             by_key.setdefault(job.cases[0].engine_key(), []).append(job)
-    return [members[0] if len(members) == 1 else InterleavedJob(members) for members in by_key.values()]
+
+    def job(members: list[GroupJob]):
+        if len(members) == 1:
+            return members[0]
+        order = RoundOrder.paired if paired and len(members) == 2 else RoundOrder.serpentine
+        return InterleavedJob(members, order=order)
+
+    return [job(members) for members in by_key.values()]
 
 
 def interleaves(options: RunOptions) -> bool:

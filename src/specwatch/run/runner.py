@@ -176,7 +176,7 @@ def run_suites(suites: list[Suite], results_root: Path, options: RunOptions = Ru
             out, js = plan_run(suite, fault, results_root, facts, options, tally.add, record_lock, run_id, held, widest)
             outs.append(out)
             per_fault.append(js)
-        jobs += interleaved(per_fault) if interleaves(options) else [j for js in per_fault for j in js]
+        jobs += interleaved(per_fault, options.paired) if interleaves(options) else [j for js in per_fault for j in js]
     if options.max_groups is not None:
         jobs = jobs[: options.max_groups]
     t0, started_at = time.monotonic(), utcnow()
