@@ -6,6 +6,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from specwatch.core.turns import SIDE_A, SIDE_B, TurnPipes, Turns
 
 CHILD = textwrap.dedent(
@@ -24,6 +26,26 @@ CHILD = textwrap.dedent(
     turns.close()
     """
 )
+
+
+@pytest.fixture
+def recorded():
+    """This process's turns replaced by one that records each take and hand-on (restored after)."""
+    from specwatch.core.turns import process_turns, use
+
+    seen = []
+
+    class Recording(Turns):
+        def _take(self):
+            seen.append("take")
+
+        def _hand_on(self):
+            seen.append("hand on")
+
+    previous = process_turns()
+    use(Recording())
+    yield seen
+    use(previous)
 
 
 def _pair(tmp_path, probed_units, plain_units, first=SIDE_A, start=(SIDE_A, SIDE_B)):
@@ -70,40 +92,39 @@ def test_ends_are_given_once_and_a_process_without_ends_never_waits():
     ended.close()
 
 
-def test_each_timed_batch_of_a_repeat_loop_is_one_turn_and_the_warm_up_another():
+def test_each_timed_batch_of_a_repeat_loop_is_one_turn_and_the_warm_up_another(recorded):
     """The worker's and the plain loop's timed batches each take a turn of the process's turns
     (``RepeatLoop.run``), and ``run_case``'s warm-up with the window's start one more."""
-    from specwatch.core.turns import process_turns, use
     from specwatch.worker.measure import run_case
     from specwatch.worker.windows import RepeatLoop, RepeatPlan
     from test_timing_noise import CASE, SteppingEngine
 
-    seen = []
+    samples = []
+    RepeatLoop(RepeatPlan(3)).run(lambda: samples.append(1.0) or 1.0, lambda: samples, None)
+    assert recorded == ["take", "hand on"] * 3
+    recorded.clear()
+    run_case(SteppingEngine(CASE), CASE, repeats=2, warmup=True, before_timed=lambda: recorded.append("start"))
+    assert recorded == ["take", "start", "hand on", "take", "hand on", "take", "hand on"]
 
-    class Recording(Turns):
-        def _take(self):
-            seen.append("take")
 
-        def _hand_on(self):
-            seen.append("hand on")
+def test_the_plain_loop_takes_a_turn_for_its_warm_up_each_timed_call_and_its_step_window(recorded):
+    from specwatch.rules.release_step_times import step_time_source
+    from specwatch.worker import step_times
+    from specwatch.worker.baseline import plain_loop
+    from specwatch.worker.windows import RepeatPlan
+    from test_timing_noise import CASE, SteppingEngine
 
-    previous = process_turns()
-    try:
-        use(Recording())
-        samples = []
-        RepeatLoop(RepeatPlan(3)).run(lambda: samples.append(1.0) or 1.0, lambda: samples, None)
-        assert seen == ["take", "hand on"] * 3
-        seen.clear()
-        run_case(SteppingEngine(CASE), CASE, repeats=2, warmup=True, before_timed=lambda: seen.append("start"))
-        assert seen == ["take", "start", "hand on", "take", "hand on", "take", "hand on"]
-    finally:
-        use(previous)
+    eng = SteppingEngine(CASE)
+    out = plain_loop(eng, CASE, repeats=2, window=step_times.StepWindow(eng, "0.5.17", step_time_source("0.5.17")))
+    assert len(out["output_throughput"]) == 2 and "sglang_step_times" in out
+    assert recorded == ["take", "hand on"] * 4  # warm-up and window start, two timed calls, the window's read
+    recorded.clear()
+    plain_loop(SteppingEngine(CASE), CASE, repeats=3, plan=RepeatPlan(3, min_timed_s=0.0))
+    assert recorded == ["take", "hand on"] * 4  # windowed: each call a turn of the repeat loop
 
 
 def test_work_alongside_a_block_is_waited_for_stopped_when_the_block_raises_and_its_error_raised():
     import threading
-
-    import pytest
 
     from specwatch.run.engine_starts import alongside
 
