@@ -140,3 +140,23 @@ def test_work_alongside_a_block_is_waited_for_stopped_when_the_block_raises_and_
     with pytest.raises(RuntimeError, match="baseline launch failed"):
         with alongside(fails):
             pass
+
+
+def test_the_worker_takes_a_turn_for_a_cases_warm_up_each_timed_batch_and_its_reads_after(recorded, tmp_path):
+    """``worker.main.run_one`` on a fake engine: the warm-up (with the step window's start) one turn,
+    each timed batch one, the probe's reads and the window's read after the case one more."""
+    from specwatch.core.protocol import WorkerSpec
+    from specwatch.core.timing_lock import WorkerTimingLock
+    from specwatch.worker.main import Engine, run_one
+    from test_engine_worker import CASE, FakeEngine
+
+    spec = WorkerSpec(cases=[CASE], repeats=2, warmup=True, models_dir=str(tmp_path), results=str(tmp_path / "r"))
+    line = run_one(spec, Engine(FakeEngine(CASE), {}, [], 1.0, 0.0), CASE, WorkerTimingLock(None))
+    assert line["status"] == "ok", line.get("log_tail")
+    assert recorded == ["take", "hand on"] * 4
+    assert "turns" not in line["details"]  # a process given no ends takes no turns worth recording
+    from specwatch.core.turns import process_turns
+
+    process_turns().paired = True  # as a worker given its round's ends is
+    line = run_one(spec, Engine(FakeEngine(CASE), {}, [], 1.0, 0.0), CASE, WorkerTimingLock(None))
+    assert line["details"]["turns"]["units"] == 8  # both cases' turns so far
