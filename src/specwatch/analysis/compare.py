@@ -363,12 +363,19 @@ def _by_case(df: "pd.DataFrame") -> dict[str, dict]:
     return {r["case_id"]: r for r in df[cols].to_dict("records")}
 
 
+def compared_sides(
+    base: str, head: str, root: Path, columns: Optional[list[str]] = None
+) -> tuple["pd.DataFrame", "pd.DataFrame"]:
+    """The two selections (``select`` forms) as frame rows (``select_rows``' ``columns``, by default
+    the ones a comparison reads); an empty side is refused as ``SpecwatchInputError``."""
+    b, h = select_rows(base, root, columns), select_rows(head, root, columns)
+    if b.empty or h.empty:
+        raise SpecwatchInputError(None, f"empty selection: base has {len(b)} records, head {len(h)}")
+    return b, h
+
+
 def compare_specs(
     base: str, head: str, root: Path, threshold: float = 0.05, alpha: float = 0.1, budgets: Optional[dict] = None
 ) -> list[Row]:
-    """``specwatch compare``: two selections (``select`` forms) read as frame rows and compared;
-    an empty side is refused as ``SpecwatchInputError``."""
-    b, h = select_rows(base, root), select_rows(head, root)
-    if b.empty or h.empty:
-        raise SpecwatchInputError(None, f"empty selection: base has {len(b)} records, head {len(h)}")
-    return compare_frames(b, h, threshold, alpha, budgets)
+    """``specwatch compare``: two selections (``compared_sides``) compared."""
+    return compare_frames(*compared_sides(base, head, root), threshold, alpha, budgets)

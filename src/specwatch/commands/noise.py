@@ -40,21 +40,23 @@ def compare(
     the report calls exactly what its header says it can."""
     from dataclasses import replace
 
-    from specwatch.analysis.compare import compare_specs
+    from specwatch.analysis.compare import compare_frames, compared_sides
     from specwatch.analysis.compare_report import has_regression, markdown
     from specwatch.analysis.floor import budget_file_for, compare_budgets, file_threshold, store_floor
     from specwatch.analysis.host_state import COLUMN as SLOW_COLUMN
     from specwatch.analysis.host_state import host_state_lines, side_shares
     from specwatch.analysis.pair_noise import mark_noisier, noise_lines
     from specwatch.analysis.planted import planted_lines, side_fault
-    from specwatch.store.select_frame import SELECT_COLUMNS, select_rows
+    from specwatch.store.select_frame import SELECT_COLUMNS
 
     source = budgets or budget_file_for(results, (base, head))
     # floors measured at the file's own threshold; a class its pairs never measured: compare's
     measured = store_floor(results, source, file_threshold(source, threshold), alpha)
     floor = replace(measured, threshold=threshold, spread_min=measured.least_scaled)
     applied = budget_values(budgets) if budgets else compare_budgets(floor)
-    rows = compare_specs(base, head, results, threshold=threshold, alpha=alpha, budgets=applied)
+    # each side read once: the rows compared, their slow-step shares and fault for the header
+    sides = compared_sides(base, head, results, columns=[*SELECT_COLUMNS, SLOW_COLUMN])
+    rows = compare_frames(*sides, threshold=threshold, alpha=alpha, budgets=applied)
     mark_noisier(rows, floor)
     spreads: dict[str, float] = {}  # the widest window spread of the report's rows per class and metric
     for r in rows:
@@ -62,7 +64,6 @@ def compare(
             key = f"{r.noise_class}/{r.metric}"
             spreads[key] = max(spreads.get(key, 0.0), r.spread)
     header = floor.header((f"{r.noise_class}/{r.metric}" for r in rows if r.timed), spreads) + noise_lines(rows, floor)
-    sides = [select_rows(s, results, columns=[*SELECT_COLUMNS, SLOW_COLUMN]) for s in (base, head)]
     header += host_state_lines(*(side_shares(df) for df in sides))
     header += planted_lines(rows, floor, *(side_fault(df) for df in sides))
     text = markdown(rows, base, head, show_unchanged=all_rows, header=header)
