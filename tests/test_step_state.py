@@ -7,7 +7,7 @@ from records import case, record
 from specwatch.analysis.host_state import SIDE_GAP, host_state_lines, side_shares
 from specwatch.core.case import ModelSize
 from specwatch.store.baseline import baseline_metrics
-from specwatch.store.step_state import plain_slow_shares, probed_slow_shares, shares_text
+from specwatch.store.step_state import plain_windows, probed_slow_shares, shares_text
 
 C = case(model=ModelSize.tiny, batch_size=8, topk=1)
 
@@ -42,7 +42,7 @@ def _merged(shares, run="r1", plain=None):
 def test_shares_per_engine_start_per_plain_run_and_of_a_single_window():
     rec = _merged([0.06, 0.75, 0.41], plain=[0.51, 0.09, 0.21])
     assert probed_slow_shares(rec.details) == [0.06, 0.75, 0.41]
-    assert plain_slow_shares(rec.details.baseline) == [0.51, 0.09, 0.21]
+    assert plain_windows(rec.details.baseline)[0] == [0.51, 0.09, 0.21]
     one = record(C)
     one.details.sglang_step_times = {"entries": 9, "distribution_ms": _dist(0.3)}
     assert probed_slow_shares(one.details) == [0.3]
@@ -50,7 +50,7 @@ def test_shares_per_engine_start_per_plain_run_and_of_a_single_window():
     old = _merged([0.1, 0.2])
     old.details.engine_starts["engines"][1].pop("sglang_step_distribution")
     assert probed_slow_shares(old.details) == [0.1] and probed_slow_shares(record(C).details) == []
-    assert plain_slow_shares(None) == [] and plain_slow_shares({"runs": [{"round": 0, "error": "x"}]}) == []
+    assert plain_windows(None) == ([], []) and plain_windows({"runs": [{"round": 0, "error": "x"}]}) == ([], [])
     assert shares_text([0.06, 0.75, 0.41]) == "41% (6-75%, 3 windows)"
     assert shares_text([0.3]) == "30% (1 window)" and shares_text([]) == "not recorded"
 

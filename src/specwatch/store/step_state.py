@@ -78,11 +78,6 @@ def plain_windows(baseline: Optional[dict]) -> tuple[list[float], list[Optional[
     return shares, tps
 
 
-def plain_slow_shares(baseline: Optional[dict]) -> list[float]:
-    """The slow-step share of each plain-loop run of a record's ``details.baseline`` that recorded one."""
-    return plain_windows(baseline)[0]
-
-
 def shares_text(shares: list[float]) -> str:
     """``41% (6-75%, 3 windows)``: the median share with the range and count; ``not recorded`` for none."""
     if not shares:
