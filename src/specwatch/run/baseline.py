@@ -22,6 +22,7 @@ appended either way.
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -37,9 +38,9 @@ from specwatch.core.case import Case, Workload
 from specwatch.core.placement import ExecutorKind
 from specwatch.core.protocol import BaselineLine, BaselineSpec
 from specwatch.core.record import CaseRecord, Status
-from specwatch.core.turns import SIDE_A, SIDE_B, TurnPipes
+from specwatch.core.turns import SIDE_B, TurnPipes
 from specwatch.rules.crashlog import crash_cause
-from specwatch.run.engine_starts import alongside, round_order, run_engine_rounds
+from specwatch.run.engine_starts import round_order, run_engine_rounds, run_turns
 from specwatch.run.group import _ACTIVE_WORKERS, PROBE_DIR, STOP_FLUSHES, GroupJob, finally_kill, run_once, stop_workers
 from specwatch.run.options import RunOptions
 from specwatch.store.baseline import baseline_metrics
@@ -267,37 +268,26 @@ def run_interleaved(job: GroupJob, options: RunOptions, on_event: Optional[Calla
     probed = replace(job, emit=board.probed_emit)
     starts = job.suite.spec.suite.engine_starts
     paired = options.paired
-    pipes: dict[int, TurnPipes] = {}
 
-    def beside(k: int) -> None:
-        try:
-            board.round(k, lambda cases: launch(job, options, cases, k, pipes.get(k)), paired)
-        finally:
-            if k in pipes:
-                pipes[k].started(SIDE_B)
+    def beside(k: int, pipes: Optional[TurnPipes] = None) -> None:
+        """Round ``k``'s plain loop; with ``pipes`` (``--paired``) beside the probed start, in turns."""
+        board.round(k, lambda cases: launch(job, options, cases, k, pipes), pipes is not None)
 
-    def together(k: int) -> dict:
-        """Round ``k``'s pipes: the first turn the probed worker's on even rounds, the plain loop's on odd."""
-        pipes[k] = TurnPipes(first=round_order(k, [SIDE_A, SIDE_B])[0])
-        return {"turns": pipes[k]}
+    def paired_start(pipes: TurnPipes) -> None:
+        run_once(replace(probed, turns=pipes), options, on_event)
 
     STOP_FLUSHES.append(board.flush)  # a SIGTERM exits from its handler: no finally runs then
     try:
         if starts > 1:
-            pair = together if paired else None
-            run_engine_rounds([probed], starts, lambda j: run_once(j, options, on_event), beside, pair, stop_workers)
+            run_engine_rounds([probed], starts, lambda j: run_once(j, options, on_event), beside, stop_workers, paired)
         elif paired:
-            fields = together(0)
-            with alongside(lambda: beside(0), stop_workers):
-                run_once(replace(probed, **fields), options, on_event)
+            run_turns(0, paired_start, functools.partial(beside, 0), stop_workers)
         else:
             run_once(probed, options, on_event)
             beside(0)
     finally:  # a run stopped mid-group (Ctrl-C, an error) still appends what was measured
         STOP_FLUSHES.remove(board.flush)
         board.flush()
-        for p in pipes.values():
-            p.close()
 
 
 @dataclass

@@ -224,21 +224,60 @@ def alongside(work: Callable[[], None], stop: Optional[Callable[[], None]] = Non
         raise failed[0]
 
 
-def run_pair(jobs: list, k: int, run_once: Callable[[object], None], stop: Optional[Callable[[], None]] = None) -> None:
-    """Round ``k``'s starts of two jobs (``GroupJob`` s, None for one with nothing to run) at once,
-    their workers taking turns through the round's pipes (``core.turns``): the first job's worker
-    takes the first turn on even rounds, the second's on odd ones; one job alone runs alone."""
+def run_turns(
+    k: int,
+    a: Callable[[TurnPipes], None],
+    b: Callable[[TurnPipes], None],
+    stop: Optional[Callable[[], None]] = None,
+) -> None:
+    """Round ``k``'s two sides at once, taking turns through the round's pipes (``core.turns``):
+    ``a(pipes)`` on this thread, ``b(pipes)`` on one of its own (``alongside``, ``stop``); side ``a``
+    takes the first turn on even rounds, ``b`` on odd ones. A side whose work returns counts as
+    started, so the other never waits on a process that did not start (it then runs alone)."""
     pipes = TurnPipes(first=round_order(k, [SIDE_A, SIDE_B])[0])
-    a, b = (None if j is None else replace(j, turns=pipes, turn_side=side) for j, side in zip(jobs, (SIDE_A, SIDE_B)))
-    for job, side in ((a, SIDE_A), (b, SIDE_B)):
-        if job is None:
-            pipes.started(side)
+
+    def side(work: Callable[[TurnPipes], None], name: str) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                work(pipes)
+            finally:
+                pipes.started(name)
+
+        return run
+
     try:
-        with alongside(functools.partial(run_once, b) if b is not None else lambda: None, stop):
-            if a is not None:
-                run_once(a)
+        with alongside(side(b, SIDE_B), stop):
+            side(a, SIDE_A)()
     finally:
         pipes.close()
+
+
+def run_pair(jobs: list, k: int, run_once: Callable[[object], None], stop: Optional[Callable[[], None]] = None) -> None:
+    """Round ``k``'s starts of two jobs (``GroupJob`` s, None for one with nothing to run) at once,
+    their workers taking turns (``run_turns``: the first job's worker takes the first turn on even
+    rounds); one job alone runs alone."""
+
+    def start(job, side: str) -> Callable[[TurnPipes], None]:
+        return lambda pipes: None if job is None else run_once(replace(job, turns=pipes, turn_side=side))
+
+    run_turns(k, start(jobs[0], SIDE_A), start(jobs[1], SIDE_B), stop)
+
+
+def _round_starts(jobs: list, boards: list[EngineStarts]) -> list:
+    """Each job cut to the cases that still lack a start (None where none does), each emitting
+    into its board's next start."""
+    out = []
+    for job, es in zip(jobs, boards):
+        pending = [c for c in job.cases if es.needs(c.case_id)]
+        out.append(replace(job, cases=pending, emit=es.start_emit()) if pending else None)
+    return out
+
+
+def _run_with_turns(jobs: list, run_once: Callable[[object], None], pipes: TurnPipes) -> None:
+    """``run_once`` each job that is not None, its worker taking turns through ``pipes``."""
+    for job in jobs:
+        if job is not None:
+            run_once(replace(job, turns=pipes))
 
 
 BESIDE = object()
@@ -256,19 +295,17 @@ def run_engine_rounds(
     jobs: list,
     starts: int,
     run_once: Callable[[object], None],
-    beside: Optional[Callable[[int], None]] = None,
-    together: Optional[Callable[[int], dict]] = None,
+    beside: Optional[Callable[..., None]] = None,
     stop: Optional[Callable[[], None]] = None,
     paired: bool = False,
 ) -> None:
     """``run_engine_starts`` over several jobs of one engine group, start by start: round ``k`` runs
     each job's start ``k`` (and ``beside(k)`` after them), in ``round_order`` (``A0 B0 B1 A1 A2 B2
     ...``), so each job's records merge only its own starts (``run.interleave``: one job per fault).
-    A resumed run starts at the first round its cases lack (``_rounds_held``). ``together``: run
-    ``beside(k)`` on a thread of its own while the round's starts run, each start's job given the
-    fields ``together(k)`` returns (``run.baseline``'s paired plain loop: the round's turn pipes);
-    ``stop`` ends ``beside``'s work where a start raised (``alongside``). ``paired`` (two jobs, no
-    ``beside``): each round's two starts at once, taking turns (``run_pair``)."""
+    A resumed run starts at the first round its cases lack (``_rounds_held``). ``paired``: each
+    round's two sides at once, taking turns (``run_turns``, ``stop``): the job's start and
+    ``beside(k, pipes)`` (``run.baseline``'s paired plain loop), or, without ``beside``, two jobs'
+    starts (``run_pair``)."""
     boards = [_board(job, starts) for job in jobs]
     if len(boards) > 1:  # interleaved passes: adopt only the rounds every pass has, so rounds pair
         for cid in {c.case_id for job in jobs for c in job.cases}:
@@ -280,18 +317,12 @@ def run_engine_rounds(
     for k in range(_rounds_held(jobs, boards, starts), starts):
         if not any(es.needs(c.case_id) for job, es in zip(jobs, boards) for c in job.cases):
             break
-        if paired and len(jobs) == 2 and beside is None:
-            starts_k = [(job, es, [c for c in job.cases if es.needs(c.case_id)]) for job, es in zip(jobs, boards)]
-            run_pair(
-                [replace(j, cases=p, emit=es.start_emit()) if p else None for j, es, p in starts_k], k, run_once, stop
-            )
+        if paired and beside is not None:
+            starts_k = functools.partial(_run_with_turns, _round_starts(jobs, boards), run_once)
+            run_turns(k, starts_k, functools.partial(beside, k), stop)
             continue
-        if together is not None and beside is not None:
-            fields = together(k)
-            with alongside(functools.partial(beside, k), stop):
-                for job, es in zip(jobs, boards):
-                    if pending := [c for c in job.cases if es.needs(c.case_id)]:
-                        run_once(replace(job, cases=pending, emit=es.start_emit(), **fields))
+        if paired and len(jobs) == 2:
+            run_pair(_round_starts(jobs, boards), k, run_once, stop)
             continue
         for slot in round_order(k, slots):
             if slot is BESIDE:
