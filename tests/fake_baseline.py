@@ -17,6 +17,7 @@ import sys
 import time
 from datetime import datetime, timezone
 
+from fake_turns import turn_units
 from specwatch.core import lifeline
 from specwatch.core.protocol import BaselineLine, BaselineSpec
 from specwatch.core.turns import Turns, use
@@ -45,12 +46,7 @@ with open(spec.results, "a") as out:
         if crash is not None and i >= crash:
             print("RuntimeError: scheduler died (fake baseline)", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
-        for _ in range(int(os.environ.get("FAKE_TURN_UNITS", "0"))):
-            with turns.hold():
-                t0 = time.time()
-                time.sleep(0.02)
-                with open(os.environ["FAKE_TURNS_LOG"], "a") as log:
-                    log.write(f"baseline {case.case_id} {t0} {time.time()}\n")
+        turn_units(f"baseline {case.case_id}")
         now = datetime.now(timezone.utc)
         calls = [tps[r % len(tps)] for r in range(spec.repeats)]
         line = BaselineLine(

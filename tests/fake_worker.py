@@ -24,6 +24,7 @@ import statistics
 import sys
 import time
 
+from fake_turns import turn_units
 from specwatch.core import lifeline
 from specwatch.core.case import Case
 from specwatch.core.timing_lock import WorkerTimingLock
@@ -56,19 +57,6 @@ if os.environ.get("FAKE_ORDER"):
 if os.environ.get("FAKE_WORKER_PIDS"):
     with open(os.environ["FAKE_WORKER_PIDS"], "a") as f:
         f.write(f"{os.getpid()}\n")
-
-
-def turn_units(what: str) -> None:
-    """FAKE_TURN_UNITS=N: N units of "engine work", each in a turn (``core.turns``, the ends the runner
-    gave in the environment), each logged to FAKE_TURNS_LOG as ``what``, its start and end."""
-    from specwatch.core.turns import process_turns
-
-    for _ in range(int(os.environ.get("FAKE_TURN_UNITS", "0"))):
-        with process_turns().hold():
-            t0 = time.time()
-            time.sleep(0.02)
-            with open(os.environ["FAKE_TURNS_LOG"], "a") as f:
-                f.write(f"{what} {t0} {time.time()}\n")
 
 
 def interval(kind, t0):
