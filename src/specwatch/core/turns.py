@@ -38,7 +38,8 @@ class Turns:
         """The process was given ends: it takes turns with another (until ``alone``)."""
         self.alone = read_fd is None
         """The other process has ended (or there is none): units run without waiting."""
-        self.depth = 0
+        self.held = False
+        """A unit holds the turn now (a hold inside it keeps it)."""
         self.units = 0
         """Units held so far (outermost holds)."""
         self.waited_s = 0.0
@@ -82,19 +83,15 @@ class Turns:
     def hold(self) -> Iterator[None]:
         """Take the turn (wait for it, unless alone), run the unit, hand the turn on; a hold inside a
         held one only runs its unit."""
-        if self.depth:
-            self.depth += 1
-            try:
-                yield
-            finally:
-                self.depth -= 1
+        if self.held:
+            yield
             return
         self._take()
-        self.depth, self.units = 1, self.units + 1
+        self.held, self.units = True, self.units + 1
         try:
             yield
         finally:
-            self.depth = 0
+            self.held = False
             self._hand_on()
 
     def close(self) -> None:
