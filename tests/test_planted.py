@@ -30,7 +30,7 @@ def test_each_decode_metric_is_called_missed_or_below_the_floor():
     planted = planted_of("slow-verify-gpu-150us", "head")
     assert planted.micros == 150 and planted.kind == "GPU time" and planted.expected is Verdict.regressed
     table = planted_table(rows, FLOOR, planted)
-    got = {t["row"].metric: (round(t["share"], 4), t["budget"], t["reading"]) for t in table}
+    got = {t.row.metric: (round(t.share, 4), t.budget, t.reading.value) for t in table}
     assert got == {
         "sglang_step_time_p10": (round(0.15 / 2.93, 4), 0.041, "called"),
         "step_time": (round(0.15 / 3.63, 4), 0.02, "missed"),
@@ -52,7 +52,7 @@ def test_a_host_stall_in_the_base_is_called_by_an_improvement_and_null_or_other_
     assert "in base: 150 µs of host time" in lines[0] and "1 called it, 1 missed it" in lines[0]
     assert "Host time can cost nothing where the GPU bounds the step" in lines[0]
     # the clean side is the head here: the share is over its step
-    assert planted_table(rows, FLOOR, planted_of("slow-verify-150us", "base"))[0]["share"] == pytest.approx(0.15 / 2.93)
+    assert planted_table(rows, FLOOR, planted_of("slow-verify-150us", "base"))[0].share == pytest.approx(0.15 / 2.93)
     for fault in ("slow-verify-0us", "slow-verify-gpu-0us", "unaligned-watermark", None):
         assert planted_of(fault, "head") is None and planted_lines(rows, FLOOR, None, fault) == []
 

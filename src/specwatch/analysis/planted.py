@@ -17,6 +17,7 @@ pass's 3.09 ms fast step, below its 5.1% ``sglang_step_time_p10`` floor and its 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from typing import Iterable, Optional
 
 import pandas as pd
@@ -52,6 +53,35 @@ class Planted:
         return Verdict.regressed if self.side == "head" else Verdict.improved
 
 
+class Reading(str, Enum):
+    """What one decode metric row made of the planted slowdown."""
+
+    called = "called"
+    """The share exceeded the row's budget and the row's verdict is the one that calls it."""
+    missed = "missed"
+    """The share exceeded the row's budget, yet the row's verdict does not call it."""
+    below_floor = "below the floor"
+    """The share is within the row's budget: the report cannot call it there."""
+
+
+@dataclass(frozen=True)
+class PlantedRow:
+    """One decode metric row of a comparison, read against the planted slowdown."""
+
+    row: Row
+    """The comparison's row (case, metric, verdict)."""
+    share: float
+    """The planted cost over ``clean_step_ms``."""
+    clean_step_ms: float
+    """The clean side's step the share is over (milliseconds)."""
+    step_metric: str
+    """The metric that step is (the row's own, or the case's ``REFERENCE_STEPS`` one)."""
+    budget: float
+    """The budget the row was judged by (``DetectionFloor.budget_at``)."""
+    reading: Reading
+    """Called, missed, or below the floor."""
+
+
 def planted_of(fault: Optional[str], side: str) -> Optional[Planted]:
     """The planted slowdown ``fault`` names (None: no fault, another fault, or a null one)."""
     if fault in SLOW_VERIFY_US and SLOW_VERIFY_US[fault] > 0:
@@ -71,7 +101,7 @@ def _clean(r: Row, planted: Planted) -> Optional[float]:
     return r.base if planted.side == "head" else r.head
 
 
-def planted_table(rows: Iterable[Row], floor: DetectionFloor, planted: Planted) -> list[dict]:
+def planted_table(rows: Iterable[Row], floor: DetectionFloor, planted: Planted) -> list[PlantedRow]:
     """Per case and decode metric (``PLANTED_METRICS``, timed rows only): the planted share of the
     clean step, the budget the row was judged by, the verdict and whether that calls the slowdown."""
     by_case: dict[str, dict[str, Row]] = {}
@@ -91,19 +121,10 @@ def planted_table(rows: Iterable[Row], floor: DetectionFloor, planted: Planted) 
             share = planted.micros / 1000 / clean
             budget = floor.budget_at(r.noise_class, r.metric, r.spread)
             if share <= budget:
-                reading = "below the floor"
+                reading = Reading.below_floor
             else:
-                reading = "called" if r.verdict is planted.expected else "missed"
-            out.append(
-                {
-                    "row": r,
-                    "share": share,
-                    "clean_step_ms": clean,
-                    "step_metric": step.metric,
-                    "budget": budget,
-                    "reading": reading,
-                }
-            )
+                reading = Reading.called if r.verdict is planted.expected else Reading.missed
+            out.append(PlantedRow(r, share, clean, step.metric, budget, reading))
     return out
 
 
@@ -118,25 +139,25 @@ def planted_lines(
     table = planted_table(rows, floor, planted)
     if not table:
         return []
-    counts = {k: sum(t["reading"] == k for t in table) for k in ("called", "missed", "below the floor")}
+    counts = {k: sum(t.reading is k for t in table) for k in Reading}
     hidden = (
         " Host time can cost nothing where the GPU bounds the step: SGLang's overlap scheduler runs the host ahead."
-        if planted.kind == "host time" and counts["missed"]
+        if planted.kind == "host time" and counts[Reading.missed]
         else ""
     )
     lines = [
         f"Planted slowdown `{planted.fault}` in {planted.side}: {planted.micros} µs of {planted.kind} per verify "
-        f"step. Of {len(table)} decode metric rows, {counts['called']} called it, {counts['missed']} missed it above "
-        f"their budget, {counts['below the floor']} could not (the planted share of the clean step below the budget "
+        f"step. Of {len(table)} decode metric rows, {counts[Reading.called]} called it, {counts[Reading.missed]} missed it above "
+        f"their budget, {counts[Reading.below_floor]} could not (the planted share of the clean step below the budget "
         f"the row was judged by: below the floor).{hidden}",
         "",
         "| case | metric | planted share of the clean step | budget | verdict | reading |",
         "|---|---|---|---|---|---|",
     ]
     for t in table:
-        r = t["row"]
+        r = t.row
         lines.append(
-            f"| `{r.case_id}` {r.label} | {r.metric} | {t['share']:.1%} of {t['clean_step_ms']:.3g} ms "
-            f"({t['step_metric']}) | {t['budget']:.1%} | {r.verdict.value} | {t['reading']} |"
+            f"| `{r.case_id}` {r.label} | {r.metric} | {t.share:.1%} of {t.clean_step_ms:.3g} ms "
+            f"({t.step_metric}) | {t.budget:.1%} | {r.verdict.value} | {t.reading.value} |"
         )
     return [*lines, ""]
