@@ -147,6 +147,7 @@ def test_overhead_is_the_probed_median_over_the_baseline_median_of_run_medians()
         "overhead_verdict": None,
         "overhead_round_ratios": None,  # no details.baseline: no round known to prefill in full
         "overhead_step_round_ratios": None,  # nor any step time of the plain loop's
+        "overhead_rounds_kind": None,  # nor how its rounds ran
     }
     assert baseline_metrics(probed, [[], []]) == {} and overhead_cells(probed.metrics) == {}
     assert overhead_text(probed.metrics) is None
@@ -323,6 +324,24 @@ def test_the_overhead_table_pools_every_runs_rounds_per_case_and_resolves_what_o
     assert (row["probe per step"], t.iloc[1]["probe per step"]) == ("0.55%", "not recorded")  # 22 µs / 4 ms
     one = baseline_overhead_table(records_frame(recs[:1])).iloc[0]  # one run's three rounds: unresolved
     assert one["verdict vs 0.98"] == "unresolved" and 3 < int(one["rounds to resolve"]) <= 9
+
+
+def test_paired_rounds_pool_apart_from_sequential_rounds_of_the_same_case():
+    from specwatch.analysis.overhead import baseline_overhead_table
+    from specwatch.store.baseline import RoundsKind, rounds_kind
+    from specwatch.store.frame import records_frame
+
+    sequential = _baseline_record([800.0, 1200.0], [([1000.0], [0]), ([1000.0], [0])], run_id="run0")
+    paired = _baseline_record([990.0, 995.0, 1000.0], [([1000.0], [0])] * 3, run_id="run1")
+    paired.details.baseline["order"] = ["paired0", "paired1", "paired2"]
+    assert rounds_kind(sequential.details.baseline) is RoundsKind.sequential
+    assert rounds_kind(paired.details.baseline) is RoundsKind.paired and rounds_kind(None) is None
+    t = baseline_overhead_table(records_frame([sequential, paired]))
+    got = {r["taken"]: (r["rounds"], r["run ids"]) for r in t.to_dict("records")}
+    assert got == {"sequential": (2, "run0"), "paired": (3, "run1")}
+    # a frame without the column (records from before it) reads its rounds as sequential
+    df = records_frame([paired]).drop(columns=["overhead_rounds_kind"])
+    assert baseline_overhead_table(df).iloc[0]["taken"] == "sequential"
 
 
 def test_the_overhead_command_shows_pooled_rounds_and_exits_1_where_a_case_is_past(tmp_path, monkeypatch, capsys):

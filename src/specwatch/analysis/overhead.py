@@ -14,6 +14,7 @@ from specwatch.store.baseline import (
     MAX_ROUNDS_SHOWN,
     OVERHEAD_TARGET,
     OverheadVerdict,
+    RoundsKind,
     relative_spread,
     rounds_interval,
     rounds_to_resolve,
@@ -121,6 +122,10 @@ def case_label(row) -> str:
 ROUNDS = "overhead_round_ratios"
 """The frame's column of a record's full-prefill rounds (``store.baseline.prefilled_round_ratios``)."""
 
+ROUNDS_KIND = "overhead_rounds_kind"
+"""The frame's column of how a record's rounds ran (``store.baseline.RoundsKind``); records without it ran
+sequential rounds."""
+
 STEP_ROUNDS = "overhead_step_round_ratios"
 """The frame's column of a record's rounds on SGLang's step clock (``store.baseline.step_round_ratios``)."""
 
@@ -130,7 +135,9 @@ def baseline_overhead_table(df: pd.DataFrame) -> pd.DataFrame:
     every run of a case: each round pairs one probed engine start with the plain-loop run of its
     round on the same host (its ratio drops the host's drift between rounds), so rounds of
     several runs, on one host or several of one machine kind, are samples of the same ratio.
-    Per machine, SGLang version and case: the geometric mean of all its full-prefill rounds with
+    Paired rounds (``specwatch run --paired``: both loops up at once, taking turns) pool apart from
+    sequential ones: their ratios drop the host's changes within a round as well, so they are samples
+    of the same ratio with less noise. Per machine, SGLang version, case and kind of rounds: the geometric mean of all its full-prefill rounds with
     the 95% t interval and its verdict against 0.98 (``OverheadVerdict``), and the median spread of
     the probed repeats beside that of the plain loop's timed calls (``overhead_probed_spread``,
     ``overhead_baseline_spread``), and the probe's own clock: its timed cost per batch over the step
@@ -147,12 +154,15 @@ def baseline_overhead_reads(df: pd.DataFrame) -> Optional[pd.DataFrame]:
     if df.empty or ROUNDS not in df:
         return None
     keep = (df.status == "ok") & df.fault.isna() & df[ROUNDS].map(lambda v: isinstance(v, list) and len(v) > 0)
-    used = ["machine", "sglang_version", "case_id", "suite", "run_id", ROUNDS, STEP_ROUNDS]
+    used = ["machine", "sglang_version", "case_id", "suite", "run_id", ROUNDS, ROUNDS_KIND, STEP_ROUNDS]
     used += ["overhead_probed_spread", "overhead_baseline_spread", "probe_time_per_batch", "step_time"]
     used += [shares_column(loop) for loop in LOOPS]
     used += ["model", "algorithm", "attention_backend", "page_size", "topk", "batch_size"]
     ok = df.loc[keep, [c for c in used if c in df]]
-    return ok if not ok.empty else None
+    if ok.empty:
+        return None
+    kind = ok[ROUNDS_KIND] if ROUNDS_KIND in ok else pd.Series(None, index=ok.index, dtype=object)
+    return ok.assign(**{ROUNDS_KIND: kind.fillna(RoundsKind.sequential.value)})
 
 
 def baseline_overhead_rows(ok: Optional[pd.DataFrame]) -> pd.DataFrame:
@@ -160,7 +170,9 @@ def baseline_overhead_rows(ok: Optional[pd.DataFrame]) -> pd.DataFrame:
     if ok is None:
         return pd.DataFrame()
     rows = []
-    for (machine, version, _case_id), g in ok.groupby(["machine", "sglang_version", "case_id"], sort=False):
+    for (machine, version, _case_id, kind), g in ok.groupby(
+        ["machine", "sglang_version", "case_id", ROUNDS_KIND], sort=False
+    ):
         ratios = pooled_values(g, ROUNDS)
         pooled = rounds_interval(ratios)
         b = g.iloc[-1]
@@ -172,6 +184,7 @@ def baseline_overhead_rows(ok: Optional[pd.DataFrame]) -> pd.DataFrame:
                 "case": case_label(b),
                 "runs": len(g),
                 "rounds": len(ratios),
+                "taken": kind,
                 "probed / plain loop": round(statistics.geometric_mean(ratios), 3),
                 "95% CI": "one round" if pooled is None else f"{pooled.low:.3f}-{pooled.high:.3f}",
                 f"verdict vs {OVERHEAD_TARGET}": (pooled.verdict if pooled else OverheadVerdict.unresolved).value,

@@ -65,6 +65,26 @@ class OverheadVerdict(str, Enum):
     """The interval holds the target: at this host's noise the rounds cannot tell."""
 
 
+class RoundsKind(str, Enum):
+    """How a record's rounds put the probed engine beside the plain loop (``details.baseline.order``)."""
+
+    sequential = "sequential"
+    """One after the other on the host (``probed0 baseline0 baseline1 probed1 ...``): a round's two
+    windows lie tens of seconds apart."""
+    paired = "paired"
+    """Both engines up at once, taking turns batch by batch (``paired0 ...``, ``specwatch run
+    --paired``): a round's two windows share the host's state within a second or so."""
+
+
+def rounds_kind(baseline: Optional[dict]) -> Optional[RoundsKind]:
+    """``RoundsKind`` of a record's ``details.baseline`` (None without one): paired where any round
+    ran paired."""
+    if not baseline:
+        return None
+    paired = any(str(o).startswith("paired") for o in baseline.get("order") or [])
+    return RoundsKind.paired if paired else RoundsKind.sequential
+
+
 @dataclass(frozen=True)
 class RoundsOverhead:
     """The overhead over interleaved rounds: probed engine start k against baseline run k, which ran
@@ -292,7 +312,7 @@ def overhead_cells(metrics: dict, baseline: Optional[dict] = None) -> dict:
     interval and verdict (``rounds_overhead``: over the full-prefill rounds where ``baseline``, the
     record's ``details.baseline``, is given; None with fewer than two), and those rounds' ratios,
     which ``analysis.overhead`` pools over records (``prefilled_round_ratios``), beside the rounds'
-    ratios on SGLang's step clock (``step_round_ratios``)."""
+    ratios on SGLang's step clock (``step_round_ratios``) and how the rounds ran (``rounds_kind``)."""
     spreads = overhead_spreads(metrics)
     if spreads is None:
         return {}
@@ -300,6 +320,7 @@ def overhead_cells(metrics: dict, baseline: Optional[dict] = None) -> dict:
     rounds = rounds_interval(ratios) if ratios is not None else None
     return {
         "overhead_round_ratios": ratios if baseline is not None else None,
+        "overhead_rounds_kind": None if (kind := rounds_kind(baseline)) is None else kind.value,
         "overhead_step_round_ratios": step_round_ratios(metrics, baseline),
         "overhead_probed_spread": spreads[0],
         "overhead_baseline_spread": spreads[1],
