@@ -136,11 +136,12 @@ def baseline_overhead_table(df: pd.DataFrame) -> pd.DataFrame:
     round on the same host (its ratio drops the host's drift between rounds), so rounds of
     several runs, on one host or several of one machine kind, are samples of the same ratio.
     Paired rounds (``specwatch run --paired``: both loops up at once, taking turns) pool apart from
-    sequential ones: their ratios drop the host's changes within a round as well, so they are samples
-    of the same ratio with less noise. Per machine, SGLang version, case and kind of rounds: the geometric mean of all its full-prefill rounds with
-    the 95% t interval and its verdict against 0.98 (``OverheadVerdict``), and the median spread of
-    the probed repeats beside that of the plain loop's timed calls (``overhead_probed_spread``,
-    ``overhead_baseline_spread``), and the probe's own clock: its timed cost per batch over the step
+    sequential ones: their ratios also drop the host's changes within a round, so the two kinds
+    sample one ratio at different noise. Per machine, SGLang version, case and kind of rounds
+    (``taken``): the geometric mean of all its full-prefill rounds with the 95% t interval and its
+    verdict against 0.98 (``OverheadVerdict``), and the median spread of the probed repeats beside
+    that of the plain loop's timed calls (``overhead_probed_spread``, ``overhead_baseline_spread``),
+    and the probe's own clock: its timed cost per batch over the step
     time (``probe_share``), the part of the gap the probe in SGLang's scheduler can explain where the
     rounds cannot resolve the ratio; and where both loops recorded SGLang's own step times, the
     rounds pooled on that clock (``step_clock_cell``) and the share of their steps that ran in the
