@@ -484,7 +484,7 @@ def test_a_host_with_too_few_cores_records_why_it_did_not_pin():
     assert not calls and "no sglang::scheduler" in details["reason"]
 
 
-def test_the_merged_record_keeps_each_engines_cpu_readings_and_step_distribution():
+def test_the_merged_record_keeps_each_engines_cpu_readings_windows_and_step_distribution():
     from records import record
     from specwatch.run.engine_starts import merge_records
 
@@ -492,7 +492,12 @@ def test_the_merged_record_keeps_each_engines_cpu_readings_and_step_distribution
     for r, span in zip(recs, (2.0, 2.5)):
         r.details["timed_cpu"] = {"scheduler_pid": 1, "scheduler_cpu": 1, "repeats": [{"span_s": span}]}
         r.details["sglang_step_times"] = {"entries": 9, "distribution_ms": {"p10": span, "slow_share": span / 10}}
-    engines = merge_records(recs, 2).details["engine_starts"]["engines"]
+    recs[0].details["timed_windows"] = {"repeats": 3, "stopped_by": "ci_target"}
+    recs[1].details["timed_windows"] = {"repeats": 6, "stopped_by": "max_repeats"}
+    merged = merge_records(recs, 2)
+    engines = merged.details["engine_starts"]["engines"]
+    assert [e["timed_windows"]["repeats"] for e in engines] == [3, 6]  # each engine's own windows
+    assert merged.details["timed_windows"]["repeats"] == 3  # the record's: the first engine's
     assert [e["timed_cpu"]["repeats"][0]["span_s"] for e in engines] == [2.0, 2.5]
     assert [e["sglang_step_distribution"]["slow_share"] for e in engines] == [0.2, 0.25]
 

@@ -95,7 +95,8 @@ class Details(BaseModel):
         default=None,
         description="``[suite] engine_starts`` > 1: ``planned`` starts, ``ran`` (ok starts merged "
         "into this record), and per engine its ``started_at``, ``finished_at``, ``output_digest``, "
-        "``host_load`` and, with ``step_times``, its ``timed_cpu``; a case not ok on some start has ``not_ok_on`` (1-based) instead of engines.",
+        "``host_load``, its ``timed_windows`` (the record's own ``timed_windows`` is the first engine's) "
+        "and, with ``step_times``, its ``timed_cpu`` and ``sglang_step_distribution``; a case not ok on some start has ``not_ok_on`` (1-based) instead of engines.",
     )
     baseline: Optional[dict] = Field(
         default=None,

@@ -91,6 +91,7 @@ def merge_records(recs: list[CaseRecord], planned: int, adopted: int = 0) -> Cas
                 "output_digest": r.details.output_digest,
                 "host_load": r.details.host_load.model_dump() if r.details.host_load else None,
                 **({"timed_cpu": r.details.timed_cpu} if r.details.timed_cpu is not None else {}),
+                **({"timed_windows": r.details.timed_windows} if r.details.timed_windows is not None else {}),
                 **({"sglang_step_distribution": d} if (d := _step_distribution(r)) else {}),
                 **({"resumed": True} if i < adopted else {}),
             }
