@@ -110,8 +110,9 @@ PairedOpt = Annotated[
     bool,
     typer.Option(
         "--paired",
-        help="GPU, with --baseline: keep the plain loop's engine up beside the probed one and let the two "
-        "take turns batch by batch, so both loops are timed in the same seconds of the host's state.",
+        help="GPU, with --baseline: keep the plain loop's engine up beside the probed one; with two --fault "
+        "passes: both passes' engines up together. The two take turns batch by batch, so both are timed in "
+        "the same seconds of the host's state.",
     ),
 ]
 FloorsRoot = Annotated[
