@@ -125,9 +125,7 @@ def run_baseline(
             finally_kill(proc.pid)
             proc.wait()
             _ACTIVE_WORKERS.discard(proc.pid)
-    finally:
-        if turns is not None:
-            turns.started(SIDE_B)  # a process that never started: the probed worker runs on alone
+    finally:  # a process that never started is marked started by run_turns when this returns
         pipe.close()
     run = BaselineRun()
     results = Path(spec.results)
