@@ -314,24 +314,19 @@ def run_engine_rounds(
             common = min(len(es.held.get(cid, ())) for es in sharing)
             for es in sharing:
                 es.keep(cid, common)
-    slots = [*zip(jobs, boards), *([BESIDE] if beside is not None else [])]
     for k in range(_rounds_held(jobs, boards, starts), starts):
         if not any(es.needs(c.case_id) for job, es in zip(jobs, boards) for c in job.cases):
             break
+        cut = _round_starts(jobs, boards)
         if paired and beside is not None:
-            starts_k = functools.partial(_run_with_turns, _round_starts(jobs, boards), run_once)
-            run_turns(k, starts_k, functools.partial(beside, k), stop)
-            continue
-        if paired and len(jobs) == 2:
-            run_pair(_round_starts(jobs, boards), k, run_once, stop)
-            continue
-        for slot in round_order(k, slots):
-            if slot is BESIDE:
-                beside(k)
-                continue
-            job, es = slot
-            pending = [c for c in job.cases if es.needs(c.case_id)]
-            if pending:
-                run_once(replace(job, cases=pending, emit=es.start_emit()))
+            run_turns(k, functools.partial(_run_with_turns, cut, run_once), functools.partial(beside, k), stop)
+        elif paired and len(jobs) == 2:
+            run_pair(cut, k, run_once, stop)
+        else:
+            for slot in round_order(k, [*cut, *([BESIDE] if beside is not None else [])]):
+                if slot is BESIDE:
+                    beside(k)
+                elif slot is not None:
+                    run_once(slot)
     for job, es in zip(jobs, boards):
         es.flush([c.case_id for c in job.cases])
