@@ -108,6 +108,11 @@ report fault-slow-verify-150us-timing-tiny-bs16-h100 "suite=timing,model=tiny,$b
 planted=run=20261207T020257Z-a11a41
 report fault-slow-verify-gpu-150us-timing-tiny-bs16-h100 "suite=timing,model=tiny,$planted" \
   "suite=timing,fault=slow-verify-gpu-150us,model=tiny,$planted"
+# batch 16 on an H100 host, the clean pass and the null fault paired (--paired: each round's two
+# engines up together, taking turns batch by batch): an A/A pair timed in the same seconds
+paired=run=20261207T135742Z-30787c
+report aa-timing-tiny-bs16-h100-paired "suite=timing,model=tiny,$paired" \
+  "suite=timing,fault=slow-verify-0us,model=tiny,$paired"
 "$bin/specwatch" noise-holdout results/noise-budgets-timing.json --threshold 0.02 -o "$out/aa-holdout-timing.md" >/dev/null
 echo "$out/aa-holdout-timing.md: $(sed -n 3p "$out/aa-holdout-timing.md")"
 # every A/A pair of the budget file under the other pairs' budgets (the held-out false-positive rate)
