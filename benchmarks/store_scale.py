@@ -66,14 +66,17 @@ def run_cli(command: str, root: str, cold: bool) -> tuple[float, float]:
     if cold:
         for p in Path(root).rglob("*.jsonl.parquet"):
             p.unlink()
-    out = tempfile.mkdtemp(prefix="specwatch-dash-")
-    argv = [a.replace("{R}", root).replace("{O}", out) for a in COMMANDS[command]]
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "specwatch.cli", *argv], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    _, status, usage = os.wait4(proc.pid, 0)
+    with tempfile.TemporaryDirectory(prefix="specwatch-dash-") as out:
+        argv = [a.replace("{R}", root).replace("{O}", out) for a in COMMANDS[command]]
+        env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "specwatch.cli", *argv],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - t0
     if proc.returncode not in (0, 1):  # compare exits 1 on a regression: its verdict, not a failure

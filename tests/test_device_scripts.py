@@ -120,9 +120,10 @@ def test_device_bg_stop_reaches_the_runner_under_device_runs_timeout(tmp_path):
         subprocess.run(["bash", script, "stop"], env=env, cwd=ROOT, check=True, timeout=120)
         assert marker.exists(), "the runner never got the stop"
     finally:
-        subprocess.run(
-            f"pkill -f {fake}/python3; rm -rf /tmp/{name} /tmp/{name}-repo /tmp/{name}-out /tmp/{name}.*", shell=True
-        )
+        # pkill apart from the shell that removes: `bash -c "pkill -f PATTERN; rm ..."` carries the
+        # pattern in its own command line, so pkill ends that shell and nothing is removed
+        subprocess.run(["pkill", "-f", f"{fake}/python3"])
+        subprocess.run(f"rm -rf /tmp/{name} /tmp/{name}-repo /tmp/{name}-out /tmp/{name}.*", shell=True)
 
 
 def test_device_run_logs_each_line_as_it_comes_and_returns_the_runs_exit_code(tmp_path):

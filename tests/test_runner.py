@@ -145,7 +145,9 @@ run_suite(load_suite({str(tmp_path / "s.toml")!r}), {str(tmp_path / "results")!r
           worker_module="fake_worker", max_groups=1,
           extra_env={{"PYTHONPATH": {HERE!r} + os.pathsep + os.environ.get("PYTHONPATH", "")}}))
 """
-    proc = subprocess.Popen([sys.executable, "-c", script])
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "TMPDIR": str(scratch)})
     deadline = time.monotonic() + 60
     results = list((tmp_path / "results").rglob("harness.jsonl"))
     while not (results and results[0].read_text().strip()) and time.monotonic() < deadline:
@@ -156,6 +158,8 @@ run_suite(load_suite({str(tmp_path / "s.toml")!r}), {str(tmp_path / "results")!r
     (run,) = read_runs(results[0].parent / RUNS_FILE)
     assert run.stopped_by == "SIGTERM" and run.stopped_early
     assert run.records == {"ok": 1} and run.engine_groups == 1
+    # the killed worker's folder (spec, log, results) goes too: the handler's exit ends no `with`
+    assert list(scratch.iterdir()) == []
 
 
 def test_a_sigterm_while_a_record_is_written_still_counts_it_in_the_summary(tmp_path):

@@ -26,7 +26,6 @@ import functools
 import os
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional
@@ -41,7 +40,16 @@ from specwatch.core.record import CaseRecord, Status
 from specwatch.core.turns import SIDE_B, TurnPipes
 from specwatch.rules.crashlog import crash_cause
 from specwatch.run.engine_starts import round_order, run_engine_rounds, run_turns
-from specwatch.run.group import _ACTIVE_WORKERS, PROBE_DIR, STOP_FLUSHES, GroupJob, finally_kill, run_once, stop_workers
+from specwatch.run.group import (
+    _ACTIVE_WORKERS,
+    PROBE_DIR,
+    STOP_FLUSHES,
+    GroupJob,
+    finally_kill,
+    run_once,
+    scratch_dir,
+    stop_workers,
+)
 from specwatch.run.options import RunOptions
 from specwatch.store.baseline import baseline_metrics
 
@@ -240,7 +248,7 @@ def launch(
     """Baseline run ``k`` of ``job``'s ``cases``: the suite's repeats (and its windows and CI
     target, as the probed run's), the group's time limit; ``turns``: a paired round's pipes."""
     header = job.suite.spec.suite
-    with tempfile.TemporaryDirectory(prefix="specwatch-baseline-") as tmp:
+    with scratch_dir("specwatch-baseline-") as tmp:
         spec = BaselineSpec(
             cases=cases,
             repeats=header.repeats,

@@ -19,7 +19,7 @@ from typing import Callable, Optional
 from specwatch.core.case import Backend, Case, ModelSize
 from specwatch.core.timing_lock import ENV as TIMING_LOCK_ENV
 from specwatch.core.timing_lock import HELD_EVENT, OVERLAP_ENV, PARALLEL_ENV, WaveGate
-from specwatch.run.group import _ACTIVE_WORKERS, EXITED_EVENT, STOP_FLUSHES, finally_kill
+from specwatch.run.group import _ACTIVE_WORKERS, EXITED_EVENT, STOP_FLUSHES, finally_kill, remove_scratch
 from specwatch.run.options import RunOptions
 
 
@@ -173,6 +173,7 @@ def _kill_workers_on_sigterm(
                 on_stop(signal.Signals(signum).name)
             except Exception as e:  # noqa: BLE001 - the workers are dead; exit regardless
                 print(f"specwatch: run summary not written: {e}", file=sys.stderr)
+        remove_scratch()  # the workers' temporary folders: os._exit ends no `with` block
         os._exit(128 + signum)
 
     old = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
