@@ -113,6 +113,14 @@ report fault-slow-verify-gpu-150us-timing-tiny-bs16-h100 "suite=timing,model=tin
 paired=run=20261207T135742Z-30787c
 report aa-timing-tiny-bs16-h100-paired "suite=timing,model=tiny,$paired" \
   "suite=timing,fault=slow-verify-0us,model=tiny,$paired"
+# a second paired A/A pair at batch 16 on another H100 host, and 150 µs of GPU time per verify step
+# paired with its clean pass: the host-bound tiny step hid it (the GPU waits on the host anyway)
+paired=run=20261207T145405Z-b72caf
+report aa-timing-tiny-bs16-h100-paired-2 "suite=timing,model=tiny,$paired" \
+  "suite=timing,fault=slow-verify-0us,model=tiny,$paired"
+planted=run=20261207T145821Z-b91e08
+report fault-slow-verify-gpu-150us-timing-tiny-bs16-h100-paired "suite=timing,model=tiny,$planted" \
+  "suite=timing,fault=slow-verify-gpu-150us,model=tiny,$planted"
 "$bin/specwatch" noise-holdout results/noise-budgets-timing.json --threshold 0.02 -o "$out/aa-holdout-timing.md" >/dev/null
 echo "$out/aa-holdout-timing.md: $(sed -n 3p "$out/aa-holdout-timing.md")"
 # every A/A pair of the budget file under the other pairs' budgets (the held-out false-positive rate)

@@ -701,6 +701,7 @@ def test_a_run_stopped_by_sigterm_during_a_baseline_appends_the_probed_records_a
     assert len(recs) == 2 and all(r.status is Status.ok and OVERHEAD not in r.metrics for r in recs)
     (run,) = read_runs(next((tmp_path / "results").rglob(RUNS_FILE)))
     assert run.stopped_by == "SIGTERM" and run.records == {"ok": 2}
+    assert list((tmp_path / "tmp").iterdir()) == []  # the stopped runner removed its plain loop's folder
 
 
 def _runner_in_a_hung_baseline(tmp_path, max_groups):
@@ -722,7 +723,9 @@ run_suite(load_suite({str(tmp_path / "b.toml")!r}), {str(tmp_path / "results")!r
           extra_env={{"PYTHONPATH": {HERE!r} + os.pathsep + os.environ.get("PYTHONPATH", ""),
                       "FAKE_BASELINE_HANG": {str(pid_file)!r}}}))
 """
-    runner = subprocess.Popen([sys.executable, "-c", script])
+    # its temporary folders under tmp_path: a SIGKILLed runner cannot remove them
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    runner = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "TMPDIR": str(tmp_path / "tmp")})
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not (pid_file.exists() and pid_file.read_text()):
         time.sleep(0.1)

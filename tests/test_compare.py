@@ -46,6 +46,18 @@ def test_clear_slowdown_and_exact_changes():
     assert text.splitlines()[0] == "## specwatch: `0.5.17` vs `0.5.16`" and "| regressed |" in text
 
 
+def test_a_timed_metric_without_a_direction_moves_but_never_regresses():
+    """The oracle's generation time (seconds, no better direction) moved 5% with p=0.078 in a
+    paired A/A pair: a change to show, not a regression that fails the comparison."""
+    base, head = rec(A, [100, 101, 102]), rec(A, [100, 101, 102])
+    base.metrics["model_generation_time"] = Metric(value=1.0, unit="s", samples=[1.0, 1.01, 0.99])
+    head.metrics["model_generation_time"] = Metric(value=1.3, unit="s", samples=[1.3, 1.31, 1.29])
+    rows = compare_records([base], [head])
+    row = next(r for r in rows if r.metric == "model_generation_time")
+    assert row.verdict is Verdict.changed and "no better direction" in row.note
+    assert not has_regression(rows)
+
+
 def test_improvement_status_and_membership():
     base = [rec(A, [100, 101, 102]), rec(B, [1, 1, 1]), rec(C, [1, 1, 1], status=Status.crashed, reason="x")]
     head = [rec(A, [130, 131, 133]), rec(C, [1, 1, 1]), rec(D, [1, 1, 1], status=Status.crashed, reason="SIGSEGV")]

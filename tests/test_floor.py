@@ -354,3 +354,6 @@ def test_the_report_header_gives_the_scaled_budget_at_the_reports_spread():
         lines[2].startswith("Scaled to each compared row's window spread") and f"decode_throughput {k:.2f}" in lines[2]
     )
     assert "x window spread" in f.frame()["class"].tolist()
+    # a report of paired-class rows only keeps their class floor: no factor line
+    paired = f.header(["tiny/bs16+paired/decode_throughput"])
+    assert not any(line.startswith("Scaled to each") for line in paired)

@@ -1,6 +1,7 @@
 """Several faults in one run: each engine group's passes alternate start by start (run.interleave),
 each fault's records in its own file, merged over its own engine starts only."""
 
+import math
 import os
 import warnings
 
@@ -150,6 +151,48 @@ def test_paired_rounds_reach_compare_through_the_store_frame_and_the_report_says
     rows = compare_specs("suite=smoke", "suite=smoke,fault=slow-verify-gpu-500us", tmp_path, threshold=0.03)
     assert _row(rows).test is TimedTest.paired_rounds and _row(rows).verdict.value == "regressed"
     assert "tested round by round (paired t" in markdown(rows, "b", "h")
+
+
+TURNS_CLEAN = [20022.5, 19681.5, 17821.4]
+TURNS_NULL = [19292.7, 19221.9, 18365.0]
+"""Decode tok/s engine medians of a paired A/A pair on an H100 host (clean against the null fault,
+taking turns; run 20261207T145405Z-b72caf): their medians differ 2.3%, their rounds 1.0%."""
+
+
+def _turns(medians, fault=None, order="paired"):
+    r = _interleaved(medians, fault)
+    r.details["interleaved"] = {"faults": ["none", "slow-verify-0us"], "rounds": 3, "order": order}
+    return r
+
+
+def test_passes_that_took_turns_are_judged_on_their_round_ratios_in_a_class_of_their_own(tmp_path):
+    from specwatch.analysis.noise_class import PAIRED_SUFFIX, noise_class
+
+    rows = compare_records([_turns(TURNS_CLEAN)], [_turns(TURNS_NULL, "slow-verify-0us")], 0.02)
+    row = _row(rows)
+    gm = math.exp(sum(math.log(h / b) for b, h in zip(TURNS_CLEAN, TURNS_NULL)) / 3)
+    assert row.round_ratio == pytest.approx(gm) and row.ratio == pytest.approx(0.9899, abs=1e-4)
+    assert row.head / row.base == pytest.approx(0.9766, abs=1e-4)  # the medians alone read -2.3%
+    assert row.noise_class == noise_class(_turns(TURNS_CLEAN).case) + PAIRED_SUFFIX
+    assert row.spread is None  # its floor is its class's, not scaled to the window spread
+    assert "-1.0% within 2%" in row.note
+    # a budget of the plain class does not reach it; one of the paired class does
+    plain = noise_class(_turns(TURNS_CLEAN).case)
+    budgets = {f"{plain}/output_throughput": 0.3, f"{row.noise_class}/output_throughput": 0.03}
+    row = _row(compare_records([_turns(DRIFTING)], [_turns(SLOWED, "slow-verify-gpu-500us")], 0.02, 0.1, budgets))
+    assert row.verdict.value == "regressed" and row.note.startswith("-5.0%, p=0.00")
+    budgets[f"{row.noise_class}/output_throughput"] = 0.06
+    row = _row(compare_records([_turns(DRIFTING)], [_turns(SLOWED, "slow-verify-gpu-500us")], 0.02, 0.1, budgets))
+    assert row.verdict.value == "unchanged" and "below the floor (6.0%)" in row.note
+    # serpentine rounds of one run keep the plain class and the medians' ratio
+    row = _row(compare_records([_turns(TURNS_CLEAN, order="serpentine")], [_turns(TURNS_NULL, "x", "serpentine")]))
+    assert row.noise_class == plain and row.round_ratio is None
+    # and the frame the store caches carries the order to compare
+    for fault, meds in ((None, TURNS_CLEAN), ("slow-verify-0us", TURNS_NULL)):
+        r = _turns(meds, fault)
+        append_record(results_path(tmp_path, "m", "0.5.17", r.suite, fault, True), r)
+    row = _row(compare_specs("suite=smoke", "suite=smoke,fault=slow-verify-0us", tmp_path, threshold=0.02))
+    assert row.noise_class.endswith(PAIRED_SUFFIX) and row.ratio == pytest.approx(gm)
 
 
 def test_welch_on_two_flat_sides_is_decided_without_scipy(recwarn):

@@ -36,6 +36,8 @@ run_suites([suite], tmp / "results", RunOptions(gpus=1, worker_module="fake_work
 def _runner(tmp_path, resume, start_s):
     code = RUN.format(here=HERE, tmp=str(tmp_path), resume=resume, start_s=start_s)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, HERE, os.environ.get("PYTHONPATH", "")])}
+    (tmp_path / "tmp").mkdir(exist_ok=True)  # a SIGKILLed runner leaves its worker's folder: keep it here
+    env["TMPDIR"] = str(tmp_path / "tmp")
     return subprocess.Popen([sys.executable, "-c", code], env=env, start_new_session=True)
 
 

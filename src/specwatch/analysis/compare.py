@@ -24,7 +24,8 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Iterable, Iterator, Optional
 
 from specwatch.analysis.budget_rule import budget_for, budget_key, spread_factor
-from specwatch.analysis.engine_test import TimedTest, paired_p, timed_test, welch_p
+from specwatch.analysis.engine_test import TimedTest, paired_p, round_ratio, timed_test, welch_p
+from specwatch.analysis.noise_class import noise_class, paired_turns
 from specwatch.analysis.rank_test import mann_whitney_p
 from specwatch.analysis.window_spread import window_spread
 from specwatch.core.errors import SpecwatchInputError
@@ -90,9 +91,14 @@ class Row:
     """Set where the pair ran noisier than the floor's A/A pairs (``analysis.pair_noise``): the
     spreads and the change that could hide at this noise; the floor's false-positive rate does not
     cover such a row."""
+    round_ratio: Optional[float] = None
+    """Passes that took turns (``paired_turns``): the geometric mean of the rounds' head / base
+    engine medians, the change the paired t-test tests and the row's ``ratio``; None: head / base."""
 
     @property
     def ratio(self) -> Optional[float]:
+        if self.round_ratio is not None:
+            return self.round_ratio
         if self.base in (None, 0) or self.head is None:
             return None
         return self.head / self.base
@@ -117,11 +123,12 @@ def is_timing(m) -> bool:
 
 
 def _timed_verdict(
-    b: Metric, h: Metric, threshold: float, alpha: float, test: Optional[TimedTest]
+    b: Metric, h: Metric, threshold: float, alpha: float, test: Optional[TimedTest], rel: Optional[float] = None
 ) -> tuple[Verdict, str, bool]:
     """The verdict and note of a timed change under ``test`` (``timed_test(b, h)``), and whether it
-    is below the floor (``Row.below_floor``)."""
-    rel = (h.value - b.value) / b.value if b.value else 0.0
+    is below the floor (``Row.below_floor``); ``rel``: the change judged (default head / base - 1)."""
+    if rel is None:
+        rel = (h.value - b.value) / b.value if b.value else 0.0
     within = f"{rel:+.1%} within {threshold:.0%}"
     if test is None:
         return (
@@ -143,7 +150,9 @@ def _timed_verdict(
         return Verdict.unchanged, within, False
     if p > alpha:
         return Verdict.unchanged, f"{rel:+.1%}, p={p:.2f} > {alpha}{on}", False
-    better = (rel > 0) == bool(h.higher_is_better)
+    if h.higher_is_better is None:  # e.g. the oracle's generation time: a move, not a regression
+        return Verdict.changed, f"{rel:+.1%}, p={p:.3f}{on}; no better direction", False
+    better = (rel > 0) == h.higher_is_better
     return (Verdict.improved if better else Verdict.regressed), f"{rel:+.1%}, p={p:.3f}{on}", False
 
 
@@ -154,13 +163,6 @@ def _exact_verdict(b: Metric, h: Metric) -> tuple[Verdict, str]:
         return Verdict.changed, "exact metric"
     better = (h.value > b.value) == h.higher_is_better
     return (Verdict.improved if better else Verdict.regressed), "exact metric"
-
-
-def noise_class(case) -> str:
-    """Cases whose timings share a noise level: model and batch size (a tiny model at batch 1 is
-    bound by the CPU scheduler and far noisier between runs than an 8b model at batch 8); the
-    model by ``Case.model_label``, so each own model is a class of its own, by its name."""
-    return f"{case.model_label}/bs{case.batch_size}"
 
 
 SIZING_EXPLAINED = frozenset(
@@ -253,18 +255,21 @@ def metric_row(
     budgets: Optional[dict],
 ) -> Row:
     """One metric both sides recorded: exact (any change counts) or timed (past its budget and p)."""
-    klass = noise_class(h.case)
     paired = b.interleaved_run is not None and b.interleaved_run == h.interleaved_run
     below, test = False, None if hm.exact else timed_test(bm, hm, paired)
     timed = test is not None and is_timing(hm)
-    spread = max((x for x in map(window_spread, (bm, hm)) if x is not None), default=None) if timed else None
+    turns = test is TimedTest.paired_rounds and paired_turns(b, h)
+    klass = noise_class(h.case, turns)
+    scaled = timed and not turns  # a paired class's floor is its own, not the window spread's
+    spread = max((x for x in map(window_spread, (bm, hm)) if x is not None), default=None) if scaled else None
+    rel = round_ratio(tuple(bm.engine_medians), tuple(hm.engine_medians)) - 1.0 if turns else None
     if hm.exact:
         verdict, note = _exact_verdict(bm, hm)
         if verdict is not Verdict.unchanged and name in SIZING_EXPLAINED:
             note = "; ".join(x for x in (note, sizing_change(b, h)) if x)
     else:
         budget = budget_for(budgets, klass, name, threshold, spread)
-        verdict, note, below = _timed_verdict(bm, hm, budget, alpha, test)
+        verdict, note, below = _timed_verdict(bm, hm, budget, alpha, test, rel)
         factor = spread_factor(budgets, klass, name, spread)
         if factor is not None and (verdict is not Verdict.unchanged or below):
             # the budget came from the pair's own noise: say how, next to the verdict
@@ -287,6 +292,7 @@ def metric_row(
         test=test,
         below_floor=below,
         spread=spread,
+        round_ratio=None if rel is None else rel + 1.0,
     )
 
 
@@ -316,6 +322,7 @@ class RecordView:
         self.checks = cell["c"]
         self.details = SimpleNamespace(sglang_sizing=cell["s"], baseline=cell.get("b"))
         self.interleaved_run = cell.get("i")
+        self.paired_turns = bool(cell.get("t"))
         # the frame's model column is the model's name (``store.frame.case_cells``)
         self.case = SimpleNamespace(label=lambda: cell["l"], model_label=row["model"], batch_size=row["batch_size"])
 

@@ -89,3 +89,9 @@ def paired_p(base: tuple, head: tuple) -> float:
     if max(logs) - min(logs) < 1e-12:
         return 1.0 if abs(logs[0]) < 1e-12 else 0.0
     return float(ttest_1samp(logs, 0.0).pvalue)
+
+
+def round_ratio(base: tuple, head: tuple) -> float:
+    """The change ``paired_p`` tests, as a ratio: the geometric mean of ``head[k] / base[k]``
+    (positive values, equal lengths)."""
+    return math.exp(statistics.fmean(math.log(h / b) for b, h in zip(base, head)))

@@ -65,6 +65,7 @@ from specwatch.analysis.aa_rows import (
 from specwatch.analysis.budget_rule import SPREAD_KEY, budget_for, spread_factor
 from specwatch.analysis.compare import frame_rows
 from specwatch.analysis.noise import BudgetFile, aa_differences, condition_differences, merge_budgets
+from specwatch.analysis.noise_class import PAIRED_SUFFIX
 from specwatch.core.record import CaseRecord
 
 __all__ = ["AARow", "DetectionFloor", "aa_rows", "detection_floor", "floor_of", "store_floor", "store_floors"]
@@ -219,7 +220,9 @@ class DetectionFloor:
             f"held out {self.held_out_rate:.1%} of {self.timed} timed metrics{above}): {shown}",
             "",
         ]
-        scaled = sorted({metric_of(k) for k in keys} & set(self.per_spread))
+        # a paired class's rows keep their class floor (``noise_class.PAIRED_SUFFIX``)
+        unpaired = {metric_of(k) for k in keys if not k.rsplit("/", 1)[0].endswith(PAIRED_SUFFIX)}
+        scaled = sorted(unpaired & set(self.per_spread))
         if scaled:
             factors = ", ".join(f"{m} {self.per_spread[m]:.2f}" for m in scaled)
             lines[-1:-1] = [

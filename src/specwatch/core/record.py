@@ -210,6 +210,12 @@ class CaseRecord(BaseModel):
         records of two faults with the same one were timed round by round side by side."""
         return self.provenance.run_id if self.details.interleaved else None
 
+    @property
+    def paired_turns(self) -> bool:
+        """Its passes took turns batch by batch, both engines of a round up at once (``specwatch run
+        --paired``: ``details.interleaved`` order ``paired``)."""
+        return bool(self.details.interleaved and self.details.interleaved.get("order") == "paired")
+
     @model_validator(mode="after")
     def _status_consistent(self) -> "CaseRecord":
         if self.case_id != self.case.case_id:

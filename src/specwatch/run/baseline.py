@@ -47,10 +47,10 @@ from specwatch.run.group import (
     GroupJob,
     finally_kill,
     run_once,
-    scratch_dir,
     stop_workers,
 )
 from specwatch.run.options import RunOptions
+from specwatch.run.scratch import scratch_dir
 from specwatch.store.baseline import baseline_metrics
 
 

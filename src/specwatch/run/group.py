@@ -6,16 +6,13 @@ log tail; a fresh worker takes the group's remaining cases.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Callable, Optional
 
 from pydantic import ValidationError
 
@@ -33,6 +30,7 @@ from specwatch.run.case_records import MALFORMED, failure_record, log_tail, reco
 from specwatch.run.clock import GroupClock
 from specwatch.run.engine_starts import run_engine_starts
 from specwatch.run.options import RunOptions
+from specwatch.run.scratch import scratch_dir
 from specwatch.suite import Suite
 
 POLL_S = 1.0
@@ -50,31 +48,6 @@ _ACTIVE_WORKERS: set[int] = set()
 STOP_FLUSHES: list[Callable[[], None]] = []
 """What a stopped runner appends before its summary: each in-flight group's records that wait on
 a later run of the group (``run.baseline``'s held probed records), measured and otherwise lost."""
-
-
-SCRATCH_DIRS: set[str] = set()
-"""Temporary folders of running workers and plain loops (``scratch_dir``): a stopped runner exits
-from its signal handler, where no ``with`` block ends, so the handler removes them
-(``remove_scratch``)."""
-
-
-@contextlib.contextmanager
-def scratch_dir(prefix: str) -> Iterator[str]:
-    """A temporary folder for one worker's spec, log and results, removed when the block ends or
-    the runner is stopped (``SCRATCH_DIRS``)."""
-    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
-        SCRATCH_DIRS.add(tmp)
-        try:
-            yield tmp
-        finally:
-            SCRATCH_DIRS.discard(tmp)
-
-
-def remove_scratch() -> None:
-    """Remove every folder ``scratch_dir`` holds now (a stopped runner, its workers killed)."""
-    for tmp in list(SCRATCH_DIRS):
-        shutil.rmtree(tmp, ignore_errors=True)
-        SCRATCH_DIRS.discard(tmp)
 
 
 STARTED_EVENT = Event.worker_started

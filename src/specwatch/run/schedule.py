@@ -19,8 +19,9 @@ from typing import Callable, Optional
 from specwatch.core.case import Backend, Case, ModelSize
 from specwatch.core.timing_lock import ENV as TIMING_LOCK_ENV
 from specwatch.core.timing_lock import HELD_EVENT, OVERLAP_ENV, PARALLEL_ENV, WaveGate
-from specwatch.run.group import _ACTIVE_WORKERS, EXITED_EVENT, STOP_FLUSHES, finally_kill, remove_scratch
+from specwatch.run.group import _ACTIVE_WORKERS, EXITED_EVENT, STOP_FLUSHES, finally_kill
 from specwatch.run.options import RunOptions
+from specwatch.run.scratch import remove_scratch
 
 
 def start_class(case: Case) -> tuple:

@@ -134,13 +134,16 @@ def compare_cell(r: CaseRecord) -> str:
     metrics (name -> [value, unit, samples, exact, higher_is_better], with ``engine_medians`` sixth
     where the record has them, in the record's order; NaN as null), ``c`` checks (name -> passed, in
     order), for a record of interleaved passes ``i`` its run id (``CaseRecord.interleaved_run``)
-    and, for one with plain-loop runs, ``b`` its ``details.baseline`` (the overhead cell's rounds)."""
+    and ``t`` true where they took turns (``CaseRecord.paired_turns``), for one with plain-loop
+    runs ``b`` its ``details.baseline`` (the overhead cell's rounds)."""
     import orjson
 
     metrics = {n: _metric_cell(m) for n, m in r.metrics.items()}
     cell = {"r": r.reason, "l": r.case.label(), "s": r.details.sglang_sizing, "m": metrics, "c": r.checks}
     if r.interleaved_run:
         cell["i"] = r.interleaved_run
+        if r.paired_turns:
+            cell["t"] = True
     if r.details.baseline:
         cell["b"] = r.details.baseline
     return orjson.dumps(cell).decode()
