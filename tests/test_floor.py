@@ -59,7 +59,7 @@ def test_the_report_opens_with_the_floor_of_its_classes(tmp_path):
     lines = text.splitlines()
     assert "unchanged" in lines[2]  # the verdict counts stay on line 3
     assert lines[4].startswith("Detection floor") and "margin 1.25" in lines[4]
-    assert "tiny/bs1: output_throughput 15.0%" in lines[4] and "8b/bs8: output_throughput 5.0%" in lines[4]
+    assert "tiny/bs1 (3 A/A pairs): output_throughput 15.0%" in lines[4] and "8b/bs8 (3 A/A pairs): output_throughput 5.0%" in lines[4]
 
 
 def test_no_budget_file_says_the_rate_is_unmeasured(tmp_path):
@@ -196,7 +196,7 @@ def test_compare_without_budgets_calls_what_its_floor_says_it_can(tmp_path):
     )
     assert res.exit_code == 1, res.output
     floor_line = next(line for line in res.output.splitlines() if line.startswith("Detection floor"))
-    assert "8b/bs8: output_throughput 2.0%" in floor_line and "tiny/bs1: output_throughput 15.0%" in floor_line
+    assert "8b/bs8 (3 A/A pairs): output_throughput 2.0%" in floor_line and "tiny/bs1 (3 A/A pairs): output_throughput 15.0%" in floor_line
     assert "tiny/bs8: output_throughput 5.0% (no A/A)" in floor_line
     verdicts = {}
     for line in res.output.splitlines():
@@ -349,11 +349,12 @@ def test_the_report_header_gives_the_scaled_budget_at_the_reports_spread():
     )
     lines = f.header(["tiny/bs16/decode_throughput"], {"tiny/bs16/decode_throughput": 0.04})
     k = f.per_spread["decode_throughput"]
-    assert f"tiny/bs16: decode_throughput {max(0.02, k * 0.04):.1%} at 4.0% spread" in lines[0]
+    assert f"tiny/bs16 (2 A/A pairs): decode_throughput {max(0.02, k * 0.04):.1%} at 4.0% spread" in lines[0]
     assert (
         lines[2].startswith("Scaled to each compared row's window spread") and f"decode_throughput {k:.2f}" in lines[2]
     )
     assert "x window spread" in f.frame()["class"].tolist()
+    assert f.frame().set_index("class").loc["tiny/bs16", "A/A pairs"] == "2" and f.class_pairs == {"tiny/bs16": 2}
     # a report of paired-class rows only keeps their class floor: no factor line
     paired = f.header(["tiny/bs16+paired/decode_throughput"])
     assert not any(line.startswith("Scaled to each") for line in paired)

@@ -27,19 +27,14 @@ unmeasured; a class and metric no pair measured has the plain threshold, its rat
 **Scaled to the pair's noise.** That floor is the noise of the hosts its A/A pairs ran on: one
 noisy pair sets it for every later comparison of its class, however quiet their host. Each timed
 row also carries its pair's window spread (``AARow.spread``, the interdecile range of every timed
-window over the median), and an A/A change stays within a fraction of it: over the stored timing
-pairs, decode throughput's change / spread is 0.004-0.61 from 8b at 0.2% spread to tiny batch 16
-at 35%. So per metric name, pooled over the classes, ``per_spread`` is a margin x the largest
-change / spread of the clean pairs' rows, the margin again the smallest with no row flagged held
-out (each pair judged under the other pairs' largest ratio), and a compared row with a window
-spread, of a class and metric some pair measured, gets the budget ``per_spread x its spread``
-instead of its class floor (``budget_at``; ``compare_budgets`` hands both to ``compare``), at least
-the threshold the pairs were judged at, as the floors are. A row without a spread (too few windows;
-probe time and engine start time have engine medians only) keeps the class floor, and a class no
-pair measured the plain threshold: the factor is not carried to classes it was not measured on.
-``held_out_rate`` is over the rule as applied: scaled rows under the scaled budget, the rest under
-the floors.
-"""
+window over the median), and an A/A change stays within a fraction of it. So per metric name,
+pooled over the classes, ``per_spread`` is a margin x the largest change / spread of the clean
+pairs' rows (the margin again the smallest with no row flagged held out), and a compared row with a
+window spread, of a class and metric some pair measured, gets the budget ``per_spread x its
+spread`` instead of its class floor (``budget_at``; ``compare_budgets``), at least the threshold
+the pairs were judged at. A row without a spread (too few windows, engine medians only, a paired
+class) keeps the class floor, a class no pair measured the plain threshold; ``held_out_rate`` is
+over the rule as applied (docs/metrics.md, detection floor)."""
 
 from __future__ import annotations
 
@@ -145,6 +140,8 @@ class DetectionFloor:
     spread_min: Optional[float] = None
     """The least scaled budget: the threshold the A/A pairs were judged at (kept where a caller
     reports the floor at another threshold, as ``floors`` keep theirs); None: ``threshold``."""
+    class_pairs: dict[str, int] = field(default_factory=dict)
+    """Noise class -> the clean A/A pairs with a timed row of it: how many pairs its floors rest on."""
 
     def floor(self, klass: str, metric: str) -> float:
         return self.floors.get(f"{klass}/{metric}", self.threshold)
@@ -174,8 +171,9 @@ class DetectionFloor:
         return self.threshold if self.spread_min is None else self.spread_min
 
     def frame(self) -> pd.DataFrame:
-        """One row per noise class, one column per timed metric: its floor as a percentage; last, the
-        widest window spread of ``SPREAD_SHOWN`` in the A/A runs (``spreads``), the noise they hold at."""
+        """One row per noise class, one column per timed metric: its floor as a percentage; then the
+        widest window spread of ``SPREAD_SHOWN`` in the A/A runs (``spreads``), the noise they hold at,
+        and last the clean pairs the class's floors rest on (``PAIRS_COLUMN``)."""
         if not self.floors:
             return pd.DataFrame()
         s = pd.Series(self.floors, name="floor").rename_axis("key").reset_index()
@@ -185,10 +183,11 @@ class DetectionFloor:
         # the noise the floors hold at (analysis.pair_noise): decode throughput's A/A window spread
         spread = {k.rsplit("/", 1)[0]: v for k, v in self.spreads.items() if metric_of(k) == SPREAD_SHOWN}
         t[f"A/A {SPREAD_SHOWN} window spread"] = [f"{spread[c]:.1%}" if c in spread else "-" for c in t.index]
+        t[PAIRS_COLUMN] = [str(self.class_pairs[c]) if c in self.class_pairs else "-" for c in t.index]
         if self.per_spread:  # the scaled rule's row: the budget per unit of a compared row's spread
             t.loc[PER_SPREAD_ROW] = [
-                f"{self.per_spread[m]:.2f}x" if m in self.per_spread else "-" for m in t.columns[:-1]
-            ] + ["-"]
+                f"{self.per_spread[m]:.2f}x" if m in self.per_spread else "-" for m in t.columns[:-2]
+            ] + ["-", "-"]
         return t.reset_index()
 
     def header(self, keys: Iterable[str] = (), spreads: Optional[dict[str, float]] = None) -> list[str]:
@@ -211,7 +210,7 @@ class DetectionFloor:
             spread = spreads.get(k)
             at = f" at {spread:.1%} spread" if self.scales(klass, metric, spread) else ""
             by_class.setdefault(klass, []).append(f"{metric} {self.budget_at(klass, metric, spread):.1%}{at}{known}")
-        shown = "; ".join(f"{c}: {', '.join(ms)}" for c, ms in by_class.items())
+        shown = "; ".join(f"{c}{self._pairs_text(c)}: {', '.join(ms)}" for c, ms in by_class.items())
         margins = self.margin_text([metric_of(k) for k in keys if k in self.floors])
         above = f", above the {GOAL:.0%} goal" if (self.held_out_rate or 0.0) > GOAL else ""
         lines = [
@@ -232,6 +231,11 @@ class DetectionFloor:
                 f"floor): {factors}.",
             ]
         return lines
+
+    def _pairs_text(self, klass: str) -> str:
+        """`` (N A/A pairs)`` behind a class in the header; empty where no count was kept."""
+        n = self.class_pairs.get(klass)
+        return "" if n is None else f" ({n} A/A pair{'s' if n != 1 else ''})"
 
     def margin_text(self, metrics: Optional[Iterable[str]] = None) -> str:
         """``margin M`` of ``metrics`` (None: every metric of ``margins``), M the margin most of
@@ -289,6 +293,10 @@ def floor_of(
     for r in (r for i in judged for r in rows[i] if r.spread is not None):
         out.spreads[r.key] = max(out.spreads.get(r.key, 0.0), r.spread)
     out.spreads = dict(sorted(out.spreads.items()))
+    for i in judged:
+        for klass in {r.key.rsplit("/", 1)[0] for r in rows[i]}:
+            out.class_pairs[klass] = out.class_pairs.get(klass, 0) + 1
+    out.class_pairs = dict(sorted(out.class_pairs.items()))
     # the scaled rule: per metric, a margin x the largest change / spread, held out as the floors are
     top = top_ratios(rows, judged)
     if not top:
@@ -310,10 +318,13 @@ def floor_of(
 SPREAD_SHOWN = "decode_throughput"
 """The metric whose A/A window spread ``DetectionFloor.frame`` shows beside the floors."""
 
+PAIRS_COLUMN = "A/A pairs"
+"""``DetectionFloor.frame``'s column of the clean pairs each class's floors rest on (``class_pairs``)."""
+
 PER_SPREAD_ROW = "x window spread"
 """``DetectionFloor.frame``'s row of the scaled rule's factors (``per_spread``)."""
 
-FLOOR_FIELDS = 3
+FLOOR_FIELDS = 4
 """Bumped when ``DetectionFloor`` gains a field: a floor kept in the store without it is computed again."""
 
 
