@@ -59,7 +59,10 @@ def test_the_report_opens_with_the_floor_of_its_classes(tmp_path):
     lines = text.splitlines()
     assert "unchanged" in lines[2]  # the verdict counts stay on line 3
     assert lines[4].startswith("Detection floor") and "margin 1.25" in lines[4]
-    assert "tiny/bs1 (3 A/A pairs): output_throughput 15.0%" in lines[4] and "8b/bs8 (3 A/A pairs): output_throughput 5.0%" in lines[4]
+    assert (
+        "tiny/bs1 (3 A/A pairs): output_throughput 15.0%" in lines[4]
+        and "8b/bs8 (3 A/A pairs): output_throughput 5.0%" in lines[4]
+    )
 
 
 def test_no_budget_file_says_the_rate_is_unmeasured(tmp_path):
@@ -196,7 +199,10 @@ def test_compare_without_budgets_calls_what_its_floor_says_it_can(tmp_path):
     )
     assert res.exit_code == 1, res.output
     floor_line = next(line for line in res.output.splitlines() if line.startswith("Detection floor"))
-    assert "8b/bs8 (3 A/A pairs): output_throughput 2.0%" in floor_line and "tiny/bs1 (3 A/A pairs): output_throughput 15.0%" in floor_line
+    assert (
+        "8b/bs8 (3 A/A pairs): output_throughput 2.0%" in floor_line
+        and "tiny/bs1 (3 A/A pairs): output_throughput 15.0%" in floor_line
+    )
     assert "tiny/bs8: output_throughput 5.0% (no A/A)" in floor_line
     verdicts = {}
     for line in res.output.splitlines():
