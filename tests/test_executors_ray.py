@@ -6,9 +6,11 @@ is not installed (it is an optional extra: ``specwatch[ray]``)."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from datetime import datetime, timezone
@@ -77,7 +79,13 @@ def gpu_nodes(cluster: Cluster, want: int = 2) -> list:
 @pytest.fixture(scope="module")
 def cluster():
     """One cluster for the module: the head (1 CPU, no GPU: no group lands there) and two nodes of
-    2 CPUs and 2 fake GPUs each (Ray hands out their ids; nothing uses them)."""
+    2 CPUs and 2 fake GPUs each (Ray hands out their ids; nothing uses them). Its processes take
+    their temporary folders (Ray's session, the groups' worker folders) under one of the module's
+    own, removed at the end: the tests kill tasks and remove a node, whose folders nothing else
+    removes. A short path: Ray's sockets live there."""
+    scratch = tempfile.mkdtemp(prefix="sw-ray-")
+    old_tmpdir = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = scratch  # read by the nodes started below and by their tasks
     c = Cluster(
         initialize_head=True,
         head_node_args=dict(
@@ -91,9 +99,16 @@ def cluster():
     add_gpu_node(c)
     add_gpu_node(c)
     ray.init(address=c.address, log_to_driver=False)
-    yield c
-    ray.shutdown()
-    c.shutdown()
+    try:
+        yield c
+    finally:
+        ray.shutdown()
+        c.shutdown()
+        if old_tmpdir is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = old_tmpdir
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _run(tmp_path, suite, env=None, **kw):
