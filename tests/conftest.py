@@ -51,6 +51,15 @@ def pytest_collection_modifyitems(config, items):
             it.add_marker(pytest.mark.skip(reason="no CUDA GPU"))
 
 
+def own_tmpdir_env(tmp_path, env=None) -> dict:
+    """``env`` (default: this process's environment) with ``TMPDIR`` at ``tmp_path/tmp`` (made):
+    a runner started with it keeps its workers' temporary folders there, where a test that
+    SIGKILLs it (no handler runs) or checks what a stopped runner removed can find them."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir(exist_ok=True)
+    return {**(os.environ if env is None else env), "TMPDIR": str(scratch)}
+
+
 def harness_suite(tmp_path, name="harness", topks="[1, 2]", draft=7, extra="", timeout_s=10, header=""):
     """A small triton suite for the fake worker (page 1 and 64, batch 1 and 8), written under ``tmp_path``;
     ``header``: more ``[suite]`` keys, ``extra``: more matrix keys."""

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import harness_suite
+from conftest import harness_suite, own_tmpdir_env
 from records import case, record
 from specwatch.core.case import Algorithm, Workload
 from specwatch.core.protocol import BaselineLine, BaselineSpec
@@ -723,9 +723,7 @@ run_suite(load_suite({str(tmp_path / "b.toml")!r}), {str(tmp_path / "results")!r
           extra_env={{"PYTHONPATH": {HERE!r} + os.pathsep + os.environ.get("PYTHONPATH", ""),
                       "FAKE_BASELINE_HANG": {str(pid_file)!r}}}))
 """
-    # its temporary folders under tmp_path: a SIGKILLed runner cannot remove them
-    (tmp_path / "tmp").mkdir(exist_ok=True)
-    runner = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "TMPDIR": str(tmp_path / "tmp")})
+    runner = subprocess.Popen([sys.executable, "-c", script], env=own_tmpdir_env(tmp_path))
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not (pid_file.exists() and pid_file.read_text()):
         time.sleep(0.1)

@@ -1,6 +1,6 @@
 import os
 
-from conftest import SUITES, harness_suite
+from conftest import SUITES, harness_suite, own_tmpdir_env
 from specwatch.core.record import Status
 from specwatch.run.runner import RunOptions, Shard, engine_groups, run_suite
 from specwatch.store.jsonl import read_records
@@ -145,9 +145,7 @@ run_suite(load_suite({str(tmp_path / "s.toml")!r}), {str(tmp_path / "results")!r
           worker_module="fake_worker", max_groups=1,
           extra_env={{"PYTHONPATH": {HERE!r} + os.pathsep + os.environ.get("PYTHONPATH", "")}}))
 """
-    scratch = tmp_path / "tmp"
-    scratch.mkdir()
-    proc = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "TMPDIR": str(scratch)})
+    proc = subprocess.Popen([sys.executable, "-c", script], env=own_tmpdir_env(tmp_path))
     deadline = time.monotonic() + 60
     results = list((tmp_path / "results").rglob("harness.jsonl"))
     while not (results and results[0].read_text().strip()) and time.monotonic() < deadline:
@@ -159,7 +157,7 @@ run_suite(load_suite({str(tmp_path / "s.toml")!r}), {str(tmp_path / "results")!r
     assert run.stopped_by == "SIGTERM" and run.stopped_early
     assert run.records == {"ok": 1} and run.engine_groups == 1
     # the killed worker's folder (spec, log, results) goes too: the handler's exit ends no `with`
-    assert list(scratch.iterdir()) == []
+    assert list((tmp_path / "tmp").iterdir()) == []
 
 
 def test_a_sigterm_while_a_record_is_written_still_counts_it_in_the_summary(tmp_path):

@@ -11,6 +11,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Callable, Optional
 
+from conftest import own_tmpdir_env
 from records import T0, case, record
 from specwatch.core.record import Status
 from specwatch.run.engine_starts import run_engine_rounds
@@ -35,9 +36,8 @@ run_suites([suite], tmp / "results", RunOptions(gpus=1, worker_module="fake_work
 
 def _runner(tmp_path, resume, start_s):
     code = RUN.format(here=HERE, tmp=str(tmp_path), resume=resume, start_s=start_s)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, HERE, os.environ.get("PYTHONPATH", "")])}
-    (tmp_path / "tmp").mkdir(exist_ok=True)  # a SIGKILLed runner leaves its worker's folder: keep it here
-    env["TMPDIR"] = str(tmp_path / "tmp")
+    env = own_tmpdir_env(tmp_path)  # a SIGKILLed runner leaves its worker's folder: keep it there
+    env["PYTHONPATH"] = os.pathsep.join([SRC, HERE, os.environ.get("PYTHONPATH", "")])
     return subprocess.Popen([sys.executable, "-c", code], env=env, start_new_session=True)
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import harness_suite
+from conftest import harness_suite, own_tmpdir_env
 from records import case
 from specwatch.core import lifeline
 from specwatch.core.protocol import (
@@ -209,8 +209,8 @@ run_suite(load_suite({str(tmp_path / "s.toml")!r}), {str(tmp_path / "results")!r
           extra_env={{"PYTHONPATH": {HERE!r} + os.pathsep + os.environ.get("PYTHONPATH", ""),
                       "FAKE_WORKER_PIDS": {str(pids)!r}}}))
 """
-    (tmp_path / "tmp").mkdir()  # a SIGKILLed runner leaves its worker's folder: keep it here
-    runner = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "TMPDIR": str(tmp_path / "tmp")})
+    # a SIGKILLed runner leaves its worker's folder: keep it under tmp_path
+    runner = subprocess.Popen([sys.executable, "-c", script], env=own_tmpdir_env(tmp_path))
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not list((tmp_path / "results").rglob("wire.jsonl")):
         time.sleep(0.1)  # the first case is recorded: batch 8 hangs now

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Optional
 
 from specwatch.analysis.budget_rule import budget_for, budget_key, spread_factor
 from specwatch.analysis.engine_test import TimedTest, paired_p, round_ratio, timed_test, welch_p
-from specwatch.analysis.noise_class import noise_class, paired_turns
+from specwatch.analysis.noise_class import noise_class
 from specwatch.analysis.rank_test import mann_whitney_p
 from specwatch.analysis.window_spread import window_spread
 from specwatch.core.errors import SpecwatchInputError
@@ -92,7 +92,7 @@ class Row:
     spreads and the change that could hide at this noise; the floor's false-positive rate does not
     cover such a row."""
     round_ratio: Optional[float] = None
-    """Passes that took turns (``paired_turns``): the geometric mean of the rounds' head / base
+    """Passes that took turns (``CaseRecord.paired_turns``): the geometric mean of the rounds' head / base
     engine medians, the change the paired t-test tests and the row's ``ratio``; None: head / base."""
 
     @property
@@ -258,18 +258,19 @@ def metric_row(
     paired = b.interleaved_run is not None and b.interleaved_run == h.interleaved_run
     below, test = False, None if hm.exact else timed_test(bm, hm, paired)
     timed = test is not None and is_timing(hm)
-    turns = test is TimedTest.paired_rounds and paired_turns(b, h)
+    # paired rounds of one run whose passes also took turns batch by batch (``--paired``)
+    turns = test is TimedTest.paired_rounds and b.paired_turns and h.paired_turns
     klass = noise_class(h.case, turns)
     scaled = timed and not turns  # a paired class's floor is its own, not the window spread's
     spread = max((x for x in map(window_spread, (bm, hm)) if x is not None), default=None) if scaled else None
-    rel = round_ratio(tuple(bm.engine_medians), tuple(hm.engine_medians)) - 1.0 if turns else None
+    rounds = round_ratio(tuple(bm.engine_medians), tuple(hm.engine_medians)) if turns else None
     if hm.exact:
         verdict, note = _exact_verdict(bm, hm)
         if verdict is not Verdict.unchanged and name in SIZING_EXPLAINED:
             note = "; ".join(x for x in (note, sizing_change(b, h)) if x)
     else:
         budget = budget_for(budgets, klass, name, threshold, spread)
-        verdict, note, below = _timed_verdict(bm, hm, budget, alpha, test, rel)
+        verdict, note, below = _timed_verdict(bm, hm, budget, alpha, test, None if rounds is None else rounds - 1.0)
         factor = spread_factor(budgets, klass, name, spread)
         if factor is not None and (verdict is not Verdict.unchanged or below):
             # the budget came from the pair's own noise: say how, next to the verdict
@@ -292,7 +293,7 @@ def metric_row(
         test=test,
         below_floor=below,
         spread=spread,
-        round_ratio=None if rel is None else rel + 1.0,
+        round_ratio=rounds,
     )
 
 

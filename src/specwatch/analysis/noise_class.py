@@ -7,7 +7,7 @@ def noise_class(case, turns: bool = False) -> str:
     """Cases whose timings share a noise level: model and batch size (a tiny model at batch 1 is
     bound by the CPU scheduler and far noisier between runs than an 8b model at batch 8); the
     model by ``Case.model_label``, so each own model is a class of its own, by its name. ``turns``:
-    two passes that took turns (``paired_turns``), a class of its own (``PAIRED_SUFFIX``)."""
+    two passes that took turns (``CaseRecord.paired_turns``), a class of its own (``PAIRED_SUFFIX``)."""
     return f"{case.model_label}/bs{case.batch_size}{PAIRED_SUFFIX if turns else ''}"
 
 
@@ -17,9 +17,3 @@ PAIRED_SUFFIX = "+paired"
 other, whose noise is not the serpentine rounds' (tens of seconds apart), so their A/A pairs set a
 floor of their own, and it is not scaled to the window spread (the host's slow state moves both
 sides of a round alike)."""
-
-
-def paired_turns(b, h) -> bool:
-    """Both records come from one run whose two passes took turns (``CaseRecord.paired_turns``)."""
-    same = b.interleaved_run is not None and b.interleaved_run == h.interleaved_run
-    return same and bool(getattr(b, "paired_turns", False)) and bool(getattr(h, "paired_turns", False))
