@@ -179,15 +179,15 @@ class DetectionFloor:
         s = pd.Series(self.floors, name="floor").rename_axis("key").reset_index()
         s[["class", "metric"]] = s.key.str.rsplit("/", n=1, expand=True)
         t = s.pivot(index="class", columns="metric", values="floor")
+        metrics = list(t.columns)  # the per-spread row's columns, before the trailing ones
         t = t.apply(lambda col: col.map(lambda v: f"{v:.1%}" if v == v else "-"))
-        # the noise the floors hold at (analysis.pair_noise): decode throughput's A/A window spread
         spread = {k.rsplit("/", 1)[0]: v for k, v in self.spreads.items() if metric_of(k) == SPREAD_SHOWN}
         t[f"A/A {SPREAD_SHOWN} window spread"] = [f"{spread[c]:.1%}" if c in spread else "-" for c in t.index]
         t[PAIRS_COLUMN] = [str(self.class_pairs[c]) if c in self.class_pairs else "-" for c in t.index]
         if self.per_spread:  # the scaled rule's row: the budget per unit of a compared row's spread
-            t.loc[PER_SPREAD_ROW] = [
-                f"{self.per_spread[m]:.2f}x" if m in self.per_spread else "-" for m in t.columns[:-2]
-            ] + ["-", "-"]
+            t.loc[PER_SPREAD_ROW] = [f"{self.per_spread[m]:.2f}x" if m in self.per_spread else "-" for m in metrics] + [
+                "-"
+            ] * (len(t.columns) - len(metrics))
         return t.reset_index()
 
     def header(self, keys: Iterable[str] = (), spreads: Optional[dict[str, float]] = None) -> list[str]:
