@@ -24,6 +24,8 @@ def test_each_decode_metric_is_called_missed_or_below_the_floor():
         _row("sglang_step_time_p10", 2.93, 3.08, Verdict.regressed),  # 150 us of 2.93 ms = 5.1% > 4.1%: called
         _row("step_time", 3.63, 3.70),  # 4.1% > the 2% threshold, unchanged: missed
         _row("output_throughput", 17000.0, 16500.0),  # over the p10 step: 5.1% < 33.6%
+        # 150 us of 10 ms = 1.5% < 2%, yet the measured change beat the budget: called, not "below the floor"
+        _row("sglang_step_time", 10.0, 10.5, Verdict.regressed),
         _row("accept_length", 4.0, 4.0, timed=False),  # not a decode timing
         _row("wall_time", 1.0, 1.1, Verdict.regressed),  # timed, but not among the decode metrics
     ]
@@ -35,10 +37,11 @@ def test_each_decode_metric_is_called_missed_or_below_the_floor():
         "sglang_step_time_p10": (round(0.15 / 2.93, 4), 0.041, "called"),
         "step_time": (round(0.15 / 3.63, 4), 0.02, "missed"),
         "output_throughput": (round(0.15 / 2.93, 4), 0.336, "below the floor"),
+        "sglang_step_time": (0.015, 0.02, "called"),
     }
     lines = planted_lines(rows, FLOOR, None, "slow-verify-gpu-150us")
     assert lines[0].startswith("Planted slowdown `slow-verify-gpu-150us` in head: 150 µs of GPU time")
-    assert "1 called it, 1 missed it above their budget, 1 could not" in lines[0]
+    assert "2 called it, 1 missed it above their budget, 1 could not" in lines[0]
     assert "Host time can cost nothing" not in lines[0]
     assert any(
         "| output_throughput | 5.1% of 2.93 ms (sglang_step_time_p10) | 33.6% | unchanged | below the floor |" in x

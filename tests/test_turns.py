@@ -160,3 +160,18 @@ def test_the_worker_takes_a_turn_for_a_cases_warm_up_each_timed_batch_and_its_re
     process_turns().paired = True  # as a worker given its round's ends is
     line = run_one(spec, Engine(FakeEngine(CASE), {}, [], 1.0, 0.0), CASE, WorkerTimingLock(None))
     assert line["details"]["turns"]["units"] == 8  # both cases' turns so far
+
+
+def test_an_engine_goes_down_in_a_turn_of_its_own_even_when_its_shutdown_fails(recorded):
+    from specwatch.core.turns import process_turns
+
+    turns = process_turns()
+    calls = []
+    turns.last_unit(lambda: calls.append("shutdown"))
+    assert calls == ["shutdown"] and recorded == ["take", "hand on"] and turns.alone
+
+    def failing():
+        raise RuntimeError("scheduler already gone")
+
+    turns.last_unit(failing)  # the process is ending: its error is not the run's
+    assert recorded == ["take", "hand on"] * 2

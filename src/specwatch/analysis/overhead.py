@@ -19,6 +19,7 @@ from specwatch.store.baseline import (
     rounds_interval,
     rounds_to_resolve,
 )
+from specwatch.store.repeat_spread import SPREAD_ROUNDS, spread_rounds_text
 from specwatch.store.step_state import LOOPS, shares_column, shares_text
 
 OVERHEAD_BUDGET = 0.02
@@ -141,6 +142,8 @@ def baseline_overhead_table(df: pd.DataFrame) -> pd.DataFrame:
     (``taken``): the geometric mean of all its full-prefill rounds with the 95% t interval and its
     verdict against 0.98 (``OverheadVerdict``), and the median spread of the probed repeats beside
     that of the plain loop's timed calls (``overhead_probed_spread``, ``overhead_baseline_spread``),
+    and the two loops' spreads compared round by round (``store.repeat_spread``: whether the probed
+    repeats spread wider than the plain loop's within the rounds),
     and the probe's own clock: its timed cost per batch over the step
     time (``probe_share``), the part of the gap the probe in SGLang's scheduler can explain where the
     rounds cannot resolve the ratio; and where both loops recorded SGLang's own step times, the
@@ -156,7 +159,7 @@ def baseline_overhead_reads(df: pd.DataFrame) -> Optional[pd.DataFrame]:
         return None
     keep = (df.status == "ok") & df.fault.isna() & df[ROUNDS].map(lambda v: isinstance(v, list) and len(v) > 0)
     used = ["machine", "sglang_version", "case_id", "suite", "run_id", ROUNDS, ROUNDS_KIND, STEP_ROUNDS]
-    used += ["overhead_probed_spread", "overhead_baseline_spread", "probe_time_per_batch", "step_time"]
+    used += ["overhead_probed_spread", "overhead_baseline_spread", SPREAD_ROUNDS, "probe_time_per_batch", "step_time"]
     used += [shares_column(loop) for loop in LOOPS]
     used += ["model", "algorithm", "attention_backend", "page_size", "topk", "batch_size"]
     ok = df.loc[keep, [c for c in used if c in df]]
@@ -192,6 +195,7 @@ def baseline_overhead_rows(ok: Optional[pd.DataFrame]) -> pd.DataFrame:
                 "rounds to resolve": _rounds_needed(ratios, pooled),
                 "repeat spread probed / plain": f"{_median_pct(g, 'overhead_probed_spread')} / "
                 f"{_median_pct(g, 'overhead_baseline_spread')}",
+                "spread per round probed / plain": spread_rounds_text(pooled_values(g, SPREAD_ROUNDS)),
                 "probe per step": _probe_share(g),
                 "step clock p10 plain / probed": step_clock_cell(g),
                 "slow steps probed / plain": slow_steps_cell(g),

@@ -4,7 +4,8 @@ A ``slow-verify-*`` fault (``inject.stalls``) adds a known cost to every EAGLE v
 against the clean side's step time of the same case, that cost is the change the report should
 find; each decode metric's row then either exceeds the budget it was judged by (the detection floor
 at the row's window spread, ``DetectionFloor.budget_at``) and is ``called`` or ``missed``, or does
-not and is ``below the floor``: the report cannot call it there, whatever its verdict.
+not and is ``below the floor`` (the report cannot count on calling it there), unless its verdict
+calls it anyway: a row whose verdict calls the slowdown reads ``called``.
 
 The share is the planted microseconds over the clean side's step of the same metric where the
 metric is a step time, else over its ``sglang_step_time_p10`` (or ``step_time`` without it): the
@@ -57,11 +58,12 @@ class Reading(str, Enum):
     """What one decode metric row made of the planted slowdown."""
 
     called = "called"
-    """The share exceeded the row's budget and the row's verdict is the one that calls it."""
+    """The row's verdict is the one that calls the slowdown (its measured change beat the budget,
+    also where the planted share alone is within it)."""
     missed = "missed"
     """The share exceeded the row's budget, yet the row's verdict does not call it."""
     below_floor = "below the floor"
-    """The share is within the row's budget: the report cannot call it there."""
+    """The share is within the row's budget and the verdict does not call it: the report could not."""
 
 
 @dataclass(frozen=True)
@@ -120,10 +122,10 @@ def planted_table(rows: Iterable[Row], floor: DetectionFloor, planted: Planted) 
                 continue
             share = planted.micros / 1000 / clean
             budget = floor.budget_at(r.noise_class, r.metric, r.spread)
-            if share <= budget:
-                reading = Reading.below_floor
+            if r.verdict is planted.expected:
+                reading = Reading.called
             else:
-                reading = Reading.called if r.verdict is planted.expected else Reading.missed
+                reading = Reading.below_floor if share <= budget else Reading.missed
             out.append(PlantedRow(r, share, clean, step.metric, budget, reading))
     return out
 
@@ -148,8 +150,8 @@ def planted_lines(
     lines = [
         f"Planted slowdown `{planted.fault}` in {planted.side}: {planted.micros} µs of {planted.kind} per verify "
         f"step. Of {len(table)} decode metric rows, {counts[Reading.called]} called it, {counts[Reading.missed]} missed it above "
-        f"their budget, {counts[Reading.below_floor]} could not (the planted share of the clean step below the budget "
-        f"the row was judged by: below the floor).{hidden}",
+        f"their budget, {counts[Reading.below_floor]} could not (the planted share of the clean step within the budget "
+        f"the row was judged by, and not called: below the floor).{hidden}",
         "",
         "| case | metric | planted share of the clean step | budget | verdict | reading |",
         "|---|---|---|---|---|---|",

@@ -20,7 +20,7 @@ import contextlib
 import os
 import threading
 import time
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 ENV = "SPECWATCH_TURNS"
 """Environment variable naming the worker's ends, ``READ_FD,WRITE_FD`` (unset: no turns)."""
@@ -102,6 +102,14 @@ class Turns:
                 os.close(self.read_fd)
             self.read_fd = None
         self.alone = True
+
+    def last_unit(self, shutdown: Callable[[], object]) -> None:
+        """Run ``shutdown`` (an engine going down) as this process's last unit, so the other process
+        times nothing meanwhile, then ``close``; an error of ``shutdown`` is swallowed: the process
+        is ending and what it measured is written."""
+        with self.hold(), contextlib.suppress(Exception):
+            shutdown()
+        self.close()
 
     def details(self) -> dict:
         """What a record says of the turns: units held and seconds waited for them."""

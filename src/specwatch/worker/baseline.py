@@ -214,9 +214,7 @@ def main(
                 out.write(line.model_dump_json() + "\n")
                 out.flush()
     finally:
-        with turned.hold():  # the probed worker times nothing while this engine goes down
-            engine.shutdown()
-        turned.close()
+        turned.last_unit(engine.shutdown)  # the probed worker times nothing while this engine goes down
     return 0
 
 

@@ -136,12 +136,7 @@ def main(spec_path: str, child: bool = False) -> int:
         emit(EngineFacts(metrics=pool_metrics, checks=pool_verdicts, details={"pool_coverage_at_start": coverage}))
     for c in spec.cases:
         emit.case(run_one(spec, run, c, lock))
-    with process_turns().hold():  # a paired baseline times nothing while this engine goes down
-        try:
-            run.engine.shutdown()
-        except Exception:
-            pass
-    process_turns().close()
+    process_turns().last_unit(run.engine.shutdown)  # a paired baseline times nothing meanwhile
     lock.release()
     return 0
 
