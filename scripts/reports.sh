@@ -121,6 +121,14 @@ report aa-timing-tiny-bs16-h100-paired-2 "suite=timing,model=tiny,$paired" \
 planted=run=20261207T145821Z-b91e08
 report fault-slow-verify-gpu-150us-timing-tiny-bs16-h100-paired "suite=timing,model=tiny,$planted" \
   "suite=timing,fault=slow-verify-gpu-150us,model=tiny,$planted"
+# 150 µs of host time per verify step at batch 16 paired with its clean pass (4 rounds), and a
+# paired A/A pair at batch 8, on a third H100 host whose decode steps ran slow 62-69% of the time
+planted=run=20261207T164513Z-aa7eed
+report fault-slow-verify-150us-timing-tiny-bs16-h100-paired "suite=timing,model=tiny,$planted" \
+  "suite=timing,fault=slow-verify-150us,model=tiny,$planted"
+paired=run=20261207T165253Z-250737
+report aa-timing-tiny-bs8-h100-paired "suite=timing,model=tiny,$paired" \
+  "suite=timing,fault=slow-verify-0us,model=tiny,$paired"
 "$bin/specwatch" noise-holdout results/noise-budgets-timing.json --threshold 0.02 -o "$out/aa-holdout-timing.md" >/dev/null
 echo "$out/aa-holdout-timing.md: $(sed -n 3p "$out/aa-holdout-timing.md")"
 # every A/A pair of the budget file under the other pairs' budgets (the held-out false-positive rate)
