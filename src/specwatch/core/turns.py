@@ -105,8 +105,9 @@ class Turns:
 
     def last_unit(self, shutdown: Callable[[], object]) -> None:
         """Run ``shutdown`` (an engine going down) as this process's last unit, so the other process
-        times nothing meanwhile, then ``close``; an error of ``shutdown`` is swallowed: the process
-        is ending and what it measured is written."""
+        times nothing meanwhile, then ``close``; an error of ``shutdown`` (an engine without one
+        included, where the caller reads it inside) is swallowed: the process is ending and what it
+        measured is written."""
         with self.hold(), contextlib.suppress(Exception):
             shutdown()
         self.close()

@@ -214,7 +214,7 @@ def main(
                 out.write(line.model_dump_json() + "\n")
                 out.flush()
     finally:
-        turned.last_unit(engine.shutdown)  # the probed worker times nothing while this engine goes down
+        turned.last_unit(lambda: engine.shutdown())  # the probed worker times nothing while this engine goes down
     return 0
 
 

@@ -136,7 +136,7 @@ def main(spec_path: str, child: bool = False) -> int:
         emit(EngineFacts(metrics=pool_metrics, checks=pool_verdicts, details={"pool_coverage_at_start": coverage}))
     for c in spec.cases:
         emit.case(run_one(spec, run, c, lock))
-    process_turns().last_unit(run.engine.shutdown)  # a paired baseline times nothing meanwhile
+    process_turns().last_unit(lambda: run.engine.shutdown())  # a paired baseline times nothing meanwhile
     lock.release()
     return 0
 
