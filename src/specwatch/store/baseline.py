@@ -202,13 +202,31 @@ def paired_rounds(probed, baseline: Optional[dict]) -> Optional[list[tuple[float
     its value for one engine start) with baseline run k of ``baseline`` (a record's
     ``details.baseline``); None without either, or where they do not pair (not one baseline run per
     probed engine start, run k not round k)."""
-    runs = list((baseline or {}).get("runs") or [])
-    if probed is None or not runs:
+    if probed is None:
         return None
     medians = list(getattr(probed, "engine_medians", None) or [probed.value])
-    if len(medians) != len(runs) or any(r.get("round") != k for k, r in enumerate(runs)):
+    runs = runs_by_round(baseline, len(medians))
+    return None if runs is None else list(zip(medians, runs))
+
+
+def runs_by_round(baseline: Optional[dict], starts: int) -> Optional[list[dict]]:
+    """The plain-loop runs of ``baseline`` (a record's ``details.baseline``) where there is one per
+    probed engine start (``starts``) and run k is round k; None otherwise (none, or a failed run
+    left the rounds unpaired)."""
+    runs = list((baseline or {}).get("runs") or [])
+    if not runs or len(runs) != starts or any(r.get("round") != k for k, r in enumerate(runs)):
         return None
-    return list(zip(medians, runs))
+    return runs
+
+
+def prefilled_calls(run: dict) -> Optional[list[float]]:
+    """A plain-loop run's timed calls (output tokens/s) where it prefilled every one in full, as the
+    probed batch does (0 prompt tokens from the radix cache on every call, ``cached_tokens``); None
+    where the run failed, timed nothing, did not record the cache or took prompt tokens from it."""
+    timed, cached = run.get("output_throughput"), run.get("cached_tokens")
+    if "error" in run or not timed or cached is None or any(cached):
+        return None
+    return timed
 
 
 def prefilled_round_ratios(metrics: dict, baseline: Optional[dict]) -> Optional[list[float]]:
@@ -222,8 +240,8 @@ def prefilled_round_ratios(metrics: dict, baseline: Optional[dict]) -> Optional[
     rounds = paired_rounds(metrics.get(PROBED_THROUGHPUT), baseline) if OVERHEAD in metrics else None
     out = []
     for m, run in rounds or []:
-        timed, cached = run.get("output_throughput"), run.get("cached_tokens")
-        if "error" in run or not timed or cached is None or any(cached) or m <= 0:
+        timed = prefilled_calls(run)
+        if timed is None or m <= 0:
             continue
         base = statistics.median(timed)
         if base > 0:

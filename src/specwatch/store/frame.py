@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 from specwatch.core.record import CaseRecord
 from specwatch.rules.case_totals import engines_agree_now
 from specwatch.rules.crashlog import host_interference
-from specwatch.store.baseline import overhead_cells, relative_spread
+from specwatch.store.baseline import OVERHEAD, overhead_cells, relative_spread
 from specwatch.store.jsonl import Quarantine, read_records
 from specwatch.store.latest import latest_rows  # noqa: F401  (the one latest rule, re-exported)
 from specwatch.store.repeat_spread import SPREAD_ROUNDS, spread_round_ratios
@@ -294,7 +294,7 @@ def metric_cells(r: CaseRecord) -> dict:
         # the repeats' own spread (one engine, back to back): what a single run can resolve
         row["decode_throughput_spread"] = spread
     row.update(overhead_cells(r.metrics, r.details.baseline))  # beside ``overhead`` (specwatch run --baseline)
-    if "overhead_probed_spread" in row:  # the two loops' repeat spreads, round by round
+    if OVERHEAD in r.metrics:  # the two loops' repeat spreads, round by round
         row[SPREAD_ROUNDS] = spread_round_ratios(r.details, r.metrics)
     for loop, (shares, tps) in (  # the host's slow state per timed window, with its tokens/s (store.step_state)
         ("probed", probed_windows(r.details, r.metrics.get("output_throughput"))),

@@ -24,7 +24,7 @@ import statistics
 from enum import Enum
 from typing import Optional
 
-from specwatch.store.baseline import OVERHEAD, PROBED_THROUGHPUT, rounds_interval
+from specwatch.store.baseline import OVERHEAD, PROBED_THROUGHPUT, prefilled_calls, rounds_interval, runs_by_round
 
 SPREAD_ROUNDS = "overhead_spread_round_ratios"
 """The records frame's column of a record's per-round spread ratios (``spread_round_ratios``)."""
@@ -66,20 +66,16 @@ def log_sd(values: list[float]) -> Optional[float]:
 
 def spread_round_ratios(details, metrics: dict) -> Optional[list[float]]:
     """Per round whose plain-loop run prefilled every timed call in full: the ``log_sd`` of probed
-    engine start k's repeats over that of plain-loop run k's calls. None where the record has no
-    ``overhead``, its repeats cannot be split by start (``engine_repeats``), the starts and runs do
-    not pair, or no round has both spreads above zero."""
-    baseline = getattr(details, "baseline", None) or {}
-    runs = list(baseline.get("runs") or [])
+    engine start k's repeats over that of plain-loop run k's calls (``store.baseline.prefilled_calls``).
+    None where the record has no ``overhead``, its repeats cannot be split by start
+    (``engine_repeats``), the starts and runs do not pair (``store.baseline.runs_by_round``), or no
+    round has both spreads above zero."""
     probed = engine_repeats(details, metrics.get(PROBED_THROUGHPUT)) if OVERHEAD in metrics else None
-    if probed is None or len(probed) != len(runs) or any(r.get("round") != k for k, r in enumerate(runs)):
-        return None
+    runs = None if probed is None else runs_by_round(getattr(details, "baseline", None), len(probed))
     out = []
-    for repeats, run in zip(probed, runs):
-        calls, cached = run.get("output_throughput") or [], run.get("cached_tokens")
-        if "error" in run or cached is None or any(cached):
-            continue
-        p, b = log_sd(repeats), log_sd(calls)
+    for repeats, run in zip(probed or [], runs or []):
+        calls = prefilled_calls(run)
+        p, b = log_sd(repeats), log_sd(calls) if calls is not None else None
         if p and b:
             out.append(p / b)
     return out or None
