@@ -326,7 +326,7 @@ def test_the_overhead_table_pools_every_runs_rounds_per_case_and_resolves_what_o
     assert one["verdict vs 0.98"] == "unresolved" and 3 < int(one["rounds to resolve"]) <= 9
 
 
-def test_paired_rounds_pool_apart_from_sequential_rounds_of_the_same_case():
+def test_paired_and_lockstep_rounds_pool_apart_from_sequential_rounds_of_the_same_case():
     from specwatch.analysis.overhead import baseline_overhead_table
     from specwatch.store.baseline import RoundsKind, rounds_kind
     from specwatch.store.frame import records_frame
@@ -336,9 +336,14 @@ def test_paired_rounds_pool_apart_from_sequential_rounds_of_the_same_case():
     paired.details.baseline["order"] = ["paired0", "paired1", "paired2"]
     assert rounds_kind(sequential.details.baseline) is RoundsKind.sequential
     assert rounds_kind(paired.details.baseline) is RoundsKind.paired and rounds_kind(None) is None
-    t = baseline_overhead_table(records_frame([sequential, paired]))
+    lockstep = _baseline_record([990.0, 1000.0], [([1000.0], [0])] * 2, run_id="run2")
+    lockstep.details.baseline["order"] = ["paired0", "paired1"]
+    for run in lockstep.details.baseline["runs"]:  # the plain loop's windows ended with the probed ones
+        run["windows_stopped_by"] = "lead"
+    assert rounds_kind(lockstep.details.baseline) is RoundsKind.lockstep
+    t = baseline_overhead_table(records_frame([sequential, paired, lockstep]))
     got = {r["taken"]: (r["rounds"], r["run ids"]) for r in t.to_dict("records")}
-    assert got == {"sequential": (2, "run0"), "paired": (3, "run1")}
+    assert got == {"sequential": (2, "run0"), "paired": (3, "run1"), "lockstep": (2, "run2")}
     # a frame without the column (records from before it) reads its rounds as sequential
     df = records_frame([paired]).drop(columns=["overhead_rounds_kind"])
     assert baseline_overhead_table(df).iloc[0]["taken"] == "sequential"

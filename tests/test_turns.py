@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from specwatch.core.turns import SIDE_A, SIDE_B, TurnPipes, Turns
+from specwatch.core.turns import SIDE_A, SIDE_B, TurnPipes, Turns, ends_arg
 
 CHILD = textwrap.dedent(
     """
@@ -119,8 +119,9 @@ def test_the_plain_loop_takes_a_turn_for_its_warm_up_each_timed_call_and_its_ste
     assert len(out["output_throughput"]) == 2 and "sglang_step_times" in out
     assert recorded == ["take", "hand on"] * 4  # warm-up and window start, two timed calls, the window's read
     recorded.clear()
-    plain_loop(SteppingEngine(CASE), CASE, repeats=3, plan=RepeatPlan(3, min_timed_s=0.0))
+    out = plain_loop(SteppingEngine(CASE), CASE, repeats=3, plan=RepeatPlan(3, min_timed_s=0.0))
     assert recorded == ["take", "hand on"] * 4  # windowed: each call a turn of the repeat loop
+    assert out["windows_stopped_by"] == "repeats"  # its own windows: no leader to follow
 
 
 def test_work_alongside_a_block_is_waited_for_stopped_when_the_block_raises_and_its_error_raised():
@@ -175,3 +176,59 @@ def test_an_engine_goes_down_in_a_turn_of_its_own_even_when_its_shutdown_fails(r
 
     turns.last_unit(failing)  # the process is ending: its error is not the run's
     assert recorded == ["take", "hand on"] * 2
+
+
+LOCKSTEP_CHILD = textwrap.dedent(
+    """
+    import json, sys
+    from specwatch.core.turns import Turns, use
+    from specwatch.worker.windows import RepeatLoop, RepeatPlan
+    ends, decode_s, out = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+    turns = use(Turns.parse(ends))
+    loop, samples, windows = RepeatLoop(RepeatPlan(2, min_timed_s=3.0)), [], []
+    loop.run(lambda: decode_s, lambda: [1.0] * len(windows), windows)
+    turns.close()
+    json.dump({"batches": loop.batches, "stopped_by": loop.stopped_by.value}, open(out, "w"))
+    """
+)
+
+
+@pytest.mark.parametrize("first, follower", [(SIDE_A, [3, 3]), (SIDE_B, [4, 3])])
+def test_the_following_side_ends_its_windows_and_repeats_with_the_leaders(tmp_path, first, follower):
+    """Side a's windows (1 s of decode a batch, 3 s a window) lead; side b's batches count 10 s each,
+    so on its own it would end a window every batch, yet it ends its windows on the batch after the
+    leader's ends and stops with the leader's last: one batch later where it took the first turn."""
+    import json
+
+    pipes, procs = TurnPipes(first=first), []
+    for side, decode_s in ((SIDE_A, 1.0), (SIDE_B, 10.0)):
+        ends = pipes.take(side)
+        cmd = [sys.executable, "-c", LOCKSTEP_CHILD, ends_arg(ends, side), str(decode_s), str(tmp_path / side)]
+        procs.append(subprocess.Popen(cmd, pass_fds=ends))
+        pipes.started(side)
+    for p in procs:
+        assert p.wait(timeout=60) == 0
+    got = {side: json.loads((tmp_path / side).read_text()) for side in (SIDE_A, SIDE_B)}
+    assert got[SIDE_A] == {"batches": [3, 3], "stopped_by": "repeats"}
+    assert got[SIDE_B] == {"batches": follower, "stopped_by": "lead"}
+
+
+def test_a_follower_whose_leader_ends_early_judges_its_own_windows():
+    """The leader's end of file mid-case: the follower's windows end by its own plan from then on;
+    an end the leader sent for an earlier case is dropped when the next case's loop begins."""
+    from specwatch.core.turns import LAST_WINDOW, use
+    from specwatch.worker.windows import RepeatLoop, RepeatPlan
+
+    r, w = os.pipe()
+    os.write(w, LAST_WINDOW)  # an earlier case's last end, read by the warm-up's turn
+    os.close(w)
+    follower = use(Turns(r, None, SIDE_B))
+    with follower.hold():
+        pass
+    assert follower.lead_ends == [LAST_WINDOW] and follower.following
+    loop, windows = RepeatLoop(RepeatPlan(2, min_timed_s=3.0)), []
+    loop.run(lambda: 1.0, lambda: [1.0] * len(windows), windows)
+    assert follower.alone and loop.batches == [3, 3] and loop.stopped_by.value == "repeats"
+    assert follower.lead_ends == []
+    follower.close()
+    use(Turns())

@@ -118,7 +118,7 @@ class Details(BaseModel):
         default=None,
         description="``[suite] min_timed_s`` / ``ci_half_width``: ``repeats`` run, "
         "``batches_per_repeat``, the targets, the relative CI half-width reached and ``stopped_by`` "
-        "(``worker.windows.StopReason``).",
+        "(``core.protocol.StopReason``).",
     )
     sglang_step_times: Optional[dict] = Field(
         default=None,

@@ -146,6 +146,20 @@ class BaselineSpec(BaseModel):
     the clock both loops share."""
 
 
+class StopReason(str, Enum):
+    """Why a case's repeats ended."""
+
+    repeats = "repeats"
+    """The suite's fixed ``repeats`` ran (no CI target)."""
+    ci_target = "ci_target"
+    """The median's bootstrap CI half-width reached ``ci_half_width`` x the median."""
+    max_repeats = "max_repeats"
+    """``max_repeats`` ran before the CI target was reached."""
+    lead = "lead"
+    """The leading side of a paired round ended its repeats (``core.turns``): this side's windows
+    followed its windows batch for batch."""
+
+
 class BaselineLine(BaseModel):
     """One case's plain-loop timings, as the baseline process reports them."""
 
@@ -168,6 +182,9 @@ class BaselineLine(BaseModel):
     """Prompt tokens the radix cache served in each timed repeat."""
     batches_per_repeat: Optional[list[int]] = None
     """``generate`` calls of each timed repeat (with ``BaselineSpec.min_timed_s`` or a CI target)."""
+    windows_stopped_by: Optional[StopReason] = None
+    """Why those repeats ended: ``lead`` where each window ended with
+    the probed worker's in a paired round (``core.turns``)."""
     flushed_output_throughput: Optional[list[float]] = None
     """``BaselineSpec.flushed``: output tokens/s of each timed call after the flush pattern."""
     flushed_cached_tokens: Optional[list[int]] = None

@@ -12,6 +12,15 @@ The turn is a byte passed through two pipes the runner makes (``TurnPipes``): ea
 its own pipe to take the turn and writes the other's to hand it on. A process that ends closes its
 ends; the other then reads end-of-file and runs on alone (``Turns.alone``), as it does when the other
 process dies. ``Turns.hold`` is re-entrant: a unit inside a held one does not hand the turn on.
+
+Windows in lockstep: where each side times repeats by duration (``worker.windows.RepeatLoop``),
+side ``a`` (the probed worker, or the first ``--fault`` pass) leads. The byte it hands on after the
+batch that ends one of its windows says so (``WINDOW_END``, or ``LAST_WINDOW`` after its last
+repeat), and side ``b`` ends its own window on the batch it runs next, and its repeats with the
+leader's. Each side judging its own windows drifts apart: the plain loop counts a batch's wall
+seconds, the probed worker its decode seconds, so at tiny batch 16 the probed windows held one or two
+batches more and its last repeats ran alone after the plain loop had ended (record
+``8fa79f993a7d@20261207T144617Z``: 45 timed batches probed against 41 plain in round 0).
 """
 
 from __future__ import annotations
@@ -28,12 +37,24 @@ ENV = "SPECWATCH_TURNS"
 TOKEN = b"t"
 """The byte that is the turn."""
 
+WINDOW_END = b"w"
+"""The turn, from the leading side after a batch that ended one of its repeats (more follow)."""
+
+LAST_WINDOW = b"e"
+"""The turn, from the leading side after a batch that ended its last repeat of a case."""
+
+SIDE_A, SIDE_B = "a", "b"
+"""The two sides of a round's turns: the probed worker (or a run's first ``--fault`` pass), which
+leads the windows, and the plain loop (or the second pass), which follows them."""
+
 
 class Turns:
     """One process's side of the turns: ``hold`` around each unit of engine work."""
 
-    def __init__(self, read_fd: Optional[int] = None, write_fd: Optional[int] = None):
+    def __init__(self, read_fd: Optional[int] = None, write_fd: Optional[int] = None, side: Optional[str] = None):
         self.read_fd, self.write_fd = read_fd, write_fd
+        self.side = side
+        """``SIDE_A`` (leads the windows), ``SIDE_B`` (follows them) or None (windows of its own)."""
         self.paired = read_fd is not None
         """The process was given ends: it takes turns with another (until ``alone``)."""
         self.alone = read_fd is None
@@ -44,14 +65,40 @@ class Turns:
         """Units held so far (outermost holds)."""
         self.waited_s = 0.0
         """Seconds spent waiting for the turn."""
+        self.signal: bytes = TOKEN
+        """The byte the current unit hands on (``end_window`` sets it)."""
+        self.lead_ends: list[bytes] = []
+        """The leader's window ends read and not yet followed (``follow``), oldest first."""
 
     @classmethod
     def parse(cls, ends: Optional[str]) -> "Turns":
-        """``READ_FD,WRITE_FD`` (``ENV``'s or the baseline's argument form); None or empty: no turns."""
+        """``READ_FD,WRITE_FD[,SIDE]`` (``ENV``'s or the baseline's argument form); None or empty: no turns."""
         if not ends:
             return cls()
-        read_fd, write_fd = (int(x) for x in ends.split(","))
-        return cls(read_fd, write_fd)
+        read_fd, write_fd, *side = ends.split(",")
+        return cls(int(read_fd), int(write_fd), side[0] if side else None)
+
+    @property
+    def leading(self) -> bool:
+        """Side ``a`` of turns still taken: its window ends go to the other side (``end_window``)."""
+        return self.side == SIDE_A and not self.alone
+
+    @property
+    def following(self) -> bool:
+        """Side ``b`` of turns still taken: its windows end with the leader's (``follow``)."""
+        return self.side == SIDE_B and not self.alone
+
+    def end_window(self, last: bool) -> None:
+        """Leading: the unit held now ended a repeat (``last``: the case's last); the turn handed on says so."""
+        if self.leading:
+            self.signal = LAST_WINDOW if last else WINDOW_END
+
+    def follow(self) -> Optional[bool]:
+        """Following: whether the leader ended a repeat before the batch just run (None: it did not;
+        False: it did, more follow; True: that was its last), each end read once."""
+        if not self.lead_ends:
+            return None
+        return self.lead_ends.pop(0) == LAST_WINDOW
 
     def _take(self) -> None:
         if self.alone:
@@ -64,12 +111,15 @@ class Turns:
         self.waited_s += time.perf_counter() - t
         if not got:  # every write end closed: the other process ended
             self.alone = True
+        elif got != TOKEN and self.side == SIDE_B:
+            self.lead_ends.append(got)
 
     def _hand_on(self) -> None:
+        signal, self.signal = self.signal, TOKEN
         if self.write_fd is None:
             return
         try:
-            os.write(self.write_fd, TOKEN)
+            os.write(self.write_fd, signal)
         except OSError:  # the other process ended (its read end is closed)
             self._close_write()
 
@@ -113,8 +163,8 @@ class Turns:
         self.close()
 
     def details(self) -> dict:
-        """What a record says of the turns: units held and seconds waited for them."""
-        return {"units": self.units, "waited_s": round(self.waited_s, 3)}
+        """What a record says of the turns: units held, seconds waited for them, and the side."""
+        return {"units": self.units, "waited_s": round(self.waited_s, 3), **({"side": self.side} if self.side else {})}
 
 
 _PROCESS: list[Turns] = []
@@ -133,9 +183,9 @@ def use(turns: Turns) -> Turns:
     return turns
 
 
-SIDE_A, SIDE_B = "a", "b"
-"""The two sides of a round's turns: the probed worker (or a run's first ``--fault`` pass) and the
-plain loop (or the second pass)."""
+def ends_arg(ends: tuple[int, int], side: str) -> str:
+    """``READ_FD,WRITE_FD,SIDE``: a side's ends as ``ENV`` and the baseline's argument give them (``Turns.parse``)."""
+    return ",".join([*map(str, ends), side])
 
 
 class TurnPipes:

@@ -37,7 +37,7 @@ from specwatch.core.case import Case, Workload
 from specwatch.core.placement import ExecutorKind
 from specwatch.core.protocol import BaselineLine, BaselineSpec
 from specwatch.core.record import CaseRecord, Status
-from specwatch.core.turns import SIDE_B, TurnPipes
+from specwatch.core.turns import SIDE_B, TurnPipes, ends_arg
 from specwatch.rules.crashlog import crash_cause
 from specwatch.run.engine_starts import round_order, run_engine_rounds, run_turns
 from specwatch.run.group import (
@@ -114,7 +114,7 @@ def run_baseline(
     Path(spec.results).unlink(missing_ok=True)
     pipe = lifeline.Pipe()
     ends = turns.take(SIDE_B) if turns is not None else None
-    turn_arg = [",".join(map(str, ends))] if ends else []
+    turn_arg = [ends_arg(ends, SIDE_B)] if ends else []
     try:
         with open(log, "wb") as f:
             proc = subprocess.Popen(
@@ -164,6 +164,7 @@ def _run_entry(k: int, line: Optional[BaselineLine], error: Optional[str]) -> di
         "output_throughput": line.output_throughput,
         "cached_tokens": line.cached_tokens,
         **({"batches_per_repeat": line.batches_per_repeat} if line.batches_per_repeat is not None else {}),
+        **({"windows_stopped_by": line.windows_stopped_by.value} if line.windows_stopped_by else {}),
         **({"core_pinning": line.core_pinning} if line.core_pinning is not None else {}),
         **({"sglang_step_times": line.sglang_step_times} if line.sglang_step_times is not None else {}),
         **({"sglang_step_distribution": line.sglang_step_distribution} if line.sglang_step_distribution else {}),

@@ -24,7 +24,7 @@ from specwatch.core.record import CaseRecord, Status, utcnow
 from specwatch.core.timing_lock import ENV as TIMING_LOCK_ENV
 from specwatch.core.timing_lock import TimingLock
 from specwatch.core.turns import ENV as TURNS_ENV
-from specwatch.core.turns import SIDE_A, TurnPipes
+from specwatch.core.turns import SIDE_A, TurnPipes, ends_arg
 from specwatch.rules.crashlog import WORKER_DIED, crash_cause, timeout_reason
 from specwatch.run.case_records import MALFORMED, failure_record, log_tail, record_from_worker
 from specwatch.run.clock import GroupClock
@@ -174,7 +174,7 @@ def _launch(
     env = {**worker_env(job, options.extra_env), **pipe.env()}
     turns = job.turns.take(job.turn_side) if job.turns is not None else None  # the round's first worker only
     if turns is not None:
-        env[TURNS_ENV] = ",".join(map(str, turns))
+        env[TURNS_ENV] = ends_arg(turns, job.turn_side)
     proc = None
     try:
         with open(log, "wb") as logf:

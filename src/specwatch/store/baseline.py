@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Optional
 
+from specwatch.core.protocol import StopReason
 from specwatch.core.record import CaseRecord, Metric
 
 BASELINE_THROUGHPUT = "baseline_output_throughput"
@@ -73,16 +74,23 @@ class RoundsKind(str, Enum):
     windows lie tens of seconds apart."""
     paired = "paired"
     """Both engines up at once, taking turns batch by batch (``paired0 ...``, ``specwatch run
-    --paired``): a round's two windows share the host's state within a second or so."""
+    --paired``): a round's two windows share the host's state within a second or so, each loop
+    judging its own windows (the plain loop's end by wall seconds, the probed one's by decode
+    seconds, so they drift apart by a batch or two a window)."""
+    lockstep = "lockstep"
+    """Paired, the plain loop's windows ending with the probed worker's (``core.turns``, the plain
+    loop's ``windows_stopped_by`` is ``lead``): both time the same batches of the same stretch."""
 
 
 def rounds_kind(baseline: Optional[dict]) -> Optional[RoundsKind]:
     """``RoundsKind`` of a record's ``details.baseline`` (None without one): paired where any round
-    ran paired."""
+    ran paired, lockstep where one of those followed the probed windows."""
     if not baseline:
         return None
-    paired = any(str(o).startswith("paired") for o in baseline.get("order") or [])
-    return RoundsKind.paired if paired else RoundsKind.sequential
+    if not any(str(o).startswith("paired") for o in baseline.get("order") or []):
+        return RoundsKind.sequential
+    followed = any(r.get("windows_stopped_by") == StopReason.lead.value for r in baseline.get("runs") or [])
+    return RoundsKind.lockstep if followed else RoundsKind.paired
 
 
 @dataclass(frozen=True)

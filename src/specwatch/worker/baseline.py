@@ -125,7 +125,8 @@ def timed_call(engine, batch, sp: dict) -> tuple[int, float, int]:
 def windowed(engine, prompts, sp: dict, plan) -> dict:
     """Repeats as the probed run makes them (``worker.windows.RepeatLoop``): each repeat timed
     ``generate`` calls, each on a batch of fresh prompts readied by ``fresh_batch``, until their
-    wall seconds reach ``plan.min_timed_s``; repeats until the CI target or ``plan.max_repeats``.
+    wall seconds reach ``plan.min_timed_s``; repeats until the CI target or ``plan.max_repeats``; in
+    a paired round, windows and repeats that end with the probed worker's (``core.turns``).
     Its throughput is the repeat's output tokens over its calls' wall seconds."""
     from specwatch.worker.windows import RepeatLoop
 
@@ -148,7 +149,12 @@ def windowed(engine, prompts, sp: dict, plan) -> dict:
 
     loop.run(one_batch, samples, None)
     samples()
-    return {"output_throughput": tps, "cached_tokens": cached, "batches_per_repeat": list(loop.batches)}
+    return {
+        "output_throughput": tps,
+        "cached_tokens": cached,
+        "batches_per_repeat": list(loop.batches),
+        "windows_stopped_by": loop.stopped_by.value if loop.stopped_by else None,
+    }
 
 
 def start_engine(cases: list, models_dir: str, step_times: bool = False):

@@ -10,17 +10,21 @@ the window grows by batches, never by tokens.
 
 With ``ci_half_width`` repeats continue after ``repeats`` until the seeded bootstrap 95% interval
 of the median output throughput is at most ``ci_half_width`` x the median, or ``max_repeats`` ran.
+
+In a paired round (``core.turns``) the leading side judges its windows so and the following side's
+windows end with them, batch for batch (``StopReason.lead``), so a round's two sides time the same
+stretch of the host.
 """
 
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Optional
 
 import numpy as np
 
+from specwatch.core.protocol import StopReason
 from specwatch.core.turns import process_turns
 
 BOOTSTRAP_RESAMPLES = 2000
@@ -31,17 +35,6 @@ BOOTSTRAP_SEED = 0
 
 MAX_BATCHES_PER_REPEAT = 1000
 """Most timed batches one repeat runs, whatever ``min_timed_s`` asks (a batch that takes no time)."""
-
-
-class StopReason(str, Enum):
-    """Why a case's repeats ended."""
-
-    repeats = "repeats"
-    """The suite's fixed ``repeats`` ran (no CI target)."""
-    ci_target = "ci_target"
-    """The median's bootstrap CI half-width reached ``ci_half_width`` x the median."""
-    max_repeats = "max_repeats"
-    """``max_repeats`` ran before the CI target was reached."""
 
 
 def median_ci_half_width(samples: list[float], seed: int = BOOTSTRAP_SEED) -> Optional[float]:
@@ -116,22 +109,45 @@ class RepeatLoop:
     def run(self, one_batch, samples, windows: Optional[list[int]], reader=None) -> None:
         """Run repeats of ``one_batch()`` calls (each returns the decode seconds its batch counts)
         while ``more_repeats(samples())``, each call one turn of ``core.turns`` where the process
-        takes turns; each repeat's batch count goes to ``windows`` too.
-        ``reader``: its ``begin()`` and ``end()`` around each repeat (``worker.cpu_readings``)."""
-        while self.more_repeats(samples()):
-            n, decode_s = 0, 0.0
+        takes turns; each repeat's batch count goes to ``windows`` too. In a paired round the
+        leading side's window ends go with its turns and the following side ends its windows and
+        repeats with them (``_window_end``). ``reader``: its ``begin()`` and ``end()`` around each
+        repeat (``worker.cpu_readings``)."""
+        turns, more = process_turns(), self.more_repeats(samples())
+        turns.lead_ends.clear()  # ends of a case the leader timed before this one: not this case's
+        while more:
+            n, decode_s, full = 0, 0.0, False
             if reader is not None:
                 reader.begin()
-            while True:  # one repeat: timed batches until the window holds min_timed_s of decode
-                with process_turns().hold():  # a paired baseline's turn (core.turns): one batch each
+            while not full:  # one repeat: timed batches until the window is full
+                with turns.hold():  # one batch a turn; the window's end goes with it
                     n, decode_s = n + 1, decode_s + one_batch()
-                if self.window_full(n, decode_s):
-                    break
+                    full, more = self._window_end(turns, n, decode_s, samples, windows)
             if reader is not None:
                 reader.end()
-            self.batches.append(n)
-            if windows is not None:
-                windows.append(n)
+
+    def _window_end(self, turns, n: int, decode_s: float, samples, windows: Optional[list[int]]) -> tuple[bool, bool]:
+        """After a repeat's ``n``-th batch: (whether the repeat ends, whether another follows). A
+        following side (``Turns.following``, windows only) ends it where the leader ended one, and
+        its repeats with the leader's last (at most the plan's own most); otherwise the plan's rules
+        decide, and a leading side hands the end on (``Turns.end_window``)."""
+        follows = turns.following and not self.plan.fixed
+        lead = turns.follow() if follows else None
+        if follows and lead is None and n < MAX_BATCHES_PER_REPEAT:
+            return False, True
+        if not follows and not self.window_full(n, decode_s):
+            return False, True
+        self.batches.append(n)
+        if windows is not None:
+            windows.append(n)
+        more = self.more_repeats(samples())
+        if follows:
+            cap = max(self.plan.repeats, self.plan.max_repeats or 0)
+            more = lead is False and len(self.batches) < cap
+            self.stopped_by = None if more else (StopReason.lead if lead else StopReason.max_repeats)
+        elif not self.plan.fixed:
+            turns.end_window(last=not more)
+        return True, more
 
     def details(self) -> dict:
         """``details.timed_windows`` of the record (``core.details.TimedWindows``)."""
