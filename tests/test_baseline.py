@@ -768,9 +768,9 @@ def test_a_paired_baseline_runs_beside_each_engine_start_taking_turns_unit_by_un
     spec = [r for r in recs if measures_baseline(r.case)]
     assert spec and all(r.details.baseline["order"] == ["paired0", "paired1"] for r in spec)
     assert all(OVERHEAD in r.metrics and len(r.details.baseline["runs"]) == 2 for r in spec)
-    units = sorted(
-        (float(t0), float(t1), kind) for kind, _, t0, t1 in (line.split() for line in log.read_text().splitlines())
-    )
+    lines = [line.split() for line in log.read_text().splitlines()]
+    assert {(kind.split(":")[0], side) for kind, _, _, _, side in lines} == {("probed", "a"), ("baseline", "b")}
+    units = sorted((float(t0), float(t1), kind) for kind, _, t0, t1, _ in lines)  # the probed side leads
     assert len(units) == 4 * 2 * 2 * 2 * 2  # groups x rounds x cases x units x loops
     assert all(a[1] <= b[0] for a, b in zip(units, units[1:]))  # never two at once
     repeats = sum(a[2] == b[2] for a, b in zip(units, units[1:]))

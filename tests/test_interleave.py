@@ -59,7 +59,9 @@ def test_two_paired_passes_run_each_round_at_once_taking_turns_unit_by_unit(tmp_
     for fault, rs in recs.items():
         assert len(rs) == 4 and all(r.status is Status.ok and r.provenance.fault == fault for r in rs)
         assert all(r.details["interleaved"]["order"] == "paired" for r in rs)
-    units = sorted((float(t0), float(t1), who) for who, _, t0, t1 in (x.split() for x in log.read_text().splitlines()))
+    lines = [x.split() for x in log.read_text().splitlines()]
+    assert {(who, side) for who, _, _, _, side in lines} == {("probed:none", "a"), (f"probed:{NULL}", "b")}
+    units = sorted((float(t0), float(t1), who) for who, _, t0, t1, _ in lines)  # the first pass leads
     assert len(units) == 2 * starts * 2 * 2 * 2  # groups x rounds x cases x units x passes
     assert {u[2] for u in units} == {"probed:none", f"probed:{NULL}"}
     assert all(a[1] <= b[0] for a, b in zip(units, units[1:]))  # never two at once
