@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Any, Callable, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer
+
+
+class RoundOrder(str, Enum):
+    """The order a run's interleaved rounds went in (``details.interleaved["order"]``)."""
+
+    serpentine = "serpentine"
+    """Listed order on even rounds, reversed on odd ones (``run.engine_starts.round_order``)."""
+    fixed = "fixed"
+    """Listed order every round: records without ``order`` ran so."""
+    paired = "paired"
+    """Both passes of a round at once, taking turns batch by batch (``run.engine_starts.run_pair``, ``--paired``)."""
 
 
 class HostLoad(BaseModel):
@@ -111,7 +123,7 @@ class Details(BaseModel):
         description="``specwatch run`` with several ``--fault``: the engine group's passes alternated "
         "start by start (``run.interleave``): ``faults`` in the order they went in the first round "
         "(``none``: the clean pass), ``rounds`` (engine starts per fault) and ``order`` "
-        "(``run.engine_starts.RoundOrder``: ``serpentine``, odd rounds reversed; ``paired``, both passes "
+        "(``RoundOrder``: ``serpentine``, odd rounds reversed; ``paired``, both passes "
         "of a round at once taking turns; records without it went in the listed order every round).",
     )
     timed_windows: Optional[dict] = Field(

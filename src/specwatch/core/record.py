@@ -19,7 +19,7 @@ from pydantic import (
 )
 
 from specwatch.core.case import Case
-from specwatch.core.details import Details, HostLoad
+from specwatch.core.details import Details, HostLoad, RoundOrder
 from specwatch.core.errors import NewerSchemaError, SpecwatchInputError
 from specwatch.core.migrations import MIGRATIONS, SCHEMA_VERSION, migrate, update_to_2, update_to_3
 from specwatch.core.placement import Placement, RunPlacement
@@ -214,7 +214,7 @@ class CaseRecord(BaseModel):
     def paired_turns(self) -> bool:
         """Its passes took turns batch by batch, both engines of a round up at once (``specwatch run
         --paired``: ``details.interleaved`` order ``paired``)."""
-        return bool(self.details.interleaved and self.details.interleaved.get("order") == "paired")
+        return bool(self.details.interleaved and self.details.interleaved.get("order") == RoundOrder.paired.value)
 
     @model_validator(mode="after")
     def _status_consistent(self) -> "CaseRecord":

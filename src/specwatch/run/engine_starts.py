@@ -23,7 +23,6 @@ import math
 import statistics
 import threading
 from dataclasses import replace
-from enum import Enum
 from typing import Callable, Iterator, Optional
 
 from specwatch.core.record import CaseRecord, Metric, Status
@@ -178,17 +177,6 @@ def run_engine_starts(
     each start (``run.baseline`` runs a plain-loop baseline there), called with the start's index,
     in the serpentine order of ``run_engine_rounds``."""
     run_engine_rounds([job], starts, run_once, beside)
-
-
-class RoundOrder(str, Enum):
-    """The order a run's interleaved rounds went in (``details.interleaved["order"]``)."""
-
-    serpentine = "serpentine"
-    """Listed order on even rounds, reversed on odd ones (``round_order``)."""
-    fixed = "fixed"
-    """Listed order every round: records without ``order`` ran so."""
-    paired = "paired"
-    """Both passes of a round at once, taking turns batch by batch (``run_pair``, ``--paired``)."""
 
 
 def round_order(k: int, slots: list) -> list:

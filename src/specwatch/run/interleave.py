@@ -22,9 +22,10 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
 from specwatch.core.case import Case
+from specwatch.core.details import RoundOrder
 from specwatch.core.placement import ExecutorKind
 from specwatch.core.record import CaseRecord
-from specwatch.run.engine_starts import RoundOrder, run_engine_rounds, run_pair
+from specwatch.run.engine_starts import run_engine_rounds, run_pair
 from specwatch.run.group import GroupJob, run_once, stop_workers
 from specwatch.run.options import RunOptions
 from specwatch.suite import Suite
