@@ -232,3 +232,40 @@ def test_a_follower_whose_leader_ends_early_judges_its_own_windows():
     assert follower.lead_ends == []
     follower.close()
     use(Turns())
+
+
+def test_the_probed_worker_leads_and_the_plain_loop_follows_window_for_window():
+    """The real loops: ``run_case`` on side a hands its window ends on with its turns (a plain turn
+    for the warm-up, an end after each window's last batch, the last end after its last repeat);
+    ``plain_loop`` on side b, whose own rule (``min_timed_s`` 0) would end a window every call, ends
+    its windows on the calls the leader's ends came before and stops with the last."""
+    from specwatch.core.turns import LAST_WINDOW, TOKEN, WINDOW_END, use
+    from specwatch.worker.baseline import plain_loop
+    from specwatch.worker.measure import run_case
+    from specwatch.worker.windows import RepeatPlan
+    from test_timing_noise import CASE, SteppingEngine
+
+    class Scripted(Turns):
+        def __init__(self, side, script=()):
+            super().__init__(None, None, side)
+            self.alone, self.script, self.sent = False, list(script), []
+
+        def _take(self):
+            got = self.script.pop(0) if self.script else TOKEN
+            if got != TOKEN and self.side == SIDE_B:
+                self.lead_ends.append(got)
+
+        def _hand_on(self):
+            self.sent.append(self.signal)
+            self.signal = TOKEN
+
+    leader = use(Scripted(SIDE_A))
+    try:
+        run_case(SteppingEngine(CASE), CASE, repeats=2, warmup=True, plan=RepeatPlan(2, min_timed_s=0.0))
+        assert leader.sent == [TOKEN, WINDOW_END, LAST_WINDOW]
+        follower = use(Scripted(SIDE_B, [TOKEN, TOKEN, TOKEN, WINDOW_END, TOKEN, LAST_WINDOW]))
+        out = plain_loop(SteppingEngine(CASE), CASE, repeats=2, plan=RepeatPlan(2, min_timed_s=0.0))
+        assert out["batches_per_repeat"] == [3, 2] and out["windows_stopped_by"] == "lead"
+        assert follower.sent == [TOKEN] * 6
+    finally:
+        use(Turns())
