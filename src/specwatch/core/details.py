@@ -115,7 +115,8 @@ class Details(BaseModel):
         description="``specwatch run --baseline``: the plain-loop baseline of the case "
         "(``store.baseline``): ``order`` (the runs of its engine group in the order they went, "
         "``probed0``, ``baseline0``, ...; under ``--paired`` ``paired0``, ...), and per baseline run its ``round``, ``started_at``, "
-        "``finished_at``, ``output_throughput`` and ``cached_tokens`` per timed call, or ``error`` "
+        "``finished_at``, ``output_throughput`` and ``cached_tokens`` per timed repeat (with windows "
+        "``batches_per_repeat`` and ``windows_stopped_by``: ``lead`` where they followed the probed windows), or ``error`` "
         "(why that run timed nothing: crashed, timed out, raised); ``reason`` where no run timed anything.",
     )
     interleaved: Optional[dict] = Field(
