@@ -183,8 +183,8 @@ class BaselineLine(BaseModel):
     batches_per_repeat: Optional[list[int]] = None
     """``generate`` calls of each timed repeat (with ``BaselineSpec.min_timed_s`` or a CI target)."""
     windows_stopped_by: Optional[StopReason] = None
-    """Why those repeats ended: ``lead`` where each window ended with
-    the probed worker's in a paired round (``core.turns``)."""
+    """Why those repeats ended: ``lead`` where each window ended with the probed worker's in a
+    paired round (``core.turns``)."""
     flushed_output_throughput: Optional[list[float]] = None
     """``BaselineSpec.flushed``: output tokens/s of each timed call after the flush pattern."""
     flushed_cached_tokens: Optional[list[int]] = None
