@@ -140,8 +140,8 @@ class RepeatLoop:
         self.batches.append(n)
         if windows is not None:
             windows.append(n)
-        more = self.more_repeats(samples())
-        if follows:
+        more = self.more_repeats(samples())  # the plan's rules; a follower keeps only the CI it reached
+        if follows:  # the leader's end decides, within the plan's most repeats
             cap = max(self.plan.repeats, self.plan.max_repeats or 0)
             more = lead is False and len(self.batches) < cap
             self.stopped_by = None if more else (StopReason.lead if lead else StopReason.max_repeats)
