@@ -1,7 +1,9 @@
 """Helpers that build records for harness tests."""
 
 import itertools
+import statistics
 from datetime import datetime, timezone
+from typing import Optional
 
 from specwatch.core.case import Algorithm, Backend, Case, ModelSize
 from specwatch.core.record import CaseRecord, Metric, Provenance, Status
@@ -51,6 +53,51 @@ def record(c: Case = None, status=Status.ok, reason=None, tps=100.0, **kw) -> Ca
     return CaseRecord(
         suite="smoke", case_id=c.case_id, case=c, status=status, reason=reason, metrics=metrics, provenance=prov(**kw)
     )
+
+
+def rounds_record(
+    c: Case,
+    probed: list[list[float]],
+    plain: Optional[list[list[float]]] = None,
+    run: str = "r1",
+    *,
+    engines: Optional[list[dict]] = None,
+    runs: Optional[list[dict]] = None,
+    cached: Optional[list[int]] = None,
+    paired: bool = True,
+) -> CaseRecord:
+    """A timing record over engine starts, as ``specwatch run --baseline`` merges one: start k timed
+    the repeats ``probed[k]``, and where ``plain`` is given, plain-loop run k (round k) timed the
+    calls ``plain[k]``, with the baseline metrics over them. ``engines`` / ``runs``: more fields of
+    each start / run; ``cached``: per run, the prompt tokens each of its calls took from the radix
+    cache (default none); ``paired``: the rounds ran paired (``paired0 ...``), else sequential."""
+    from specwatch.store.baseline import baseline_metrics  # the store, only where a test builds rounds
+
+    rec = record(c, tps=100.0, run_id=run)
+    rec.suite = "timing"
+    tps = rec.metrics["output_throughput"]
+    tps.samples = [x for xs in probed for x in xs]
+    tps.engine_medians = [statistics.median(xs) for xs in probed]
+    rec.details.engine_starts = {
+        "planned": len(probed),
+        "ran": len(probed),
+        "engines": [
+            {"started_at": "t", "timed_windows": {"repeats": len(xs)}, **(engines or [{}] * len(probed))[k]}
+            for k, xs in enumerate(probed)
+        ],
+    }
+    if plain is None:
+        return rec
+    rec.details.baseline = {
+        "order": [f"paired{k}" for k in range(len(plain))] if paired else [],
+        "runs": [
+            {"round": k, "output_throughput": xs, "cached_tokens": [(cached or [0] * len(plain))[k]] * len(xs)}
+            | (runs or [{}] * len(plain))[k]
+            for k, xs in enumerate(plain)
+        ],
+    }
+    rec.metrics.update(baseline_metrics(rec, plain))
+    return rec
 
 
 SIZING_GRID = list(

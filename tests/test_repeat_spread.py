@@ -6,9 +6,8 @@ import statistics
 
 import pytest
 
-from records import case, record
+from records import case, rounds_record
 from specwatch.core.case import ModelSize
-from specwatch.store.baseline import baseline_metrics
 from specwatch.store.repeat_spread import (
     SpreadVerdict,
     engine_repeats,
@@ -21,36 +20,12 @@ from specwatch.store.repeat_spread import (
 C = case(model=ModelSize.tiny, batch_size=16, topk=1)
 
 
-def _record(probed: list[list[float]], plain: list[list[float]], run="r1", cached=None):
-    """A record whose engine start k timed ``probed[k]`` and whose plain-loop run k timed ``plain[k]``
-    (``cached``: per run, the prompt tokens its calls took from the radix cache; default none)."""
-    rec = record(C, tps=100.0, run_id=run)
-    rec.suite = "timing"
-    flat = [x for xs in probed for x in xs]
-    rec.metrics["output_throughput"].samples = flat
-    rec.metrics["output_throughput"].engine_medians = [statistics.median(xs) for xs in probed]
-    rec.details.engine_starts = {
-        "planned": len(probed),
-        "ran": len(probed),
-        "engines": [{"started_at": "t", "timed_windows": {"repeats": len(xs)}} for xs in probed],
-    }
-    rec.details.baseline = {
-        "order": [f"paired{k}" for k in range(len(plain))],
-        "runs": [
-            {"round": k, "output_throughput": xs, "cached_tokens": (cached or [0] * len(plain))[k : k + 1] * len(xs)}
-            for k, xs in enumerate(plain)
-        ],
-    }
-    rec.metrics.update(baseline_metrics(rec, plain))
-    return rec
-
-
 def test_each_rounds_probed_repeats_are_read_against_that_rounds_plain_loop():
     # rounds 0 and 1: the probed repeats spread half the plain loop's, round 2 twice; the rounds'
     # own drift (100 -> 200 -> 400 tokens/s) never enters the ratios
     probed = [[99.0, 101.0], [198.0, 202.0], [392.0, 408.0]]
     plain = [[98.0, 102.0], [196.0, 204.0], [396.0, 404.0]]
-    rec = _record(probed, plain)
+    rec = rounds_record(C, probed, plain)
     assert engine_repeats(rec.details, rec.metrics["output_throughput"]) == probed
     got = spread_round_ratios(rec.details, rec.metrics)
     want = [log_sd(p) / log_sd(b) for p, b in zip(probed, plain)]
@@ -62,20 +37,20 @@ def test_rounds_that_cannot_be_read_are_left_out_and_a_record_without_counts_giv
     probed = [[99.0, 101.0], [98.0, 102.0]]
     plain = [[98.0, 102.0], [99.0, 101.0]]
     # a plain loop served from the radix cache did less work: its round is not read
-    assert spread_round_ratios(_record(probed, plain, cached=[0, 64]).details, _record(probed, plain).metrics) == [
-        pytest.approx(0.5, rel=0.01)
-    ]
-    old = _record(probed, plain)
+    assert spread_round_ratios(
+        rounds_record(C, probed, plain, cached=[0, 64]).details, rounds_record(C, probed, plain).metrics
+    ) == [pytest.approx(0.5, rel=0.01)]
+    old = rounds_record(C, probed, plain)
     old.details.engine_starts["engines"][1].pop("timed_windows")  # made before starts kept their windows
     assert engine_repeats(old.details, old.metrics["output_throughput"]) is None
     assert spread_round_ratios(old.details, old.metrics) is None
-    short = _record(probed, plain)
+    short = rounds_record(C, probed, plain)
     short.details.engine_starts["engines"][0]["timed_windows"]["repeats"] = 3  # counts past the samples
     assert spread_round_ratios(short.details, short.metrics) is None
-    unpaired = _record(probed, plain)
+    unpaired = rounds_record(C, probed, plain)
     unpaired.details.baseline["runs"].pop()
     assert spread_round_ratios(unpaired.details, unpaired.metrics) is None
-    flat = _record([[100.0, 100.0], [99.0, 101.0]], plain)  # a start with no spread at all: not read
+    flat = rounds_record(C, [[100.0, 100.0], [99.0, 101.0]], plain)  # a start with no spread at all: not read
     assert spread_round_ratios(flat.details, flat.metrics) == [pytest.approx(1.0)]
 
 
@@ -95,12 +70,12 @@ def test_the_overhead_table_pools_the_rounds_spread_ratios_over_runs():
     from specwatch.store.frame import records_frame
 
     plain = [[98.0, 102.0], [98.0, 102.0]]
-    a = _record([[99.0, 101.0], [99.0, 101.0]], plain, "r1")
-    b = _record([[99.0, 101.0]], plain[:1], "r2")
+    a = rounds_record(C, [[99.0, 101.0], [99.0, 101.0]], plain, "r1")
+    b = rounds_record(C, [[99.0, 101.0]], plain[:1], "r2")
     (row,) = baseline_overhead_table(records_frame([a, b])).to_dict("records")
     cell = row["spread per round probed / plain"]
     assert cell.startswith("0.50x") and cell.endswith("narrower; 3 rounds)")
-    old = _record([[99.0, 101.0], [99.0, 101.0]], plain, "r3")
+    old = rounds_record(C, [[99.0, 101.0], [99.0, 101.0]], plain, "r3")
     old.details.engine_starts["engines"][0].pop("timed_windows")
     (row,) = baseline_overhead_table(records_frame([old])).to_dict("records")
     assert row["spread per round probed / plain"] == "not recorded"

@@ -3,10 +3,9 @@ plain-loop run, in the overhead table and at the head of a comparison."""
 
 import pytest
 
-from records import case, record
+from records import case, record, rounds_record
 from specwatch.analysis.host_state import SIDE_GAP, host_state_lines, side_shares
 from specwatch.core.case import ModelSize
-from specwatch.store.baseline import baseline_metrics
 from specwatch.store.step_state import plain_windows, probed_slow_shares, shares_text
 
 C = case(model=ModelSize.tiny, batch_size=8, topk=1)
@@ -18,25 +17,16 @@ def _dist(share):
 
 def _merged(shares, run="r1", plain=None):
     """A record merged over engine starts whose windows ran ``shares`` of their steps slow, with
-    plain-loop runs whose windows ran ``plain`` slow (one per round)."""
-    rec = record(C, tps=100.0, run_id=run)
-    rec.suite = "timing"
-    rec.metrics["output_throughput"].engine_medians = [100.0] * len(shares)
-    rec.details.engine_starts = {
-        "planned": len(shares),
-        "ran": len(shares),
-        "engines": [{"started_at": "t", "sglang_step_distribution": _dist(s)} for s in shares],
-    }
-    if plain is not None:
-        rec.details.baseline = {
-            "order": [],
-            "runs": [
-                {"round": k, "output_throughput": [100.0], "cached_tokens": [0], "sglang_step_distribution": _dist(s)}
-                for k, s in enumerate(plain)
-            ],
-        }
-        rec.metrics.update(baseline_metrics(rec, [[100.0]] * len(plain)))
-    return rec
+    sequential plain-loop rounds whose windows ran ``plain`` slow (one per round)."""
+    return rounds_record(
+        C,
+        [[100.0]] * len(shares),
+        None if plain is None else [[100.0]] * len(plain),
+        run,
+        engines=[{"sglang_step_distribution": _dist(s)} for s in shares],
+        runs=[{"sglang_step_distribution": _dist(s)} for s in plain or []],
+        paired=False,
+    )
 
 
 def test_shares_per_engine_start_per_plain_run_and_of_a_single_window():
