@@ -78,21 +78,21 @@ def rounds_record(
     tps = rec.metrics["output_throughput"]
     tps.samples = [x for xs in probed for x in xs]
     tps.engine_medians = [statistics.median(xs) for xs in probed]
+    more = engines or [{}] * len(probed)
     rec.details.engine_starts = {
         "planned": len(probed),
         "ran": len(probed),
         "engines": [
-            {"started_at": "t", "timed_windows": {"repeats": len(xs)}, **(engines or [{}] * len(probed))[k]}
-            for k, xs in enumerate(probed)
+            {"started_at": "t", "timed_windows": {"repeats": len(xs)}} | more[k] for k, xs in enumerate(probed)
         ],
     }
     if plain is None:
         return rec
+    more, cached = runs or [{}] * len(plain), cached or [0] * len(plain)
     rec.details.baseline = {
         "order": [f"paired{k}" for k in range(len(plain))] if paired else [],
         "runs": [
-            {"round": k, "output_throughput": xs, "cached_tokens": [(cached or [0] * len(plain))[k]] * len(xs)}
-            | (runs or [{}] * len(plain))[k]
+            {"round": k, "output_throughput": xs, "cached_tokens": [cached[k]] * len(xs)} | more[k]
             for k, xs in enumerate(plain)
         ],
     }
