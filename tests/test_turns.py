@@ -183,34 +183,49 @@ LOCKSTEP_CHILD = textwrap.dedent(
     import json, sys
     from specwatch.core.turns import Turns, use
     from specwatch.worker.windows import RepeatLoop, RepeatPlan
-    ends, decode_s, out = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+    ends, decode_s, untimed, out = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     turns = use(Turns.parse(ends))
+    for _ in range(untimed):  # units before the case's timed batches (a warm-up, reads of the scheduler)
+        with turns.hold():
+            pass
     loop, samples, windows = RepeatLoop(RepeatPlan(2, min_timed_s=3.0)), [], []
     loop.run(lambda: decode_s, lambda: [1.0] * len(windows), windows)
     turns.close()
-    json.dump({"batches": loop.batches, "stopped_by": loop.stopped_by.value}, open(out, "w"))
+    json.dump({"batches": loop.batches, "stopped_by": loop.stopped_by.value, "passed": turns.passed}, open(out, "w"))
     """
 )
 
 
-@pytest.mark.parametrize("first, follower", [(SIDE_A, [3, 3]), (SIDE_B, [4, 3])])
-def test_the_following_side_ends_its_windows_and_repeats_with_the_leaders(tmp_path, first, follower):
+@pytest.mark.parametrize(
+    "first, lead_untimed, passed", [(SIDE_A, 0, 0), (SIDE_B, 0, 1), (SIDE_A, 3, 3), (SIDE_B, 3, 4)]
+)
+def test_the_following_side_times_its_windows_and_repeats_with_the_leaders(tmp_path, first, lead_untimed, passed):
     """Side a's windows (1 s of decode a batch, 3 s a window) lead; side b's batches count 10 s each,
-    so on its own it would end a window every batch, yet it ends its windows on the batch after the
-    leader's ends and stops with the leader's last: one batch later where it took the first turn."""
+    so on its own it would end a window every batch. It hands turns straight back until the leader
+    has timed its first batch (one for each unit the leader held before it), then ends its windows
+    on the batch after the leader's ends and stops with the leader's last: the same batches each
+    side whichever side took the first turn and however many untimed units the leader ran first."""
     import json
 
     pipes, procs = TurnPipes(first=first), []
-    for side, decode_s in ((SIDE_A, 1.0), (SIDE_B, 10.0)):
+    for side, decode_s, untimed in ((SIDE_A, 1.0, lead_untimed), (SIDE_B, 10.0, 0)):
         ends = pipes.take(side)
-        cmd = [sys.executable, "-c", LOCKSTEP_CHILD, ends_arg(ends, side), str(decode_s), str(tmp_path / side)]
+        cmd = [
+            sys.executable,
+            "-c",
+            LOCKSTEP_CHILD,
+            ends_arg(ends, side),
+            str(decode_s),
+            str(untimed),
+            str(tmp_path / side),
+        ]
         procs.append(subprocess.Popen(cmd, pass_fds=ends))
         pipes.started(side)
     for p in procs:
         assert p.wait(timeout=60) == 0
     got = {side: json.loads((tmp_path / side).read_text()) for side in (SIDE_A, SIDE_B)}
-    assert got[SIDE_A] == {"batches": [3, 3], "stopped_by": "repeats"}
-    assert got[SIDE_B] == {"batches": follower, "stopped_by": "lead"}
+    assert got[SIDE_A] == {"batches": [3, 3], "stopped_by": "repeats", "passed": 0}
+    assert got[SIDE_B] == {"batches": [3, 3], "stopped_by": "lead", "passed": passed}
 
 
 def test_a_follower_whose_leader_ends_early_judges_its_own_windows():
@@ -225,11 +240,11 @@ def test_a_follower_whose_leader_ends_early_judges_its_own_windows():
     follower = use(Turns(r, None, SIDE_B))
     with follower.hold():
         pass
-    assert follower.lead_ends == [LAST_WINDOW] and follower.following
+    assert follower.from_lead == [LAST_WINDOW] and follower.following
     loop, windows = RepeatLoop(RepeatPlan(2, min_timed_s=3.0)), []
     loop.run(lambda: 1.0, lambda: [1.0] * len(windows), windows)
     assert follower.alone and loop.batches == [3, 3] and loop.stopped_by.value == "repeats"
-    assert follower.lead_ends == []
+    assert follower.from_lead == []
     follower.close()
     use(Turns())
 
@@ -238,7 +253,8 @@ def test_the_probed_worker_leads_and_the_plain_loop_follows_window_for_window():
     """The real loops: ``run_case`` on side a hands its window ends on with its turns (a plain turn
     for the warm-up, an end after each window's last batch, the last end after its last repeat);
     ``plain_loop`` on side b, whose own rule (``min_timed_s`` 0) would end a window every call, ends
-    its windows on the calls the leader's ends came before and stops with the last."""
+    its windows on the calls the leader's ends came before and stops with the last; its first
+    timed call waits for the turn the leader's first timed batch handed on."""
     from specwatch.core.turns import LAST_WINDOW, TOKEN, WINDOW_END, use
     from specwatch.worker.baseline import plain_loop
     from specwatch.worker.measure import run_case
@@ -253,7 +269,7 @@ def test_the_probed_worker_leads_and_the_plain_loop_follows_window_for_window():
         def _take(self):
             got = self.script.pop(0) if self.script else TOKEN
             if got != TOKEN and self.side == SIDE_B:
-                self.lead_ends.append(got)
+                self.from_lead.append(got)
 
         def _hand_on(self):
             self.sent.append(self.signal)
@@ -263,9 +279,82 @@ def test_the_probed_worker_leads_and_the_plain_loop_follows_window_for_window():
     try:
         run_case(SteppingEngine(CASE), CASE, repeats=2, warmup=True, plan=RepeatPlan(2, min_timed_s=0.0))
         assert leader.sent == [TOKEN, WINDOW_END, LAST_WINDOW]
-        follower = use(Scripted(SIDE_B, [TOKEN, TOKEN, TOKEN, WINDOW_END, TOKEN, LAST_WINDOW]))
+        # the turns the follower reads, each after a unit of the leader's: the first turn (its own
+        # warm-up), the leader's warm-up (handed straight back), its two timed batches' ends
+        follower = use(Scripted(SIDE_B, [TOKEN, TOKEN, WINDOW_END, LAST_WINDOW]))
         out = plain_loop(SteppingEngine(CASE), CASE, repeats=2, plan=RepeatPlan(2, min_timed_s=0.0))
-        assert out["batches_per_repeat"] == [3, 2] and out["windows_stopped_by"] == "lead"
-        assert follower.sent == [TOKEN] * 6
+        assert out["batches_per_repeat"] == [1, 1] and out["windows_stopped_by"] == "lead"
+        assert follower.passed == 1 and follower.sent == [TOKEN] * 4
     finally:
         use(Turns())
+
+
+def test_the_leaders_first_timed_batch_says_so_unless_it_ended_a_repeat():
+    from specwatch.core.turns import LAST_WINDOW, TOKEN, WINDOW_END, WINDOW_START
+    from specwatch.worker.windows import RepeatLoop, RepeatPlan
+
+    class Sent(Turns):
+        def __init__(self, side):
+            super().__init__(None, None, side)
+            self.alone, self.sent = False, []
+
+        def _take(self):
+            pass
+
+        def _hand_on(self):
+            self.sent.append(self.signal)
+            self.signal = TOKEN
+
+    from specwatch.core.turns import use
+
+    try:
+        for min_timed_s, sent in (
+            (2.0, [WINDOW_START, WINDOW_END, TOKEN, LAST_WINDOW]),
+            (1.0, [WINDOW_END, LAST_WINDOW]),  # the first batch's end says it began too
+        ):
+            leader = use(Sent(SIDE_A))
+            loop, windows = RepeatLoop(RepeatPlan(2, min_timed_s=min_timed_s)), []
+            loop.run(lambda: 1.0, lambda w=windows: [1.0] * len(w), windows)
+            assert leader.sent == sent
+        leader, loop = use(Sent(SIDE_A)), RepeatLoop(RepeatPlan(2))
+        loop.run(lambda: 1.0, lambda: [1.0] * len(loop.batches), None)  # fixed repeats: no windows
+        assert leader.sent == [TOKEN, TOKEN]
+    finally:
+        use(Turns())
+
+
+@pytest.mark.parametrize(
+    "queued, reads, kept, left",
+    [
+        ([b"e", b"w", b"e"], [b"t", b"s"], True, []),  # an earlier case's ends dropped; waits for the start
+        ([b"e", b"s", b"w"], [], False, [b"w"]),  # the leader began first: its start is taken, nothing waited
+        ([], [b"t", b"w"], True, [b"w"]),  # a first batch that ended a repeat starts the follower too
+        ([], [b"t", b""], False, []),  # the leader ended: the follower goes on alone
+    ],
+)
+def test_a_follower_waits_for_the_leaders_first_timed_batch_of_the_case(queued, reads, kept, left):
+    from specwatch.core.turns import TOKEN
+
+    class Reads(Turns):
+        def __init__(self):
+            super().__init__(None, None, SIDE_B)
+            self.alone, self.reads, self.sent = False, list(reads), []
+            self.from_lead = list(queued)
+
+        def _take(self):
+            got = self.reads.pop(0) if self.reads else TOKEN
+            if not got:
+                self.alone = True
+            elif got != TOKEN:
+                self.from_lead.append(got)
+
+        def _hand_on(self):
+            self.sent.append(self.signal)
+
+    follower = Reads()
+    follower.wait_for_lead()
+    assert follower._kept is kept and follower.from_lead == left and follower.reads == []
+    assert follower.passed == len(follower.sent) == max(len(reads) - 1, 0)
+    with follower.hold():  # the kept turn serves the next unit; otherwise it takes one
+        pass
+    assert follower.units == 1 and not follower._kept

@@ -150,7 +150,9 @@ class Details(BaseModel):
     turns: Optional[dict] = Field(
         default=None,
         description="``run --baseline --paired``: the units of engine work the worker held the turn for "
-        "so far (``units``) and the seconds it waited for them (``waited_s``), ``core.turns``.",
+        "so far (``units``) and the seconds it waited for them (``waited_s``), its ``side``, and on the "
+        "following side the turns it handed straight back before the leader's first timed batch "
+        "(``passed``, absent when none), ``core.turns``.",
     )
     core_pinning: Optional[dict] = Field(
         default=None,

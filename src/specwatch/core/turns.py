@@ -21,6 +21,13 @@ leader's. Each side judging its own windows drifts apart: the plain loop counts 
 seconds, the probed worker its decode seconds, so at tiny batch 16 the probed windows held one or two
 batches more and its last repeats ran alone after the plain loop had ended (record
 ``8fa79f993a7d@20261207T144617Z``: 45 timed batches probed against 41 plain in round 0).
+
+The first window starts with the leader's too: the leader's first timed batch of a case hands on
+``WINDOW_START`` (unless it ended a repeat, whose end says as much), and until it comes the follower
+hands each turn straight back (``Turns.wait_for_lead``), then times its first batch on the turn that
+brought it. Without it the plain loop began timing while the probed worker still ran untimed units
+and its first windows held 1-3 batches more (7/6, 8/6, 7/6, 9/7 in record
+``8fa79f993a7d@20261207T221242Z``).
 """
 
 from __future__ import annotations
@@ -42,6 +49,10 @@ WINDOW_END = b"w"
 
 LAST_WINDOW = b"e"
 """The turn, from the leading side after a batch that ended its last repeat of a case."""
+
+WINDOW_START = b"s"
+"""The turn, from the leading side after its first timed batch of a case where that batch ended no
+repeat: the following side times its first batch of the case on the turn that brings it."""
 
 SIDE_A, SIDE_B = "a", "b"
 """The two sides of a round's turns: the probed worker (or a run's first ``--fault`` pass), which
@@ -67,8 +78,12 @@ class Turns:
         """Seconds spent waiting for the turn."""
         self.signal: bytes = TOKEN
         """The byte the current unit hands on (``end_window`` sets it)."""
-        self.lead_ends: list[bytes] = []
-        """The leader's window ends read and not yet followed (``follow``), oldest first."""
+        self.from_lead: list[bytes] = []
+        """What the leader's turns said and was not yet followed (window starts and ends), oldest first."""
+        self.passed = 0
+        """Turns handed straight back while waiting for the leader's first timed batch (``wait_for_lead``)."""
+        self._kept = False
+        """``wait_for_lead`` took the turn and keeps it for the next ``hold``."""
 
     @classmethod
     def parse(cls, ends: Optional[str]) -> "Turns":
@@ -88,6 +103,12 @@ class Turns:
         """Side ``b`` of turns still taken: its windows end with the leader's (``follow``)."""
         return self.side == SIDE_B and not self.alone
 
+    def start_windows(self) -> None:
+        """Leading: the unit held now is the case's first timed batch; the turn handed on says so
+        (``end_window`` after it says more)."""
+        if self.leading:
+            self.signal = WINDOW_START
+
     def end_window(self, last: bool) -> None:
         """Leading: the unit held now ended a repeat (``last``: the case's last); the turn handed on says so."""
         if self.leading:
@@ -96,9 +117,40 @@ class Turns:
     def follow(self) -> Optional[bool]:
         """Following: whether the leader ended a repeat before the batch just run (None: it did not;
         False: it did, more follow; True: that was its last), each end read once."""
-        if not self.lead_ends:
-            return None
-        return self.lead_ends.pop(0) == LAST_WINDOW
+        while self.from_lead:
+            got = self.from_lead.pop(0)
+            if got != WINDOW_START:
+                return got == LAST_WINDOW
+        return None
+
+    def wait_for_lead(self) -> None:
+        """Following, before a case's first timed batch: drop what the leader said of earlier cases
+        (everything through its last ``LAST_WINDOW``), then hand each turn straight back until the
+        leader has timed its first batch of this case, and keep the turn that says so for that batch
+        (the next ``hold`` takes no other). Where the leader's start came already (it began first)
+        or the leader ends meanwhile, it returns without keeping a turn."""
+        if not self.following or self.held:
+            return
+        if LAST_WINDOW in self.from_lead:
+            del self.from_lead[: len(self.from_lead) - self.from_lead[::-1].index(LAST_WINDOW)]
+        if self._lead_started():
+            return
+        while True:
+            self._take()
+            if not self.following:
+                return
+            if self._lead_started():
+                self._kept = True
+                return
+            self.passed += 1
+            self._hand_on()
+
+    def _lead_started(self) -> bool:
+        """Whether the leader has timed its first batch of the case: a start read (dropped here) or an end."""
+        if self.from_lead and self.from_lead[0] == WINDOW_START:
+            self.from_lead.pop(0)
+            return True
+        return bool(self.from_lead)
 
     def _take(self) -> None:
         if self.alone:
@@ -112,7 +164,7 @@ class Turns:
         if not got:  # every write end closed: the other process ended
             self.alone = True
         elif got != TOKEN and self.side == SIDE_B:
-            self.lead_ends.append(got)
+            self.from_lead.append(got)
 
     def _hand_on(self) -> None:
         signal, self.signal = self.signal, TOKEN
@@ -136,7 +188,10 @@ class Turns:
         if self.held:
             yield
             return
-        self._take()
+        if self._kept:  # wait_for_lead took this turn
+            self._kept = False
+        else:
+            self._take()
         self.held, self.units = True, self.units + 1
         try:
             yield
@@ -164,7 +219,12 @@ class Turns:
 
     def details(self) -> dict:
         """What a record says of the turns: units held, seconds waited for them, and the side."""
-        return {"units": self.units, "waited_s": round(self.waited_s, 3), **({"side": self.side} if self.side else {})}
+        return {
+            "units": self.units,
+            "waited_s": round(self.waited_s, 3),
+            **({"side": self.side} if self.side else {}),
+            **({"passed": self.passed} if self.passed else {}),
+        }
 
 
 _PROCESS: list[Turns] = []

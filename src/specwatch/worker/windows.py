@@ -110,17 +110,23 @@ class RepeatLoop:
         """Run repeats of ``one_batch()`` calls (each returns the decode seconds its batch counts)
         while ``more_repeats(samples())``, each call one turn of ``core.turns`` where the process
         takes turns; each repeat's batch count goes to ``windows`` too. In a paired round the
-        leading side's window ends go with its turns and the following side ends its windows and
-        repeats with them (``_window_end``). ``reader``: its ``begin()`` and ``end()`` around each
+        leading side's window start and ends go with its turns, and the following side times its
+        first batch after the leader's (``Turns.wait_for_lead``) and ends its windows and repeats
+        with the leader's (``_window_end``). ``reader``: its ``begin()`` and ``end()`` around each
         repeat (``worker.cpu_readings``)."""
         turns, more = process_turns(), self.more_repeats(samples())
-        turns.lead_ends.clear()  # ends of a case the leader timed before this one: not this case's
+        if not self.plan.fixed:  # a follower's first batch waits for the leader's
+            turns.wait_for_lead()
+        first = True
         while more:
             n, decode_s, full = 0, 0.0, False
             if reader is not None:
                 reader.begin()
             while not full:  # one repeat: timed batches until the window is full
-                with turns.hold():  # one batch a turn; the window's end goes with it
+                with turns.hold():  # one batch a turn; the window's start and end go with it
+                    if first and not self.plan.fixed:
+                        turns.start_windows()
+                    first = False
                     n, decode_s = n + 1, decode_s + one_batch()
                     full, more = self._window_end(turns, n, decode_s, samples, windows)
             if reader is not None:
