@@ -19,6 +19,28 @@ class RoundOrder(str, Enum):
     """Both passes of a round at once, taking turns batch by batch (``run.engine_starts.run_pair``, ``--paired``)."""
 
 
+class BaselineStep(str, Enum):
+    """One step of ``details.baseline["order"]``: what ran in round ``k``, labelled ``<step><k>``
+    (``probed0``, ``baseline0``, ``paired1``...)."""
+
+    probed = "probed"
+    """The probed engine start alone."""
+    baseline = "baseline"
+    """The plain loop's run alone."""
+    paired = "paired"
+    """Both at once, taking turns (``--paired``)."""
+
+    def label(self, k: int) -> str:
+        """The step's label in round ``k``."""
+        return f"{self.value}{k}"
+
+    @classmethod
+    def of(cls, label: object) -> Optional["BaselineStep"]:
+        """The step a label names (None: no step's)."""
+        text = str(label).rstrip("0123456789")
+        return cls(text) if text in cls._value2member_map_ else None
+
+
 class HostLoad(BaseModel):
     """The host's 1-minute load average around a case (``/proc/loadavg``)."""
 

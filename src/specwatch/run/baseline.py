@@ -34,6 +34,7 @@ from pydantic import ValidationError
 
 from specwatch.core import lifeline
 from specwatch.core.case import Case, Workload
+from specwatch.core.details import BaselineStep
 from specwatch.core.placement import ExecutorKind
 from specwatch.core.protocol import BaselineLine, BaselineSpec
 from specwatch.core.record import CaseRecord, Status
@@ -213,15 +214,15 @@ class BaselineBoard:
         it, the two taking turns (``paired{k}``, ``core.turns``)."""
         probed_first = not paired and round_order(k, ["probed", "baseline"])[0] == "probed"
         if probed_first:  # it ran before this call
-            self.order.append(f"probed{k}")
+            self.order.append(BaselineStep.probed.label(k))
         pending = [c for c in self.cases if c.case_id not in self.dropped]
         run = launch(pending) if pending else None
         if paired:
-            self.order.append(f"paired{k}" if run is not None else f"probed{k}")
+            self.order.append((BaselineStep.paired if run is not None else BaselineStep.probed).label(k))
         elif run is not None:
-            self.order.append(f"baseline{k}")
+            self.order.append(BaselineStep.baseline.label(k))
         if not probed_first and not paired:  # it runs next
-            self.order.append(f"probed{k}")
+            self.order.append(BaselineStep.probed.label(k))
         if run is None:
             return
         for c in pending:

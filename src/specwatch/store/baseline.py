@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Optional
 
+from specwatch.core.details import BaselineStep
 from specwatch.core.protocol import StopReason
 from specwatch.core.record import CaseRecord, Metric
 
@@ -87,7 +88,7 @@ def rounds_kind(baseline: Optional[dict]) -> Optional[RoundsKind]:
     ran paired, lockstep where one of those followed the probed windows."""
     if not baseline:
         return None
-    if not any(str(o).startswith("paired") for o in baseline.get("order") or []):
+    if not any(BaselineStep.of(o) is BaselineStep.paired for o in baseline.get("order") or []):
         return RoundsKind.sequential
     followed = any(r.get("windows_stopped_by") == StopReason.lead.value for r in baseline.get("runs") or [])
     return RoundsKind.lockstep if followed else RoundsKind.paired
