@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from specwatch.core.turns import SIDE_A, SIDE_B, TurnPipes, Turns, ends_arg
+from specwatch.core.turns import SIDE_A, SIDE_B, TOKEN, TurnPipes, Turns, ends_arg
 
 CHILD = textwrap.dedent(
     """
@@ -46,6 +46,27 @@ def recorded():
     use(Recording())
     yield seen
     use(previous)
+
+
+class Scripted(Turns):
+    """A side whose takes read ``script`` (then plain turns; ``b""``: the other process ended) and
+    whose hand-ons are recorded in ``sent``; ``queued``: what the leader said before."""
+
+    def __init__(self, side, script=(), queued=()):
+        super().__init__(None, None, side)
+        self.alone, self.script, self.sent = False, list(script), []
+        self.from_lead = list(queued)
+
+    def _take(self):
+        got = self.script.pop(0) if self.script else TOKEN
+        if not got:
+            self.alone = True
+        elif got != TOKEN and self.side == SIDE_B:
+            self.from_lead.append(got)
+
+    def _hand_on(self):
+        self.sent.append(self.signal)
+        self.signal = TOKEN
 
 
 def _pair(tmp_path, probed_units, plain_units, first=SIDE_A, start=(SIDE_A, SIDE_B)):
@@ -255,25 +276,11 @@ def test_the_probed_worker_leads_and_the_plain_loop_follows_window_for_window():
     ``plain_loop`` on side b, whose own rule (``min_timed_s`` 0) would end a window every call, ends
     its windows on the calls the leader's ends came before and stops with the last; its first
     timed call waits for the turn the leader's first timed batch handed on."""
-    from specwatch.core.turns import LAST_WINDOW, TOKEN, WINDOW_END, use
+    from specwatch.core.turns import LAST_WINDOW, WINDOW_END, use
     from specwatch.worker.baseline import plain_loop
     from specwatch.worker.measure import run_case
     from specwatch.worker.windows import RepeatPlan
     from test_timing_noise import CASE, SteppingEngine
-
-    class Scripted(Turns):
-        def __init__(self, side, script=()):
-            super().__init__(None, None, side)
-            self.alone, self.script, self.sent = False, list(script), []
-
-        def _take(self):
-            got = self.script.pop(0) if self.script else TOKEN
-            if got != TOKEN and self.side == SIDE_B:
-                self.from_lead.append(got)
-
-        def _hand_on(self):
-            self.sent.append(self.signal)
-            self.signal = TOKEN
 
     leader = use(Scripted(SIDE_A))
     try:
@@ -290,33 +297,19 @@ def test_the_probed_worker_leads_and_the_plain_loop_follows_window_for_window():
 
 
 def test_the_leaders_first_timed_batch_says_so_unless_it_ended_a_repeat():
-    from specwatch.core.turns import LAST_WINDOW, TOKEN, WINDOW_END, WINDOW_START
+    from specwatch.core.turns import LAST_WINDOW, WINDOW_END, WINDOW_START, use
     from specwatch.worker.windows import RepeatLoop, RepeatPlan
-
-    class Sent(Turns):
-        def __init__(self, side):
-            super().__init__(None, None, side)
-            self.alone, self.sent = False, []
-
-        def _take(self):
-            pass
-
-        def _hand_on(self):
-            self.sent.append(self.signal)
-            self.signal = TOKEN
-
-    from specwatch.core.turns import use
 
     try:
         for min_timed_s, sent in (
             (2.0, [WINDOW_START, WINDOW_END, TOKEN, LAST_WINDOW]),
             (1.0, [WINDOW_END, LAST_WINDOW]),  # the first batch's end says it began too
         ):
-            leader = use(Sent(SIDE_A))
+            leader = use(Scripted(SIDE_A))
             loop, windows = RepeatLoop(RepeatPlan(2, min_timed_s=min_timed_s)), []
             loop.run(lambda: 1.0, lambda w=windows: [1.0] * len(w), windows)
             assert leader.sent == sent
-        leader, loop = use(Sent(SIDE_A)), RepeatLoop(RepeatPlan(2))
+        leader, loop = use(Scripted(SIDE_A)), RepeatLoop(RepeatPlan(2))
         loop.run(lambda: 1.0, lambda: [1.0] * len(loop.batches), None)  # fixed repeats: no windows
         assert leader.sent == [TOKEN, TOKEN]
     finally:
@@ -333,27 +326,9 @@ def test_the_leaders_first_timed_batch_says_so_unless_it_ended_a_repeat():
     ],
 )
 def test_a_follower_waits_for_the_leaders_first_timed_batch_of_the_case(queued, reads, kept, left):
-    from specwatch.core.turns import TOKEN
-
-    class Reads(Turns):
-        def __init__(self):
-            super().__init__(None, None, SIDE_B)
-            self.alone, self.reads, self.sent = False, list(reads), []
-            self.from_lead = list(queued)
-
-        def _take(self):
-            got = self.reads.pop(0) if self.reads else TOKEN
-            if not got:
-                self.alone = True
-            elif got != TOKEN:
-                self.from_lead.append(got)
-
-        def _hand_on(self):
-            self.sent.append(self.signal)
-
-    follower = Reads()
+    follower = Scripted(SIDE_B, reads, queued)
     follower.wait_for_lead()
-    assert follower._kept is kept and follower.from_lead == left and follower.reads == []
+    assert follower._kept is kept and follower.from_lead == left and follower.script == []
     assert follower.passed == len(follower.sent) == max(len(reads) - 1, 0)
     with follower.hold():  # the kept turn serves the next unit; otherwise it takes one
         pass

@@ -37,8 +37,10 @@ class BaselineStep(str, Enum):
     @classmethod
     def of(cls, label: object) -> Optional["BaselineStep"]:
         """The step a label names (None: no step's)."""
-        text = str(label).rstrip("0123456789")
-        return cls(text) if text in cls._value2member_map_ else None
+        try:
+            return cls(str(label).rstrip("0123456789"))
+        except ValueError:
+            return None
 
 
 class HostLoad(BaseModel):

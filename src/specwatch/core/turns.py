@@ -131,8 +131,8 @@ class Turns:
         or the leader ends meanwhile, it returns without keeping a turn."""
         if not self.following or self.held:
             return
-        if LAST_WINDOW in self.from_lead:
-            del self.from_lead[: len(self.from_lead) - self.from_lead[::-1].index(LAST_WINDOW)]
+        while LAST_WINDOW in self.from_lead:
+            del self.from_lead[: self.from_lead.index(LAST_WINDOW) + 1]
         if self._lead_started():
             return
         while True:

@@ -212,7 +212,9 @@ class BaselineBoard:
         """Round ``k``'s baseline run on the cases still ok: right after probed start ``k`` on even
         rounds, right before it on odd ones (``run.engine_starts.round_order``); ``paired``: beside
         it, the two taking turns (``paired{k}``, ``core.turns``)."""
-        probed_first = not paired and round_order(k, ["probed", "baseline"])[0] == "probed"
+        probed_first = (
+            not paired and round_order(k, [BaselineStep.probed, BaselineStep.baseline])[0] is BaselineStep.probed
+        )
         if probed_first:  # it ran before this call
             self.order.append(BaselineStep.probed.label(k))
         pending = [c for c in self.cases if c.case_id not in self.dropped]

@@ -115,18 +115,17 @@ class RepeatLoop:
         with the leader's (``_window_end``). ``reader``: its ``begin()`` and ``end()`` around each
         repeat (``worker.cpu_readings``)."""
         turns, more = process_turns(), self.more_repeats(samples())
-        if not self.plan.fixed:  # a follower's first batch waits for the leader's
+        windowed = not self.plan.fixed  # only windows are led and followed
+        if windowed:  # a follower's first batch waits for the leader's
             turns.wait_for_lead()
-        first = True
         while more:
             n, decode_s, full = 0, 0.0, False
             if reader is not None:
                 reader.begin()
             while not full:  # one repeat: timed batches until the window is full
                 with turns.hold():  # one batch a turn; the window's start and end go with it
-                    if first and not self.plan.fixed:
+                    if windowed and n == 0 and not self.batches:  # the case's first timed batch
                         turns.start_windows()
-                    first = False
                     n, decode_s = n + 1, decode_s + one_batch()
                     full, more = self._window_end(turns, n, decode_s, samples, windows)
             if reader is not None:
