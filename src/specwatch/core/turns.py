@@ -218,7 +218,8 @@ class Turns:
         self.close()
 
     def details(self) -> dict:
-        """What a record says of the turns: units held, seconds waited for them, and the side."""
+        """What a record says of the turns: units held, seconds waited for them, the side, and the turns
+        passed waiting for the leader (where any)."""
         return {
             "units": self.units,
             "waited_s": round(self.waited_s, 3),
